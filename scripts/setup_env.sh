@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Creates .venv (once) and installs what stepcache needs into it.
+#   scripts/setup_env.sh          stepcache + torch (CPU) : enough for the demo
+#   scripts/setup_env.sh --full   + dev tools and vLLM 0.33.0 for the CPU tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+full=0
+[ "${1:-}" = "--full" ] && full=1
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+stamp=.venv/.stepcache-$full-$(cat pyproject.toml requirements/*.txt | cksum | cut -d' ' -f1)
+if [ -f "$stamp" ]; then
+  echo "[setup] .venv is up to date"
+  exit 0
+fi
+echo "[setup] installing torch (CPU build) ..."
+"${pip[@]}" "torch==2.13.0"
+if [ "$full" = 1 ]; then
+  echo "[setup] installing vLLM 0.33.0 without its GPU dependency set (~3 min) ..."
+  "${pip[@]}" --no-deps "vllm==0.33.0"
+  "${pip[@]}" -r requirements/vllm-cpu.txt
+  echo "[setup] installing stepcache with the dev tools ..."
+  "${pip[@]}" -e ".[dev]"
+else
+  echo "[setup] installing stepcache ..."
+  "${pip[@]}" -e .
+fi
+rm -f .venv/.stepcache-*
+touch "$stamp"
+echo "[setup] done"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command: installs everything into .venv, then lint, types, docs and tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh --full
+PY=.venv/bin/python
+echo "== ruff"
+$PY -m ruff check stepcache integrations tests benchmarks scripts
+echo "== mypy --strict"
+$PY -m mypy stepcache integrations tests/typing_example.py
+if [ -f mkdocs.yml ]; then
+  echo "== mkdocs build --strict"
+  $PY -m mkdocs build --strict --quiet --site-dir .venv/site
+fi
+echo "== pytest"
+$PY -m pytest -q "$@"

@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: Apache-2.0
+"""stepcache: per-step memoization of attention metadata for LLM inference engines.
+
+>>> import stepcache
+>>> class Meta:
+...     def __init__(self, n: int) -> None:
+...         self.n = n
+...     @stepcache.step_cached(depends_on=("n",))
+...     def squares(self) -> list[int]:
+...         return [i * i for i in range(self.n)]
+>>> m = Meta(4)
+>>> m.squares() is m.squares()
+True
+"""
+
+from __future__ import annotations
+
+from stepcache._debug import debug_report
+from stepcache._decorator import BYPASS, step_cached
+from stepcache._errors import CacheValidationError, StaleCacheError, StepCacheError
+from stepcache._spec import Arg, Attr, TensorSpec, normalize_device
+from stepcache._stats import FunctionStats, StatsTable, reset_stats, stats
+from stepcache._store import (
+    StepCache,
+    attach,
+    cache_field,
+    cache_of,
+    dataclass_cache_field,
+)
+from stepcache._switches import (
+    debug,
+    disabled,
+    get_debug,
+    get_disabled,
+    set_debug,
+    set_disabled,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BYPASS",
+    "Arg",
+    "Attr",
+    "CacheValidationError",
+    "FunctionStats",
+    "StaleCacheError",
+    "StatsTable",
+    "StepCache",
+    "StepCacheError",
+    "TensorSpec",
+    "__version__",
+    "attach",
+    "cache_field",
+    "cache_of",
+    "dataclass_cache_field",
+    "debug",
+    "debug_report",
+    "disabled",
+    "get_debug",
+    "get_disabled",
+    "normalize_device",
+    "reset_stats",
+    "set_debug",
+    "set_disabled",
+    "stats",
+    "step_cached",
+]

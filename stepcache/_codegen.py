@@ -1,0 +1,192 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Source generation for decorated functions.
+
+Specialise instead of branch: the hit path of each decorated function is generated once,
+at decoration time, for its own signature, owner, key form and dependencies, so a hit
+tests no option. A factory closes the generated functions over their constants and the
+hit counter (cells are cheaper than globals to update), and the fast and the switched
+code close over the same cells, so a switch can swap ``__code__`` between them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import attrs
+
+__all__ = ["Dep", "Layout", "generate"]
+
+P = inspect.Parameter
+
+
+@attrs.frozen
+class Dep:
+    """One declared dependency: a parameter of the call or an attribute of the owner."""
+
+    name: str
+    param: bool
+
+
+@attrs.frozen
+class Layout:
+    """What the generated code needs to know about the decorated function."""
+
+    params: tuple[inspect.Parameter, ...]
+    owner: str
+    #: None (unkeyed), a tuple of parameter names, or "callable"
+    key: tuple[str, ...] | str | None
+    deps: tuple[Dep, ...]
+
+
+def _signature(params: Sequence[inspect.Parameter]) -> str:
+    parts: list[str] = []
+    star_done = False
+    for i, p in enumerate(params):
+        text = p.name
+        if p.kind is P.VAR_POSITIONAL:
+            text = "*" + p.name
+            star_done = True
+        elif p.kind is P.VAR_KEYWORD:
+            text = "**" + p.name
+        elif p.kind is P.KEYWORD_ONLY and not star_done:
+            parts.append("*")
+            star_done = True
+        if p.default is not P.empty:
+            text += f"=_sc_D_{p.name}"
+        parts.append(text)
+        nxt = params[i + 1] if i + 1 < len(params) else None
+        if p.kind is P.POSITIONAL_ONLY and (nxt is None or nxt.kind is not P.POSITIONAL_ONLY):
+            parts.append("/")
+    return ", ".join(parts)
+
+
+def _call_args(params: Sequence[inspect.Parameter], ref: dict[str, str]) -> str:
+    parts = []
+    for p in params:
+        v = ref[p.name]
+        if p.kind is P.VAR_POSITIONAL:
+            parts.append("*" + v)
+        elif p.kind is P.VAR_KEYWORD:
+            parts.append("**" + v)
+        elif p.kind is P.KEYWORD_ONLY:
+            parts.append(f"{p.name}={v}")
+        else:
+            parts.append(v)
+    return ", ".join(parts)
+
+
+def _key_expr(layout: Layout, ref: dict[str, str]) -> str | None:
+    if layout.key is None:
+        return None
+    if layout.key == "callable":
+        return f"_sc_key({_call_args(layout.params, ref)})"
+    names = layout.key
+    assert isinstance(names, tuple)
+    if len(names) == 1:
+        return ref[names[0]]
+    return "(" + ", ".join(ref[n] for n in names) + ")"
+
+
+def _dep_expr(dep: Dep, owner: str, ref: dict[str, str]) -> str:
+    return ref[dep.name] if dep.param else f"{owner}.{dep.name}"
+
+
+def generate(layout: Layout) -> str:
+    """Source of ``_sc_factory``, which returns the generated functions (see its return)."""
+    params = layout.params
+    direct = {p.name: p.name for p in params}
+    packed = {p.name: f"a[{i}]" for i, p in enumerate(params)}
+    sig = _signature(params)
+    args_tuple = "(" + "".join(p.name + ", " for p in params) + ")"
+    owner = layout.owner
+
+    lookup = f"{owner}._stepcache._e[_sc_FID]"
+    key = _key_expr(layout, direct)
+    if key is not None:
+        lookup += f"[{key}]"
+
+    # Every dependency check runs inside the try, so a missing attribute or an odd
+    # comparison sends the call to the slow path, which raises a typed error.
+    body = [f"_sc_e = {lookup}"]
+    indent = ""
+    for i, dep in enumerate(layout.deps):
+        x = f"_sc_x{i}"
+        o, v = 2 + 2 * i, 3 + 2 * i
+        if i:
+            body.append(f"{indent}if _sc_ok:")
+            indent += "    "
+        body += [
+            f"{indent}{x} = {_dep_expr(dep, owner, direct)}",
+            f"{indent}_sc_o = _sc_e[{o}]",
+            f"{indent}_sc_v = _sc_e[{v}]",
+            f"{indent}_sc_ok = ({x} is _sc_o and (_sc_v.__class__ is not int or {x}._version == _sc_v))"
+            f" or (_sc_v is _sc_VAL and {x}.__class__ is _sc_o.__class__ and {x} == _sc_o)"
+            f" or (_sc_v is _sc_SNAP and _sc_snapshot({x}) == _sc_o)",
+        ]
+    if not layout.deps:
+        body.append(f"_sc_ok = _sc_e[1]() is {owner}")
+    checks = "".join(f"        {line}\n" for line in body)
+
+    keyof = _key_expr(layout, packed)
+    dep_values = "(" + "".join(_dep_expr(d, f"a[{_index(params, owner)}]", packed) + ", " for d in layout.deps) + ")"
+
+    shared = ["_sc_FID", "_sc_hits", "_sc_miss", "_sc_slow"]
+    if layout.key == "callable":
+        shared.append("_sc_key")
+    if layout.deps:
+        shared += ["_sc_VAL", "_sc_SNAP", "_sc_snapshot"]
+    # Both code objects must close over the same cells, in the same (sorted) order, for
+    # the __code__ swap: each names every shared cell in a branch that never runs.
+    touch = f"        if False:\n            ({', '.join(shared)},)\n"
+    defaults = [f"_sc_D_{p.name}" for p in params if p.default is not P.empty]
+    factory_params = ", ".join(
+        ["_sc_FID", "_sc_f", "_sc_key", "_sc_miss", "_sc_slow", "_sc_VAL", "_sc_SNAP",
+         "_sc_snapshot", *defaults]
+    )
+    return (
+        f"def _sc_factory({factory_params}):\n"
+        f"    _sc_hits = 0\n"
+        f"\n"
+        f"    def _fast({sig}):\n"
+        f"        nonlocal _sc_hits\n"
+        + touch
+        + f"        try:\n"
+        + "".join("    " + line for line in checks.splitlines(keepends=True))
+        + f"        except Exception:\n"
+        f"            _sc_ok = False\n"
+        f"        if _sc_ok:\n"
+        f"            _sc_hits += 1\n"
+        f"            return _sc_e[0]\n"
+        f"        return _sc_miss({args_tuple})\n"
+        f"\n"
+        f"    def _switched({sig}):\n"
+        f"        nonlocal _sc_hits\n"
+        + touch
+        + f"        return _sc_slow({args_tuple})\n"
+        f"\n"
+        f"    def _invoke(a):\n"
+        f"        return _sc_f({_call_args(params, packed)})\n"
+        f"\n"
+        f"    def _keyof(a):\n"
+        f"        return {keyof if keyof is not None else 'None'}\n"
+        f"\n"
+        f"    def _depvals(a):\n"
+        f"        return {dep_values}\n"
+        f"\n"
+        f"    def _hits_get():\n"
+        f"        return _sc_hits\n"
+        f"\n"
+        f"    def _hits_add(n):\n"
+        f"        nonlocal _sc_hits\n"
+        f"        _sc_hits = _sc_hits + n if n else 0\n"
+        f"\n"
+        f"    return _fast, _switched, _invoke, _keyof, _depvals, _hits_get, _hits_add\n"
+    )
+
+
+def _index(params: Sequence[inspect.Parameter], name: str) -> int:
+    for i, p in enumerate(params):
+        if p.name == name:
+            return i
+    raise KeyError(name)

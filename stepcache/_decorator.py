@@ -1,0 +1,399 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The ``@step_cached`` decorator and the slow path behind every decorated function."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import weakref
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Final, ParamSpec, TypeVar
+
+from stepcache import _fingerprint, _registry, _switches
+from stepcache._codegen import Dep, Layout, generate
+from stepcache._errors import StepCacheError
+from stepcache._spec import Arg, Attr, TensorSpec, validate
+from stepcache._store import StepCache, store_for
+
+__all__ = ["BYPASS", "CachedFunction", "step_cached"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _Bypass:
+    """The key that means "compute, don't cache"."""
+
+    _instance: _Bypass | None = None
+
+    def __new__(cls) -> _Bypass:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "stepcache.BYPASS"
+
+    def __reduce__(self) -> str:
+        return "BYPASS"
+
+
+#: Returned by a key function: compute the value and do not cache it.
+BYPASS: Final = _Bypass()
+
+Expect = TensorSpec | tuple[TensorSpec | None, ...] | None
+KeyArg = Callable[..., Hashable] | str | Sequence[str] | None
+
+_MISS, _BYPASS_COUNT, _INVALIDATION = 0, 1, 2
+
+
+class CachedFunction:
+    """Everything stepcache knows about one decorated function.
+
+    The generated fast code handles hits; every other call lands in :meth:`miss`
+    (production) or :meth:`slow` (disabled or debug mode).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        key: KeyArg,
+        owner: str | None,
+        depends_on: Sequence[str],
+        expect: Expect,
+        name: str | None,
+    ) -> None:
+        if not callable(fn) or isinstance(fn, (staticmethod, classmethod, property)):
+            raise StepCacheError(
+                f"@step_cached decorates plain functions and methods (got {fn!r}); "
+                "put it under @staticmethod/@classmethod/@property, not above. "
+                "(Wrote @step_cached without parentheses? Use @step_cached().)"
+            )
+        self.fn = fn
+        self.name: str = name or getattr(fn, "__qualname__", repr(fn))
+        self.fid = _registry.new_id()
+        self.lock = threading.Lock()
+        self.misses = 0
+        self.bypasses = 0
+        self.invalidations = 0
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError) as exc:
+            raise StepCacheError(f"{self.name}: cannot read its signature ({exc})") from exc
+        params = tuple(sig.parameters.values())
+        for p in params:
+            if p.name.startswith("_sc_"):
+                raise StepCacheError(
+                    f"{self.name}: parameter names starting with '_sc_' are reserved"
+                )
+        names = [p.name for p in params]
+        plain = [
+            p.name
+            for p in params
+            if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        ]
+        if not plain:
+            raise StepCacheError(
+                f"{self.name}: a step-cached function needs an owner parameter "
+                "(its first parameter, or the one named by owner=)"
+            )
+        self.owner_name = owner if owner is not None else plain[0]
+        if self.owner_name not in plain:
+            raise StepCacheError(
+                f"{self.name}: owner={self.owner_name!r} is not a parameter "
+                f"(parameters: {', '.join(names)})"
+            )
+        self.owner_index = names.index(self.owner_name)
+
+        layout_key: tuple[str, ...] | str | None
+        self.key_fn: Callable[..., Hashable] | None = None
+        if key is None:
+            layout_key = None
+        elif isinstance(key, str) or (
+            isinstance(key, Sequence) and all(isinstance(k, str) for k in key)
+        ):
+            layout_key = (key,) if isinstance(key, str) else tuple(key)
+            if not layout_key:
+                raise StepCacheError(f"{self.name}: key=() names no parameter")
+            for k in layout_key:
+                if k not in names:
+                    raise StepCacheError(
+                        f"{self.name}: key names {k!r}, which is not a parameter "
+                        f"(parameters: {', '.join(names)})"
+                    )
+        elif callable(key):
+            layout_key = "callable"
+            self.key_fn = key
+        else:
+            raise StepCacheError(
+                f"{self.name}: key must be a callable, a parameter name or a tuple of "
+                f"parameter names (got {key!r})"
+            )
+        self.keyed = layout_key is not None
+
+        if isinstance(depends_on, str):
+            depends_on = (depends_on,)
+        deps: list[Dep] = []
+        for d in depends_on:
+            if not isinstance(d, str) or not d.isidentifier():
+                raise StepCacheError(
+                    f"{self.name}: depends_on takes attribute or parameter names "
+                    f"(got {d!r})"
+                )
+            if d == self.owner_name:
+                raise StepCacheError(
+                    f"{self.name}: depends_on names the owner {d!r} itself; name its "
+                    "attributes instead"
+                )
+            deps.append(Dep(d, d in names))
+        self.deps = tuple(deps)
+
+        if expect is not None and not isinstance(expect, TensorSpec):
+            if not isinstance(expect, tuple) or not all(
+                e is None or isinstance(e, TensorSpec) for e in expect
+            ):
+                raise StepCacheError(
+                    f"{self.name}: expect must be a TensorSpec or a tuple of them "
+                    f"(got {expect!r})"
+                )
+        self.expect = expect
+        for spec in (expect,) if isinstance(expect, TensorSpec) else (expect or ()):
+            for ref in spec.refs() if spec is not None else ():
+                if isinstance(ref, Arg) and ref.name not in names:
+                    raise StepCacheError(
+                        f"{self.name}: expect refers to Arg({ref.name!r}), which is not "
+                        f"a parameter (parameters: {', '.join(names)})"
+                    )
+
+        layout = Layout(params, self.owner_name, layout_key, self.deps)
+        self.source = generate(layout)
+        ns: dict[str, Any] = {"__builtins__": __builtins__}
+        exec(compile(self.source, f"<stepcache {self.name}>", "exec"), ns)
+        defaults = [
+            p.default for p in params if p.default is not inspect.Parameter.empty
+        ]
+        (
+            wrapper,
+            switched,
+            self.invoke,
+            self.keyof,
+            self.depvals,
+            self._hits_get,
+            self._hits_add,
+        ) = ns["_sc_factory"](
+            self.fid,
+            fn,
+            self.key_fn,
+            self.miss,
+            self.slow,
+            _fingerprint.VAL,
+            _fingerprint.SNAP,
+            _fingerprint.snapshot,
+            *defaults,
+        )
+        self.fast_code = wrapper.__code__
+        self.switched_code = switched.__code__
+        if self.fast_code.co_freevars != self.switched_code.co_freevars:
+            raise AssertionError(f"stepcache internal error: {self.name} cells differ")
+        functools.update_wrapper(wrapper, fn)
+        wrapper.__stepcache__ = self
+        self.wrapper = wrapper
+        _registry.register(self)
+        self.use_switched(_switches.switched())
+
+    # -- counters -----------------------------------------------------------------------
+    @property
+    def hits(self) -> int:
+        return int(self._hits_get())
+
+    def reset_counts(self) -> None:
+        with self.lock:
+            self._hits_add(0)
+            self.misses = self.bypasses = self.invalidations = 0
+
+    def _count(self, store: StepCache | None, which: int) -> None:
+        with self.lock:
+            if which == _MISS:
+                self.misses += 1
+            elif which == _BYPASS_COUNT:
+                self.bypasses += 1
+            else:
+                self.invalidations += 1
+        if store is not None:
+            store.count(self.fid, which)
+
+    def count_hit(self) -> None:
+        with self.lock:
+            self._hits_add(1)
+
+    def use_switched(self, on: bool) -> None:
+        self.wrapper.__code__ = self.switched_code if on else self.fast_code
+
+    # -- the pieces of a call -----------------------------------------------------------
+    def where(self, key: Any = None) -> str:
+        if self.keyed:
+            return f"step_cached function '{self.name}' (key={key!r})"
+        return f"step_cached function '{self.name}'"
+
+    def key_of(self, a: tuple[Any, ...]) -> Any:
+        if not self.keyed:
+            return None
+        try:
+            key = self.keyof(a)
+        except Exception as exc:
+            raise StepCacheError(
+                f"{self.where()}: its key function raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if key is BYPASS:
+            return key
+        try:
+            hash(key)
+        except TypeError as exc:
+            raise StepCacheError(
+                f"{self.where()}: the key {key!r} is unhashable ({exc}). Fix: return a "
+                "tuple of ints/strings (e.g. tuple(values) instead of a list)."
+            ) from None
+        return key
+
+    def dep_values(self, a: tuple[Any, ...], key: Any = None) -> tuple[Any, ...]:
+        try:
+            return self.depvals(a)
+        except AttributeError as exc:
+            owner = a[self.owner_index]
+            raise StepCacheError(
+                f"{self.where(key)}: depends_on names an attribute the owner "
+                f"{type(owner).__qualname__} does not have ({exc})"
+            ) from exc
+
+    def resolver(self, a: tuple[Any, ...]) -> Callable[[Arg | Attr], Any]:
+        def resolve(ref: Arg | Attr) -> Any:
+            if isinstance(ref, Arg):
+                return a[self.names.index(ref.name)]
+            return getattr(a[self.owner_index], ref.name)
+
+        return resolve
+
+    @functools.cached_property
+    def names(self) -> list[str]:
+        return list(inspect.signature(self.fn).parameters)
+
+    def lookup(self, store: StepCache, key: Any) -> tuple[Any, ...] | None:
+        slot = store._e.get(self.fid)
+        if slot is None:
+            return None
+        if self.keyed:
+            entry: tuple[Any, ...] | None = slot.get(key)
+            return entry
+        return slot  # type: ignore[no-any-return]
+
+    def matches(self, entry: tuple[Any, ...], owner: object, deps: tuple[Any, ...]) -> bool:
+        if not self.deps:
+            return bool(entry[1]() is owner)
+        for i, x in enumerate(deps):
+            if not _fingerprint.matches(x, entry[2 + 2 * i], entry[3 + 2 * i]):
+                return False
+        return True
+
+    def make_entry(
+        self, value: Any, owner: object, fps: list[tuple[Any, Any]]
+    ) -> tuple[Any, ...]:
+        bind = None if self.deps else weakref.ref(owner)
+        flat: list[Any] = [value, bind]
+        for o, v in fps:
+            flat += (o, v)
+        return tuple(flat)
+
+    def insert(self, store: StepCache, key: Any, entry: tuple[Any, ...]) -> None:
+        with store._lock:
+            if store._closed:
+                return
+            if self.keyed:
+                slot = store._e.get(self.fid)
+                if slot is None:
+                    slot = store._e[self.fid] = {}
+                slot[key] = entry
+            else:
+                store._e[self.fid] = entry
+
+    # -- the slow paths -----------------------------------------------------------------
+    def miss(self, a: tuple[Any, ...]) -> Any:
+        """Production: a call the fast code could not answer."""
+        key = self.key_of(a)
+        if key is BYPASS:
+            self._count(None, _BYPASS_COUNT)
+            return self.invoke(a)
+        owner = a[self.owner_index]
+        store = store_for(owner)
+        deps = self.dep_values(a, key)
+        existing = self.lookup(store, key)
+        if existing is not None:
+            if self.matches(existing, owner, deps):
+                self.count_hit()
+                return existing[0]
+            if self.deps:
+                self._count(store, _INVALIDATION)
+        fps = [_fingerprint.fingerprint(x) for x in deps]
+        value = self.invoke(a)
+        if self.expect is not None:
+            validate(value, self.expect, self.resolver(a), self.where(key))
+        self.insert(store, key, self.make_entry(value, owner, fps))
+        self._count(store, _MISS)
+        return value
+
+    def slow(self, a: tuple[Any, ...]) -> Any:
+        """Disabled or debug mode."""
+        if _switches.get_disabled():
+            self._count(None, _BYPASS_COUNT)
+            return self.invoke(a)
+        if _switches.get_debug() == "off":
+            return self.miss(a)
+        from stepcache import _debug
+
+        return _debug.call(self, a)
+
+
+def step_cached(
+    key: KeyArg = None,
+    *,
+    owner: str | None = None,
+    depends_on: Sequence[str] = (),
+    expect: Expect = None,
+    name: str | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Cache a function's result in the step's metadata object that owns it.
+
+    ``key`` picks the entry (a callable taking the function's own arguments, a parameter
+    name or a tuple of them; return :data:`BYPASS` to compute without caching; ``None``
+    for one entry per function and owner). ``owner`` names the parameter whose object
+    holds the cache (default: the first, ``self``). ``depends_on`` names the owner's
+    attributes (or parameters) the value is computed from: an entry is reused only while
+    each is unchanged. ``expect`` validates the value (:class:`TensorSpec`).
+
+    >>> import dataclasses, stepcache
+    >>> @dataclasses.dataclass
+    ... class Meta:
+    ...     lens: tuple[int, ...]
+    ...     @stepcache.step_cached(depends_on=("lens",))
+    ...     def total(self) -> int:
+    ...         print("computing")
+    ...         return sum(self.lens)
+    >>> m = Meta((3, 4))
+    >>> m.total()
+    computing
+    7
+    >>> m.total()
+    7
+    >>> m.lens = (5,)
+    >>> m.total()
+    computing
+    5
+    """
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        wrapper: Callable[P, R] = CachedFunction(
+            fn, key, owner, depends_on, expect, name
+        ).wrapper
+        return wrapper
+
+    return decorate
+

@@ -1,0 +1,50 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Environment variables read by stepcache, with their types and defaults.
+
+Every variable is read once, when :mod:`stepcache` is imported.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["STEPCACHE_DEBUG", "STEPCACHE_DISABLE", "STEPCACHE_VLLM", "parse_debug_mode"]
+
+DEBUG_MODES = ("off", "checks", "verify")
+
+
+def _flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 0 or 1 (got {raw!r})")
+
+
+def parse_debug_mode(raw: str, *, source: str = "debug mode") -> str:
+    """Map ``raw`` to one of ``"off"``, ``"checks"``, ``"verify"``.
+
+    ``"1"`` means ``"checks"`` and ``"0"`` or ``""`` mean ``"off"``.
+    """
+    value = raw.strip().lower()
+    if value in ("", "0", "off", "false", "no"):
+        return "off"
+    if value in ("1", "true", "yes", "on", "checks"):
+        return "checks"
+    if value == "verify":
+        return "verify"
+    raise ValueError(f"{source} must be one of {DEBUG_MODES} or 0/1 (got {raw!r})")
+
+
+#: ``STEPCACHE_DISABLE=1``: every decorated function calls straight through.
+STEPCACHE_DISABLE: bool = _flag("STEPCACHE_DISABLE", False)
+#: ``STEPCACHE_DEBUG=checks|verify|1``: start in that debug mode.
+STEPCACHE_DEBUG: str = parse_debug_mode(
+    os.environ.get("STEPCACHE_DEBUG", ""), source="STEPCACHE_DEBUG"
+)
+#: ``STEPCACHE_VLLM=0``: the vLLM plugin applies no patch.
+STEPCACHE_VLLM: bool = _flag("STEPCACHE_VLLM", True)

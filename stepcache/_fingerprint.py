@@ -1,0 +1,143 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Dependency fingerprints: what an entry remembers of each input it was computed from.
+
+Production fingerprints are what the hit path compares, so they are cheap:
+
+* a tensor: the object itself and its in-place version counter (``_version``). In-place
+  ops, ``resize_`` and ``set_`` bump the counter; a changed shape, dtype or device on the
+  same object is only possible through such an op or through ``.data =``, which debug
+  mode's deep fingerprint catches;
+* a scalar (int, float, bool, str, None, dtype, device, enum, tuples of those): its value
+  and type;
+* a list, dict or set of scalars: a snapshot of its contents;
+* anything else (numpy arrays, objects): the object's identity.
+
+Deep fingerprints (debug mode) add shape, strides, dtype, device, data pointer and, for
+small CPU tensors and numpy arrays, the contents.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Final
+
+import numpy as np
+import torch
+
+__all__ = ["ID", "SNAP", "VAL", "deep", "describe", "fingerprint", "snapshot"]
+
+
+class _Kind:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+#: compared by value and type
+VAL: Final = _Kind("VAL")
+#: compared by identity
+ID: Final = _Kind("ID")
+#: compared by a snapshot of the contents
+SNAP: Final = _Kind("SNAP")
+
+_SCALARS = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device)
+
+#: CPU tensors and arrays up to this many elements are fingerprinted by contents in
+#: debug mode.
+DEEP_CONTENT_LIMIT = 4096
+
+
+def _is_value(x: object) -> bool:
+    if isinstance(x, (_SCALARS, enum.Enum, np.generic, slice)):
+        return True
+    if type(x) in (tuple, frozenset):
+        return all(_is_value(v) for v in x)  # type: ignore[attr-defined]
+    return False
+
+
+def snapshot(x: Any) -> Any:
+    """A comparable copy of a list, dict or set (or ``None`` if it holds non-scalars)."""
+    if isinstance(x, (list, bytearray)):
+        items = tuple(x)
+        return (type(x), items) if all(_is_value(v) for v in items) else None
+    if isinstance(x, dict):
+        pairs = tuple(x.items())
+        return (type(x), pairs) if all(_is_value(v) for p in pairs for v in p) else None
+    if isinstance(x, set):
+        fs = frozenset(x)
+        return (type(x), fs) if all(_is_value(v) for v in fs) else None
+    return None
+
+
+def fingerprint(x: Any) -> tuple[Any, Any]:
+    """``(obj, kind_or_version)`` as stored in an entry for one dependency."""
+    if isinstance(x, torch.Tensor):
+        return x, x._version
+    if _is_value(x):
+        return x, VAL
+    snap = snapshot(x)
+    if snap is not None:
+        return snap, SNAP
+    return x, ID
+
+
+def matches(x: Any, o: Any, v: Any) -> bool:
+    """The hit path's comparison, as a function (the generated code inlines it)."""
+    if x is o and (v.__class__ is not int or x._version == v):
+        return True
+    if v is VAL:
+        return bool(x.__class__ is o.__class__ and x == o)
+    if v is SNAP:
+        return bool(snapshot(x) == o)
+    return False
+
+
+def deep(x: Any) -> Any:
+    """A deep, comparable fingerprint for debug mode."""
+    if isinstance(x, torch.Tensor):
+        content: Any = None
+        if x.device.type == "cpu" and x.numel() <= DEEP_CONTENT_LIMIT and not x.is_sparse:
+            content = x.detach().contiguous().view(-1).tolist()
+        return (
+            "tensor",
+            id(x),
+            tuple(x.shape),
+            tuple(x.stride()),
+            x.dtype,
+            x.device,
+            x.data_ptr() if x.numel() else 0,
+            x._version,
+            content,
+        )
+    if isinstance(x, np.ndarray):
+        body: Any = x.tobytes() if x.size <= DEEP_CONTENT_LIMIT else None
+        return ("ndarray", id(x), x.shape, x.dtype.str, body)
+    if _is_value(x):
+        return ("value", type(x), x)
+    snap = snapshot(x)
+    if snap is not None:
+        return ("snapshot", snap)
+    return ("object", id(x))
+
+
+def describe(x: Any) -> str:
+    """A short human description of a dependency value, for error messages."""
+    if isinstance(x, torch.Tensor):
+        text = (
+            f"tensor(shape={list(x.shape)}, dtype={x.dtype}, device={x.device}, "
+            f"version={x._version}, id=0x{id(x):x}"
+        )
+        if x.device.type == "cpu" and x.numel() <= 16:
+            text += f", values={x.tolist()}"
+        return text + ")"
+    if isinstance(x, np.ndarray):
+        text = f"ndarray(shape={list(x.shape)}, dtype={x.dtype}, id=0x{id(x):x}"
+        if x.size <= 16:
+            text += f", values={x.tolist()}"
+        return text + ")"
+    r = repr(x)
+    return r if len(r) <= 80 else r[:77] + "..."

@@ -1,0 +1,231 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Declared expectations of a cached value (`TensorSpec`) and their validation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from stepcache._errors import CacheValidationError, StepCacheError
+
+__all__ = ["Arg", "Attr", "TensorSpec", "normalize_device", "validate"]
+
+
+@attrs.frozen
+class Arg:
+    """A value taken from the decorated call's argument ``name``.
+
+    For a ``device``, a tensor argument stands for its device.
+
+    >>> Arg("buffer")
+    Arg('buffer')
+    """
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"Arg({self.name!r})"
+
+
+@attrs.frozen
+class Attr:
+    """A value taken from the owner's attribute ``name``.
+
+    >>> Attr("num_actual_tokens")
+    Attr('num_actual_tokens')
+    """
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"Attr({self.name!r})"
+
+
+Ref = Arg | Attr
+Dim = int | None | Arg | Attr
+
+
+def _current_index(device_type: str) -> int:
+    """The current device index of ``device_type`` (tests replace this on CPU)."""
+    module = getattr(torch, device_type, None)
+    if module is not None and hasattr(module, "is_available") and module.is_available():
+        return int(module.current_device())
+    return 0
+
+
+def normalize_device(device: torch.device | str | int) -> torch.device:
+    """``cuda`` and ``cuda:N`` of the current device become the same ``torch.device``.
+
+    >>> normalize_device("cpu")
+    device(type='cpu')
+    """
+    d = torch.device(device)
+    if d.type == "cpu" or d.index is not None:
+        return d
+    return torch.device(d.type, _current_index(d.type))
+
+
+def _check_dims(name: str, dims: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
+    if dims is None:
+        return None
+    out = tuple(dims)
+    for d in out:
+        if not (d is None or isinstance(d, (int, Arg, Attr))) or isinstance(d, bool):
+            raise StepCacheError(
+                f"TensorSpec {name} entries must be int, None, Arg or Attr (got {d!r})"
+            )
+    return out
+
+
+@attrs.frozen(repr=False)
+class TensorSpec:
+    """What a cached tensor must look like: checked whenever it is stored (and on every
+    hit in debug mode).
+
+    ``device`` and ``dtype`` are fixed values or :class:`Arg`/:class:`Attr` references;
+    ``ndim`` fixes the number of dims; ``shape`` fixes dims exactly and ``min_shape``
+    gives lower bounds (``None`` skips a dim).
+
+    >>> TensorSpec(dtype=torch.int32, min_shape=(Attr("num_actual_tokens"),))
+    TensorSpec(dtype=torch.int32, min_shape=(Attr('num_actual_tokens'),))
+    """
+
+    device: torch.device | str | Arg | Attr | None = None
+    dtype: torch.dtype | Arg | Attr | None = None
+    ndim: int | None = None
+    shape: tuple[Dim, ...] | None = attrs.field(
+        default=None, converter=lambda v: _check_dims("shape", v)
+    )
+    min_shape: tuple[Dim, ...] | None = attrs.field(
+        default=None, converter=lambda v: _check_dims("min_shape", v)
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.device, (str, torch.device)):
+            torch.device(self.device)  # raises on a malformed device string
+        if not (self.dtype is None or isinstance(self.dtype, (torch.dtype, Arg, Attr))):
+            raise StepCacheError(f"TensorSpec dtype must be a torch.dtype (got {self.dtype!r})")
+
+    def refs(self) -> list[Arg | Attr]:
+        """Every reference this spec resolves at call time."""
+        dims = list(self.shape or ()) + list(self.min_shape or ())
+        items = [self.device, self.dtype, *dims]
+        return [r for r in items if isinstance(r, (Arg, Attr))]
+
+    def __repr__(self) -> str:
+        parts = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in attrs.fields(TensorSpec)
+            if getattr(self, f.name) is not None
+        ]
+        return f"TensorSpec({', '.join(parts)})"
+
+
+Resolver = Callable[[Arg | Attr], Any]
+
+
+def _label(ref: object) -> str:
+    if isinstance(ref, Arg):
+        return f" (from argument '{ref.name}')"
+    if isinstance(ref, Attr):
+        return f" (from owner attribute '{ref.name}')"
+    return ""
+
+
+def _resolve(ref: Any, resolve: Resolver) -> Any:
+    return resolve(ref) if isinstance(ref, (Arg, Attr)) else ref
+
+
+def _as_device(value: Any) -> torch.device:
+    if isinstance(value, torch.Tensor):
+        return normalize_device(value.device)
+    return normalize_device(value)
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0])
+    return int(value)
+
+
+def validate(
+    value: Any,
+    expect: TensorSpec | tuple[TensorSpec | None, ...],
+    resolve: Resolver,
+    where: str,
+) -> None:
+    """Raise :class:`CacheValidationError` if ``value`` breaks ``expect``.
+
+    ``where`` names the function and key for the message.
+    """
+    if isinstance(expect, TensorSpec):
+        _validate_one(value, expect, resolve, where, "result")
+        return
+    if not isinstance(value, (tuple, list)) or len(value) != len(expect):
+        raise CacheValidationError(
+            f"{where}: expected a tuple of {len(expect)} values, got {_kind(value)}. "
+            "Fix: return a tuple that matches `expect`, or change `expect`."
+        )
+    for i, (item, spec) in enumerate(zip(value, expect, strict=True)):
+        if spec is not None:
+            _validate_one(item, spec, resolve, where, f"result[{i}]")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"{value!r:.60} that is a {type(value)!r}"
+
+
+def _validate_one(
+    value: Any, spec: TensorSpec, resolve: Resolver, where: str, what: str
+) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise CacheValidationError(
+            f"{where}: {what} must be a torch.Tensor (got {_kind(value)})"
+        )
+    if spec.device is not None:
+        want = _as_device(_resolve(spec.device, resolve))
+        got = normalize_device(value.device)
+        if got != want:
+            raise CacheValidationError(
+                f"{where}: {what} device mismatch. expected {want}"
+                f"{_label(spec.device)}, actual {got}. Fix: compute into a buffer on "
+                f"{want}, or key the cache by device."
+            )
+    if spec.dtype is not None:
+        want_dtype = _resolve(spec.dtype, resolve)
+        if isinstance(want_dtype, torch.Tensor):
+            want_dtype = want_dtype.dtype
+        if value.dtype != want_dtype:
+            raise CacheValidationError(
+                f"{where}: {what} dtype mismatch. expected {want_dtype}"
+                f"{_label(spec.dtype)}, actual {value.dtype}"
+            )
+    if spec.ndim is not None and value.dim() != spec.ndim:
+        raise CacheValidationError(
+            f"{where}: {what} ndim mismatch. expected {spec.ndim}, actual {value.dim()} "
+            f"(shape {list(value.shape)})"
+        )
+    for dims, exact in ((spec.shape, True), (spec.min_shape, False)):
+        if dims is None:
+            continue
+        if len(dims) > value.dim():
+            raise CacheValidationError(
+                f"{where}: {what} has {value.dim()} dims (shape {list(value.shape)}), "
+                f"the spec describes {len(dims)}"
+            )
+        for i, d in enumerate(dims):
+            if d is None:
+                continue
+            want_n = _as_int(_resolve(d, resolve))
+            got_n = int(value.shape[i])
+            if (got_n != want_n) if exact else (got_n < want_n):
+                rel = "" if exact else "at least "
+                raise CacheValidationError(
+                    f"{where}: {what} size mismatch at index {i}. expected {rel}{want_n}"
+                    f"{_label(d)}, actual {got_n} (shape {list(value.shape)})"
+                )

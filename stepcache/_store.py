@@ -1,0 +1,339 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The per-step store (`StepCache`) and how an owner object finds its store."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from stepcache._errors import StaleCacheError, StepCacheError
+
+__all__ = [
+    "ATTR",
+    "StepCache",
+    "attach",
+    "cache_field",
+    "cache_of",
+    "dataclass_cache_field",
+    "live_caches",
+]
+
+#: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
+ATTR = "_stepcache"
+
+_live: weakref.WeakSet[StepCache] = weakref.WeakSet()
+_side: dict[int, tuple[weakref.ref[Any], StepCache]] = {}
+_create_lock = threading.Lock()
+
+
+class StepCache:
+    """The entries cached for one step's metadata object (its *owner*).
+
+    A store lives exactly as long as its owner: it is kept in the owner itself, holds no
+    reference back to it (only a weak one) and so is freed by reference counting when the
+    owner goes. ``close()`` ends it early: the step is over, it holds nothing any more, and
+    any later use through its owner raises :class:`~stepcache.StaleCacheError`.
+
+    >>> import stepcache
+    >>> class Meta: pass
+    >>> store = stepcache.cache_of(Meta())
+    >>> len(store), store.closed
+    (0, False)
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_attached",
+        "_closed",
+        "_counts",
+        "_e",
+        "_kept",
+        "_lock",
+        "_owner_ref",
+    )
+
+    def __init__(self, owner: object | None = None) -> None:
+        #: function id -> entry (unkeyed functions) or {key: entry} (keyed functions)
+        self._e: dict[int, Any] = {}
+        self._owner_ref: weakref.ref[Any] | None = (
+            None if owner is None else _weak(owner)
+        )
+        #: id(owner) -> weak ref, for owners that share this store on purpose
+        self._attached: dict[int, weakref.ref[Any]] = {}
+        self._closed = False
+        self._lock = threading.Lock()
+        #: function id -> [misses, bypasses, invalidations] seen through this store
+        self._counts: dict[int, list[int]] = {}
+        #: objects that must live as long as the step (pinned staging for async copies)
+        self._kept: list[Any] = []
+        _live.add(self)
+
+    # -- the public surface -------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (the step is over)."""
+        return self._closed
+
+    def __len__(self) -> int:
+        return sum(
+            len(v) if isinstance(v, dict) else 1 for v in list(self._e.values())
+        )
+
+    def keep_alive(self, obj: Any) -> None:
+        """Hold a reference to ``obj`` until the step ends (close, or the owner goes).
+
+        For a pinned staging tensor read by a ``non_blocking`` copy: freeing it before
+        the copy ran would let the copy read reused memory.
+        """
+        if self._closed:
+            raise StaleCacheError("keep_alive() on a closed StepCache (its step is over)")
+        self._kept.append(obj)
+
+    def clear(self) -> None:
+        """Drop every entry (and kept object); the store stays open for the same owner."""
+        with self._lock:
+            self._e = {}
+            self._kept = []
+
+    def close(self) -> None:
+        """End the step: drop every entry and refuse any later use."""
+        with self._lock:
+            self._closed = True
+            self._e = {}
+            self._kept = []
+        from stepcache import _debug
+
+        _debug.on_close(self)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per-function counts for this store: entries, bytes, misses, bypasses,
+        invalidations (hits are counted process-wide, see :func:`stepcache.stats`)."""
+        from stepcache._registry import name_of
+        from stepcache._sizes import nbytes
+
+        out: dict[str, dict[str, int]] = {}
+        for fid in set(self._e) | set(self._counts):
+            slot = self._e.get(fid)
+            entries = (
+                []
+                if slot is None
+                else (list(slot.values()) if isinstance(slot, dict) else [slot])
+            )
+            misses, bypasses, invalidations = self._counts.get(fid, (0, 0, 0))
+            out[name_of(fid)] = {
+                "entries": len(entries),
+                "bytes": sum(nbytes(e[0]) for e in entries),
+                "misses": misses,
+                "bypasses": bypasses,
+                "invalidations": invalidations,
+            }
+        return out
+
+    def __copy__(self) -> StepCache:
+        # A copied store would point at the same owner; a store is not copied, shared.
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> StepCache:
+        # A deep copy of an owner starts a fresh, empty store of its own.
+        return StepCache()
+
+    def __reduce__(self) -> tuple[Callable[[], StepCache], tuple[()]]:
+        return (StepCache, ())
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self)} entries"
+        return f"<StepCache {state}>"
+
+    # -- used by the decorator's slow path ----------------------------------------------
+    def belongs_to(self, owner: object) -> bool:
+        ref = self._owner_ref
+        if ref is not None and ref() is owner:
+            return True
+        member = self._attached.get(id(owner))
+        return member is not None and member() is owner
+
+    def count(self, fid: int, which: int) -> None:
+        counts = self._counts.get(fid)
+        if counts is None:
+            counts = self._counts[fid] = [0, 0, 0]
+        counts[which] += 1
+
+    def entries(self) -> Iterator[tuple[int, Any]]:
+        """Yield (function id, entry) pairs of the live entries."""
+        for fid, slot in list(self._e.items()):
+            if isinstance(slot, dict):
+                for entry in list(slot.values()):
+                    yield fid, entry
+            else:
+                yield fid, slot
+
+
+def _weak(owner: object) -> weakref.ref[Any]:
+    try:
+        return weakref.ref(owner)
+    except TypeError:
+        cls = type(owner).__qualname__
+        raise StepCacheError(
+            f"stepcache needs weak references to the owner, and {cls} objects do not "
+            "support them. Fix: give the class a __weakref__ slot "
+            "(@dataclass(slots=True, weakref_slot=True); attrs classes have one by "
+            "default)."
+        ) from None
+
+
+def _read(owner: object) -> StepCache | None:
+    """The store the owner holds now, without creating one."""
+    d = getattr(owner, "__dict__", None)
+    if d is not None and ATTR in d:
+        store = d[ATTR]
+    else:
+        try:
+            store = object.__getattribute__(owner, ATTR)
+        except AttributeError:
+            hit = _side.get(id(owner))
+            return hit[1] if hit is not None and hit[0]() is owner else None
+    return store if isinstance(store, StepCache) else None
+
+
+def _write(owner: object, store: StepCache) -> None:
+    d = getattr(owner, "__dict__", None)
+    if d is not None:
+        d[ATTR] = store
+        return
+    try:
+        object.__setattr__(owner, ATTR, store)
+        return
+    except AttributeError:
+        pass
+    key = id(owner)
+    ref = weakref.ref(owner, lambda r, key=key: _drop_side(key, r))
+    _side[key] = (ref, store)
+
+
+def _drop_side(key: int, ref: weakref.ref[Any]) -> None:
+    hit = _side.get(key)
+    if hit is not None and hit[0] is ref:
+        del _side[key]
+
+
+def store_for(owner: object) -> StepCache:
+    """The owner's own open store, created on first use.
+
+    A store carried over by ``copy.copy`` belongs to the original: the copy gets a fresh
+    store, seeded with the entries that declare dependencies (the hit path re-checks
+    those on every use, so sharing them is safe); entries bound to the original are not
+    carried.
+    """
+    store = _read(owner)
+    if store is not None and store.belongs_to(owner):
+        if store._closed:
+            raise _closed_error(owner)
+        return store
+    with _create_lock:
+        current = _read(owner)
+        if current is not None and current.belongs_to(owner):
+            if current._closed:
+                raise _closed_error(owner)
+            return current
+        fresh = StepCache(owner)
+        if current is not None and not current._closed:
+            fresh._kept = list(current._kept)
+            for fid, slot in list(current._e.items()):
+                if isinstance(slot, dict):
+                    shared = {k: e for k, e in list(slot.items()) if e[1] is None}
+                    if shared:
+                        fresh._e[fid] = shared
+                elif slot[1] is None:
+                    fresh._e[fid] = slot
+        _write(owner, fresh)
+        return fresh
+
+
+def _closed_error(owner: object) -> StaleCacheError:
+    return StaleCacheError(
+        f"the step cache of this {type(owner).__qualname__} was closed (the step is "
+        "over), and it was used again. Fix: build a new metadata object for the new "
+        "step, or call clear() instead of close() if the object is meant to be reused."
+    )
+
+
+def cache_of(owner: object) -> StepCache:
+    """Return the :class:`StepCache` of ``owner``, creating it on first use.
+
+    >>> import stepcache
+    >>> class Meta: pass
+    >>> m = Meta()
+    >>> stepcache.cache_of(m) is stepcache.cache_of(m)
+    True
+    """
+    return store_for(owner)
+
+
+def attach(owner: object, cache: StepCache) -> StepCache:
+    """Make ``owner`` use ``cache``, shared on purpose with other objects of one step.
+
+    Entries that declare dependencies are reused across the objects while those
+    dependencies are identical; entries without dependencies stay bound to the object
+    that computed them.
+
+    >>> import stepcache
+    >>> class Meta: pass
+    >>> a, b = Meta(), Meta()
+    >>> stepcache.attach(b, stepcache.cache_of(a)) is stepcache.cache_of(b)
+    True
+    """
+    if not isinstance(cache, StepCache):
+        raise StepCacheError(
+            f"attach() needs a StepCache (got {cache!r} that is a {type(cache)!r})"
+        )
+    if cache._closed:
+        raise StaleCacheError("attach(): that StepCache is closed (its step is over)")
+    with _create_lock:
+        if not cache.belongs_to(owner):
+            cache._attached[id(owner)] = _weak(owner)
+        _write(owner, cache)
+    return cache
+
+
+def live_caches() -> list[StepCache]:
+    """Every store still alive in this process."""
+    return list(_live)
+
+
+def cache_field() -> Any:
+    """An attrs field that holds the store, for slotted attrs classes.
+
+    Declare it as ``_stepcache`` (the name stepcache looks for); it is left out of
+    ``__init__``, ``repr`` and comparisons, and ``attrs.evolve`` does not carry it over.
+
+    >>> import attrs, stepcache
+    >>> @attrs.define
+    ... class Meta:
+    ...     n: int
+    ...     _stepcache: stepcache.StepCache | None = stepcache.cache_field()
+    >>> Meta(3)
+    Meta(n=3)
+    """
+    import attrs
+
+    return attrs.field(default=None, init=False, repr=False, eq=False, hash=False)
+
+
+def dataclass_cache_field() -> Any:
+    """A dataclass field that holds the store, for ``@dataclass(slots=True)`` classes.
+
+    Declare it as ``_stepcache``; ``dataclasses.replace`` does not carry it over.
+
+    >>> import dataclasses, stepcache
+    >>> @dataclasses.dataclass(slots=True, weakref_slot=True)
+    ... class Meta:
+    ...     n: int
+    ...     _stepcache: stepcache.StepCache | None = stepcache.dataclass_cache_field()
+    >>> Meta(3)
+    Meta(n=3)
+    """
+    import dataclasses
+
+    return dataclasses.field(default=None, init=False, repr=False, compare=False)
