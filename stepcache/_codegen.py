@@ -56,7 +56,9 @@ def _signature(params: Sequence[inspect.Parameter]) -> str:
             text += f"=_sc_D_{p.name}"
         parts.append(text)
         nxt = params[i + 1] if i + 1 < len(params) else None
-        if p.kind is P.POSITIONAL_ONLY and (nxt is None or nxt.kind is not P.POSITIONAL_ONLY):
+        if p.kind is P.POSITIONAL_ONLY and (
+            nxt is None or nxt.kind is not P.POSITIONAL_ONLY
+        ):
             parts.append("/")
     return ", ".join(parts)
 
@@ -129,7 +131,14 @@ def generate(layout: Layout) -> str:
     checks = "".join(f"        {line}\n" for line in body)
 
     keyof = _key_expr(layout, packed)
-    dep_values = "(" + "".join(_dep_expr(d, f"a[{_index(params, owner)}]", packed) + ", " for d in layout.deps) + ")"
+    dep_values = (
+        "("
+        + "".join(
+            _dep_expr(d, f"a[{_index(params, owner)}]", packed) + ", "
+            for d in layout.deps
+        )
+        + ")"
+    )
 
     shared = ["_sc_FID", "_sc_hits", "_sc_miss", "_sc_slow"]
     if layout.key == "callable":
@@ -141,8 +150,17 @@ def generate(layout: Layout) -> str:
     touch = f"        if False:\n            ({', '.join(shared)},)\n"
     defaults = [f"_sc_D_{p.name}" for p in params if p.default is not P.empty]
     factory_params = ", ".join(
-        ["_sc_FID", "_sc_f", "_sc_key", "_sc_miss", "_sc_slow", "_sc_VAL", "_sc_SNAP",
-         "_sc_snapshot", *defaults]
+        [
+            "_sc_FID",
+            "_sc_f",
+            "_sc_key",
+            "_sc_miss",
+            "_sc_slow",
+            "_sc_VAL",
+            "_sc_SNAP",
+            "_sc_snapshot",
+            *defaults,
+        ]
     )
     return (
         f"def _sc_factory({factory_params}):\n"
@@ -151,7 +169,7 @@ def generate(layout: Layout) -> str:
         f"    def _fast({sig}):\n"
         f"        nonlocal _sc_hits\n"
         + touch
-        + f"        try:\n"
+        + "        try:\n"
         + "".join("    " + line for line in checks.splitlines(keepends=True))
         + f"        except Exception:\n"
         f"            _sc_ok = False\n"

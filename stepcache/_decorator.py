@@ -71,7 +71,7 @@ class CachedFunction:
                 "(Wrote @step_cached without parentheses? Use @step_cached().)"
             )
         self.fn = fn
-        self.name: str = name or getattr(fn, "__qualname__", repr(fn))
+        self.name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
         self.fid = _registry.new_id()
         self.lock = threading.Lock()
         self.misses = 0
@@ -80,7 +80,9 @@ class CachedFunction:
         try:
             sig = inspect.signature(fn)
         except (TypeError, ValueError) as exc:
-            raise StepCacheError(f"{self.name}: cannot read its signature ({exc})") from exc
+            raise StepCacheError(
+                f"{self.name}: cannot read its signature ({exc})"
+            ) from exc
         params = tuple(sig.parameters.values())
         for p in params:
             if p.name.startswith("_sc_"):
@@ -91,7 +93,8 @@ class CachedFunction:
         plain = [
             p.name
             for p in params
-            if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+            if p.kind
+            not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
         ]
         if not plain:
             raise StepCacheError(
@@ -149,14 +152,19 @@ class CachedFunction:
             deps.append(Dep(d, d in names))
         self.deps = tuple(deps)
 
-        if expect is not None and not isinstance(expect, TensorSpec):
-            if not isinstance(expect, tuple) or not all(
-                e is None or isinstance(e, TensorSpec) for e in expect
-            ):
-                raise StepCacheError(
-                    f"{self.name}: expect must be a TensorSpec or a tuple of them "
-                    f"(got {expect!r})"
-                )
+        well_formed = (
+            expect is None
+            or isinstance(expect, TensorSpec)
+            or (
+                isinstance(expect, tuple)
+                and all(e is None or isinstance(e, TensorSpec) for e in expect)
+            )
+        )
+        if not well_formed:
+            raise StepCacheError(
+                f"{self.name}: expect must be a TensorSpec or a tuple of them "
+                f"(got {expect!r})"
+            )
         self.expect = expect
         for spec in (expect,) if isinstance(expect, TensorSpec) else (expect or ()):
             for ref in spec.refs() if spec is not None else ():
@@ -258,7 +266,8 @@ class CachedFunction:
 
     def dep_values(self, a: tuple[Any, ...], key: Any = None) -> tuple[Any, ...]:
         try:
-            return self.depvals(a)
+            values: tuple[Any, ...] = self.depvals(a)
+            return values
         except AttributeError as exc:
             owner = a[self.owner_index]
             raise StepCacheError(
@@ -287,7 +296,9 @@ class CachedFunction:
             return entry
         return slot  # type: ignore[no-any-return]
 
-    def matches(self, entry: tuple[Any, ...], owner: object, deps: tuple[Any, ...]) -> bool:
+    def matches(
+        self, entry: tuple[Any, ...], owner: object, deps: tuple[Any, ...]
+    ) -> bool:
         if not self.deps:
             return bool(entry[1]() is owner)
         for i, x in enumerate(deps):
@@ -389,6 +400,7 @@ def step_cached(
     computing
     5
     """
+
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
         wrapper: Callable[P, R] = CachedFunction(
             fn, key, owner, depends_on, expect, name
@@ -396,4 +408,3 @@ def step_cached(
         return wrapper
 
     return decorate
-

@@ -44,7 +44,17 @@ ID: Final = _Kind("ID")
 #: compared by a snapshot of the contents
 SNAP: Final = _Kind("SNAP")
 
-_SCALARS = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device)
+_SCALARS = (
+    int,
+    float,
+    complex,
+    bool,
+    str,
+    bytes,
+    type(None),
+    torch.dtype,
+    torch.device,
+)
 
 #: CPU tensors and arrays up to this many elements are fingerprinted by contents in
 #: debug mode.
@@ -100,7 +110,11 @@ def deep(x: Any) -> Any:
     """A deep, comparable fingerprint for debug mode."""
     if isinstance(x, torch.Tensor):
         content: Any = None
-        if x.device.type == "cpu" and x.numel() <= DEEP_CONTENT_LIMIT and not x.is_sparse:
+        if (
+            x.device.type == "cpu"
+            and x.numel() <= DEEP_CONTENT_LIMIT
+            and not x.is_sparse
+        ):
             content = x.detach().contiguous().view(-1).tolist()
         return (
             "tensor",

@@ -80,6 +80,14 @@ def _check_dims(name: str, dims: Sequence[Dim] | None) -> tuple[Dim, ...] | None
     return out
 
 
+def _shape_dims(dims: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
+    return _check_dims("shape", dims)
+
+
+def _min_shape_dims(dims: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
+    return _check_dims("min_shape", dims)
+
+
 @attrs.frozen(repr=False)
 class TensorSpec:
     """What a cached tensor must look like: checked whenever it is stored (and on every
@@ -96,18 +104,18 @@ class TensorSpec:
     device: torch.device | str | Arg | Attr | None = None
     dtype: torch.dtype | Arg | Attr | None = None
     ndim: int | None = None
-    shape: tuple[Dim, ...] | None = attrs.field(
-        default=None, converter=lambda v: _check_dims("shape", v)
-    )
+    shape: tuple[Dim, ...] | None = attrs.field(default=None, converter=_shape_dims)
     min_shape: tuple[Dim, ...] | None = attrs.field(
-        default=None, converter=lambda v: _check_dims("min_shape", v)
+        default=None, converter=_min_shape_dims
     )
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.device, (str, torch.device)):
             torch.device(self.device)  # raises on a malformed device string
         if not (self.dtype is None or isinstance(self.dtype, (torch.dtype, Arg, Attr))):
-            raise StepCacheError(f"TensorSpec dtype must be a torch.dtype (got {self.dtype!r})")
+            raise StepCacheError(
+                f"TensorSpec dtype must be a torch.dtype (got {self.dtype!r})"
+            )
 
     def refs(self) -> list[Arg | Attr]:
         """Every reference this spec resolves at call time."""

@@ -87,11 +87,23 @@ class StatsTable(Mapping[str, FunctionStats]):
         ]
         if not body:
             return "stepcache: no decorated function has been called"
-        widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(_COLUMNS)]
-        lines = ["  ".join(_pad(c, w, i) for i, (c, w) in enumerate(zip(_COLUMNS, widths, strict=True)))]
+        widths = [
+            max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(_COLUMNS)
+        ]
+        lines = [
+            "  ".join(
+                _pad(c, w, i)
+                for i, (c, w) in enumerate(zip(_COLUMNS, widths, strict=True))
+            )
+        ]
         lines.append("  ".join("-" * w for w in widths))
         for b in body:
-            lines.append("  ".join(_pad(c, w, i) for i, (c, w) in enumerate(zip(b, widths, strict=True))))
+            lines.append(
+                "  ".join(
+                    _pad(c, w, i)
+                    for i, (c, w) in enumerate(zip(b, widths, strict=True))
+                )
+            )
         return "\n".join(lines)
 
 

@@ -77,9 +77,7 @@ class StepCache:
         return self._closed
 
     def __len__(self) -> int:
-        return sum(
-            len(v) if isinstance(v, dict) else 1 for v in list(self._e.values())
-        )
+        return sum(len(v) if isinstance(v, dict) else 1 for v in list(self._e.values()))
 
     def keep_alive(self, obj: Any) -> None:
         """Hold a reference to ``obj`` until the step ends (close, or the owner goes).
@@ -88,7 +86,9 @@ class StepCache:
         the copy ran would let the copy read reused memory.
         """
         if self._closed:
-            raise StaleCacheError("keep_alive() on a closed StepCache (its step is over)")
+            raise StaleCacheError(
+                "keep_alive() on a closed StepCache (its step is over)"
+            )
         self._kept.append(obj)
 
     def clear(self) -> None:
@@ -208,14 +208,22 @@ def _write(owner: object, store: StepCache) -> None:
     except AttributeError:
         pass
     key = id(owner)
-    ref = weakref.ref(owner, lambda r, key=key: _drop_side(key, r))
+    ref = weakref.ref(owner, _SideDropper(key))
     _side[key] = (ref, store)
 
 
-def _drop_side(key: int, ref: weakref.ref[Any]) -> None:
-    hit = _side.get(key)
-    if hit is not None and hit[0] is ref:
-        del _side[key]
+class _SideDropper:
+    """Weak-ref callback: forget a side-table store when its owner goes."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+    def __call__(self, ref: weakref.ref[Any]) -> None:
+        hit = _side.get(self.key)
+        if hit is not None and hit[0] is ref:
+            del _side[self.key]
 
 
 def store_for(owner: object) -> StepCache:

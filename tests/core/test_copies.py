@@ -1,0 +1,175 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Copies of an owner never see an entry computed for the original unless every
+declared dependency is identical on the copy; reused ids never match old entries."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import attrs
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import stepcache
+from stepcache import step_cached
+
+calls: list[str] = []
+
+
+def _index(self: Any) -> list[int]:
+    calls.append("index")
+    lens = self.qsl.diff().tolist()
+    return [i for i, n in enumerate(lens) for _ in range(n)] + [0] * (
+        self.num_tokens - sum(lens)
+    )
+
+
+@dataclasses.dataclass
+class DC:
+    qsl: torch.Tensor
+    num_tokens: int
+    other: int = 0
+
+    index = step_cached(depends_on=("qsl", "num_tokens"), name="copies.dc.index")(
+        _index
+    )
+    bound = step_cached(name="copies.dc.bound")(_index)
+
+
+@attrs.define
+class AT:
+    qsl: torch.Tensor
+    num_tokens: int
+    other: int = 0
+
+    index = step_cached(depends_on=("qsl", "num_tokens"), name="copies.at.index")(
+        _index
+    )
+    bound = step_cached(name="copies.at.bound")(_index)
+
+
+def reference(qsl: torch.Tensor, num_tokens: int) -> list[int]:
+    lens = qsl.diff().tolist()
+    out = [i for i, n in enumerate(lens) for _ in range(n)]
+    return out + [0] * (num_tokens - len(out))
+
+
+CHANGES = {
+    "dataclasses.replace": lambda o, **kw: dataclasses.replace(o, **kw),
+    "attrs.evolve": lambda o, **kw: attrs.evolve(o, **kw),
+}
+
+
+def _copy_then_set(o: Any, **kw: Any) -> Any:
+    c = copy.copy(o)
+    for k, v in kw.items():
+        setattr(c, k, v)
+    return c
+
+
+@pytest.mark.parametrize("cls", [DC, AT])
+@pytest.mark.parametrize("method", ["index", "bound"])
+@pytest.mark.parametrize("how", ["replace", "copy"])
+def test_copy_with_changed_qsl_recomputes(cls: type, method: str, how: str) -> None:
+    orig = cls(torch.tensor([0, 2, 3]), 3)
+    getattr(orig, method)()
+    new_qsl = torch.tensor([0, 1, 3])
+    if how == "copy":
+        twin = _copy_then_set(orig, qsl=new_qsl)
+    else:
+        twin = (dataclasses.replace if cls is DC else attrs.evolve)(orig, qsl=new_qsl)
+    assert getattr(twin, method)() == [0, 1, 1]
+    assert getattr(orig, method)() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("cls", [DC, AT])
+def test_copy_with_identical_deps_shares_dep_entries_only(cls: type) -> None:
+    orig = cls(torch.tensor([0, 2, 3]), 3)
+    calls.clear()
+    shared, bound = orig.index(), orig.bound()
+    twin = copy.copy(orig)
+    twin.other = 5  # not a dependency
+    bound_again = twin.bound()
+    assert bound_again == bound and bound_again is not bound
+    if cls is DC:
+        # copy.copy carries the store in __dict__: the dep-checked entry is shared
+        assert twin.index() is shared
+        assert calls == ["index", "index", "index"]
+    else:
+        # a slotted attrs class without cache_field() keeps its store in a side
+        # table by identity: the copy starts empty and computes its own
+        assert twin.index() == shared
+        assert calls == ["index", "index", "index", "index"]
+    assert orig.bound() is bound
+
+
+@pytest.mark.parametrize("cls", [DC, AT])
+def test_deepcopy_starts_empty(cls: type) -> None:
+    orig = cls(torch.tensor([0, 2, 3]), 3)
+    orig.index()
+    twin = copy.deepcopy(orig)
+    assert len(stepcache.cache_of(twin)) == 0
+    assert twin.index() == orig.index()
+
+
+def test_reused_id_never_matches_an_old_entry() -> None:
+    # Free an owner while a copy keeps its store alive, then make new owners that reach
+    # that store (the worst case: a carried store) until one lands at the freed address.
+    # The entry bound to the dead owner must never answer for the newcomer.
+    reused = 0
+    for i in range(500):
+        a = DC(torch.tensor([0, 1]), 1, other=i)
+        a.bound()
+        b = copy.copy(a)  # b carries a's store
+        addr = id(a)
+        del a
+        c = DC(torch.tensor([0, 2]), 2, other=i)
+        c.__dict__["_stepcache"] = b.__dict__["_stepcache"]
+        reused += id(c) == addr
+        assert c.bound() == [0, 0]
+    assert reused > 0, "the allocator never reused an address; the test proved nothing"
+
+
+qsl_strategy = st.lists(st.integers(0, 5), min_size=0, max_size=6).map(
+    lambda lens: torch.tensor(
+        [0, *torch.tensor(lens, dtype=torch.long).cumsum(0).tolist()]
+    )
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    first=qsl_strategy,
+    second=qsl_strategy,
+    pad=st.integers(0, 3),
+    how=st.sampled_from(["replace", "evolve", "copy", "inplace", "setattr"]),
+)
+def test_any_change_of_a_dependency_never_returns_the_old_rows(
+    first: torch.Tensor, second: torch.Tensor, pad: int, how: str
+) -> None:
+    cls = AT if how == "evolve" else DC
+    n1 = int(first[-1]) + pad
+    n2 = int(second[-1]) + pad
+    owner = cls(first.clone(), n1)
+    assert owner.index() == reference(first, n1)
+    if how == "replace":
+        new = dataclasses.replace(owner, qsl=second.clone(), num_tokens=n2)
+    elif how == "evolve":
+        new = attrs.evolve(owner, qsl=second.clone(), num_tokens=n2)
+    elif how == "copy":
+        new = _copy_then_set(owner, qsl=second.clone(), num_tokens=n2)
+    elif how == "setattr":
+        new = owner
+        new.qsl, new.num_tokens = second.clone(), n2
+    else:
+        new = owner
+        if owner.qsl.shape == second.shape:
+            new.qsl.copy_(second)
+        else:
+            new.qsl.resize_(second.shape).copy_(second)
+        new.num_tokens = n2
+    assert new.index() == reference(second, n2)

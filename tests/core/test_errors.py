@@ -1,0 +1,79 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Errors: a raising builder caches nothing; bad keys are typed errors naming the function."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import stepcache
+from stepcache import StepCacheError, step_cached
+
+
+class Meta:
+    def __init__(self) -> None:
+        self.fail = True
+        self.calls = 0
+
+    @step_cached()
+    def flaky(self) -> int:
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("builder broke")
+        return 42
+
+    @step_cached(key=lambda self, k: k)
+    def keyed(self, k: Any) -> int:
+        return 1
+
+    @step_cached(key=lambda self, k: 1 // k)
+    def key_raises(self, k: int) -> int:
+        return 1
+
+    @step_cached(depends_on=("missing",))
+    def needs_missing(self) -> int:
+        return 1
+
+
+def test_a_builder_that_raises_caches_nothing() -> None:
+    m = Meta()
+    with pytest.raises(RuntimeError, match="builder broke"):
+        m.flaky()
+    assert len(stepcache.cache_of(m)) == 0
+    m.fail = False
+    assert m.flaky() == 42
+    assert m.flaky() == 42
+    assert m.calls == 2
+
+
+def test_unhashable_key_names_the_function() -> None:
+    with pytest.raises(StepCacheError, match=r"Meta\.keyed.*unhashable") as info:
+        Meta().keyed([1, 2])
+    assert "tuple" in str(info.value)
+    assert not isinstance(info.value, TypeError)
+
+
+def test_key_function_that_raises_names_the_function() -> None:
+    with pytest.raises(
+        StepCacheError, match=r"Meta\.key_raises.*ZeroDivisionError"
+    ) as info:
+        Meta().key_raises(0)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert Meta().key_raises(1) == 1
+
+
+def test_missing_dependency_attribute_is_a_typed_error() -> None:
+    with pytest.raises(StepCacheError, match=r"needs_missing.*depends_on.*missing"):
+        Meta().needs_missing()
+
+
+def test_errors_form_one_hierarchy() -> None:
+    assert issubclass(stepcache.CacheValidationError, StepCacheError)
+    assert issubclass(stepcache.CacheValidationError, AssertionError)
+    assert issubclass(stepcache.StaleCacheError, StepCacheError)
+
+
+def test_attach_refuses_non_caches() -> None:
+    with pytest.raises(StepCacheError, match="needs a StepCache"):
+        stepcache.attach(Meta(), {})  # type: ignore[arg-type]

@@ -1,0 +1,104 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Lifetime: entries die with their owner by reference counting alone; close() empties."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import weakref
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import stepcache
+from stepcache import StaleCacheError, step_cached
+
+
+@pytest.fixture
+def no_gc() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@dataclasses.dataclass
+class Meta:
+    qsl: torch.Tensor
+    n: int
+
+    @step_cached(depends_on=("qsl", "n"))
+    def index(self) -> torch.Tensor:
+        return torch.repeat_interleave(
+            torch.arange(self.qsl.numel() - 1), self.qsl.diff()
+        )
+
+    @step_cached(key="kind")
+    def pair(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(self.n), torch.ones(self.n)
+
+    @step_cached()
+    def unbound(self) -> torch.Tensor:
+        return torch.zeros(3)
+
+
+def test_dropping_the_owner_frees_entries_without_gc(no_gc: None) -> None:
+    m = Meta(torch.tensor([0, 2, 5]), 5)
+    values = [m.index(), *m.pair("a"), m.unbound()]
+    refs = [weakref.ref(v) for v in values]
+    store_ref = weakref.ref(stepcache.cache_of(m))
+    del values
+    assert all(r() is not None for r in refs)
+    del m
+    assert store_ref() is None
+    assert all(r() is None for r in refs)
+
+
+def test_kept_objects_die_with_the_owner(no_gc: None) -> None:
+    m = Meta(torch.tensor([0, 1]), 1)
+    staging = torch.zeros(4)
+    stepcache.cache_of(m).keep_alive(staging)
+    ref = weakref.ref(staging)
+    del staging
+    assert ref() is not None
+    del m
+    assert ref() is None
+
+
+def test_close_holds_nothing_and_refuses_later_use(no_gc: None) -> None:
+    m = Meta(torch.tensor([0, 2, 5]), 5)
+    ref = weakref.ref(m.index())
+    store = stepcache.cache_of(m)
+    store.keep_alive(torch.zeros(1))
+    store.close()
+    assert store.closed and len(store) == 0 and not store._kept
+    assert ref() is None
+    with pytest.raises(StaleCacheError, match="closed"):
+        m.index()
+    with pytest.raises(StaleCacheError, match="closed"):
+        stepcache.cache_of(m)
+
+
+def test_clear_empties_but_keeps_the_store_open() -> None:
+    m = Meta(torch.tensor([0, 2]), 2)
+    first = m.index()
+    stepcache.cache_of(m).clear()
+    assert len(stepcache.cache_of(m)) == 0
+    assert m.index() is not first
+    assert stepcache.stats()["Meta.index"].misses == 2
+
+
+def test_live_bytes_follow_live_entries(no_gc: None) -> None:
+    m = Meta(torch.tensor([0, 2, 5]), 5)
+    m.pair("a")
+    row = stepcache.stats()["Meta.pair"]
+    assert row.live_entries == 1
+    assert row.live_bytes == 2 * 5 * 4
+    del m
+    assert stepcache.stats()["Meta.pair"].live_entries == 0
+    assert stepcache.stats()["Meta.pair"].live_bytes == 0

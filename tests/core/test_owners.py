@@ -1,0 +1,123 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Owner kinds: plain classes, dataclasses (frozen, slotted), attrs classes (slotted)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import attrs
+import pytest
+import torch
+
+import stepcache
+from stepcache import StepCacheError, step_cached
+
+
+def _build(self: Any) -> torch.Tensor:
+    self.builds.append(1)
+    return self.qsl * 2
+
+
+cached = step_cached(depends_on=("qsl",), name="owners.build")(_build)
+unbound = step_cached(name="owners.unbound")(_build)
+
+
+class Plain:
+    def __init__(self) -> None:
+        self.qsl = torch.arange(4)
+        self.builds: list[int] = []
+
+
+@dataclasses.dataclass
+class DC:
+    qsl: torch.Tensor = dataclasses.field(default_factory=lambda: torch.arange(4))
+    builds: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    qsl: torch.Tensor = dataclasses.field(default_factory=lambda: torch.arange(4))
+    builds: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(slots=True, weakref_slot=True)
+class SlotsWithField:
+    qsl: torch.Tensor = dataclasses.field(default_factory=lambda: torch.arange(4))
+    builds: list[int] = dataclasses.field(default_factory=list)
+    _stepcache: stepcache.StepCache | None = stepcache.dataclass_cache_field()
+
+
+@attrs.define
+class AttrsSideTable:
+    qsl: torch.Tensor = attrs.field(factory=lambda: torch.arange(4))
+    builds: list[int] = attrs.field(factory=list)
+
+
+@attrs.define
+class AttrsWithField:
+    qsl: torch.Tensor = attrs.field(factory=lambda: torch.arange(4))
+    builds: list[int] = attrs.field(factory=list)
+    _stepcache: stepcache.StepCache | None = stepcache.cache_field()
+
+
+@attrs.frozen
+class AttrsFrozenWithField:
+    qsl: torch.Tensor = attrs.field(factory=lambda: torch.arange(4))
+    builds: list[int] = attrs.field(factory=list)
+    _stepcache: stepcache.StepCache | None = stepcache.cache_field()
+
+
+OWNERS = [
+    Plain,
+    DC,
+    Frozen,
+    SlotsWithField,
+    AttrsSideTable,
+    AttrsWithField,
+    AttrsFrozenWithField,
+]
+
+
+@pytest.mark.parametrize("cls", OWNERS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("fn", [cached, unbound], ids=["deps", "no-deps"])
+def test_every_owner_kind_caches(cls: type, fn: Any) -> None:
+    owner = cls()
+    first = fn(owner)
+    assert fn(owner) is first
+    assert owner.builds == [1]
+    assert torch.equal(first, torch.arange(4) * 2)
+    assert len(stepcache.cache_of(owner)) == 1
+
+
+@pytest.mark.parametrize("cls", [AttrsWithField, AttrsFrozenWithField, SlotsWithField])
+def test_declared_field_stays_out_of_init_repr_and_eq(cls: type) -> None:
+    a = cls()
+    cached(a)
+    assert "stepcache" not in repr(a)
+    assert isinstance(a._stepcache, stepcache.StepCache)
+    with pytest.raises(TypeError):
+        cls(_stepcache=None)
+    with pytest.raises(TypeError):
+        cls(stepcache=None)
+
+
+def test_slotted_class_without_weakref_support_gets_a_clear_error() -> None:
+    @dataclasses.dataclass(slots=True)
+    class NoWeak:
+        qsl: torch.Tensor
+        builds: list[int]
+
+    with pytest.raises(StepCacheError, match="weakref_slot=True"):
+        cached(NoWeak(torch.arange(3), []))
+
+
+def test_side_table_entry_goes_with_its_owner() -> None:
+    from stepcache import _store
+
+    owner = AttrsSideTable()
+    cached(owner)
+    assert id(owner) in _store._side
+    key = id(owner)
+    del owner
+    assert key not in _store._side

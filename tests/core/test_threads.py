@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Threads: two owners in two threads never mix; one owner in many threads stays sound."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+import stepcache
+from stepcache import step_cached
+
+
+class Meta:
+    def __init__(self, tag: int) -> None:
+        self.tag = tag
+        self.qsl = torch.tensor([0, tag])
+
+    @step_cached(key="k", depends_on=("qsl",))
+    def value(self, k: int) -> tuple[int, int]:
+        return (self.tag, k)
+
+
+def _hammer(
+    barrier: threading.Barrier, work: list[tuple[Meta, int]], errors: list[str]
+) -> None:
+    barrier.wait()
+    for _ in range(200):
+        for owner, k in work:
+            got = owner.value(k)
+            if got != (owner.tag, k):
+                errors.append(f"owner {owner.tag} key {k} got {got}")
+
+
+def test_two_owners_in_two_threads_never_see_each_other() -> None:
+    a, b = Meta(1), Meta(2)
+    errors: list[str] = []
+    barrier = threading.Barrier(2)
+    threads = [
+        threading.Thread(
+            target=_hammer, args=(barrier, [(o, k) for k in range(8)], errors)
+        )
+        for o in (a, b)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(stepcache.cache_of(a)) == 8 and len(stepcache.cache_of(b)) == 8
+
+
+def test_one_owner_from_many_threads_is_never_corrupted() -> None:
+    owner = Meta(7)
+    errors: list[str] = []
+    barrier = threading.Barrier(4)
+    threads = [
+        threading.Thread(
+            target=_hammer,
+            args=(barrier, [(owner, (k + i) % 16) for k in range(16)], errors),
+        )
+        for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    store = stepcache.cache_of(owner)
+    assert len(store) == 16
+    assert sorted(k for _, (_, k) in ((f, e[0]) for f, e in store.entries())) == list(
+        range(16)
+    )
