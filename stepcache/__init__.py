@@ -15,7 +15,13 @@ True
 
 from __future__ import annotations
 
-from stepcache._debug import debug_report
+from stepcache._debug import (
+    DebugReport,
+    Detection,
+    GuardedTensor,
+    clear_debug_report,
+    debug_report,
+)
 from stepcache._decorator import BYPASS, step_cached
 from stepcache._errors import CacheValidationError, StaleCacheError, StepCacheError
 from stepcache._spec import Arg, Attr, TensorSpec, normalize_device
@@ -43,6 +49,9 @@ __all__ = [
     "Arg",
     "Attr",
     "CacheValidationError",
+    "DebugReport",
+    "Detection",
+    "GuardedTensor",
     "FunctionStats",
     "StaleCacheError",
     "StatsTable",
@@ -53,6 +62,7 @@ __all__ = [
     "attach",
     "cache_field",
     "cache_of",
+    "clear_debug_report",
     "dataclass_cache_field",
     "debug",
     "debug_report",

@@ -140,7 +140,7 @@ def generate(layout: Layout) -> str:
         + ")"
     )
 
-    shared = ["_sc_FID", "_sc_hits", "_sc_miss", "_sc_slow"]
+    shared = ["_sc_FID", "_sc_hits", "_sc_miss", "_sc_slow", "_sc_on_hit"]
     if layout.key == "callable":
         shared.append("_sc_key")
     if layout.deps:
@@ -159,8 +159,15 @@ def generate(layout: Layout) -> str:
             "_sc_VAL",
             "_sc_SNAP",
             "_sc_snapshot",
+            "_sc_on_hit",
             *defaults,
         ]
+    )
+    lookup_and_match = (
+        "        try:\n"
+        + "".join("    " + line for line in checks.splitlines(keepends=True))
+        + "        except Exception:\n"
+        "            _sc_ok = False\n"
     )
     return (
         f"def _sc_factory({factory_params}):\n"
@@ -169,14 +176,19 @@ def generate(layout: Layout) -> str:
         f"    def _fast({sig}):\n"
         f"        nonlocal _sc_hits\n"
         + touch
-        + "        try:\n"
-        + "".join("    " + line for line in checks.splitlines(keepends=True))
-        + f"        except Exception:\n"
-        f"            _sc_ok = False\n"
-        f"        if _sc_ok:\n"
+        + lookup_and_match
+        + f"        if _sc_ok:\n"
         f"            _sc_hits += 1\n"
         f"            return _sc_e[0]\n"
         f"        return _sc_miss({args_tuple})\n"
+        f"\n"
+        f"    def _checks({sig}):\n"
+        f"        nonlocal _sc_hits\n"
+        + touch
+        + lookup_and_match
+        + f"        if _sc_ok:\n"
+        f"            return _sc_on_hit(_sc_e, {args_tuple})\n"
+        f"        return _sc_slow({args_tuple})\n"
         f"\n"
         f"    def _switched({sig}):\n"
         f"        nonlocal _sc_hits\n"
@@ -199,7 +211,9 @@ def generate(layout: Layout) -> str:
         f"        nonlocal _sc_hits\n"
         f"        _sc_hits = _sc_hits + n if n else 0\n"
         f"\n"
-        f"    return _fast, _switched, _invoke, _keyof, _depvals, _hits_get, _hits_add\n"
+        f"    return (\n"
+        f"        _fast, _switched, _checks, _invoke, _keyof, _depvals, _hits_get, _hits_add\n"
+        f"    )\n"
     )
 
 

@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
-from stepcache import _fingerprint, _registry, _switches
+from stepcache import _debug, _fingerprint, _registry, _switches
 from stepcache._codegen import Dep, Layout, generate
 from stepcache._errors import StepCacheError
 from stepcache._spec import Arg, Attr, TensorSpec, validate
@@ -134,6 +134,9 @@ class CachedFunction:
                 f"parameter names (got {key!r})"
             )
         self.keyed = layout_key is not None
+        self.key_names: tuple[str, ...] = (
+            layout_key if isinstance(layout_key, tuple) else ()
+        )
 
         if isinstance(depends_on, str):
             depends_on = (depends_on,)
@@ -184,6 +187,7 @@ class CachedFunction:
         (
             wrapper,
             switched,
+            checks,
             self.invoke,
             self.keyof,
             self.depvals,
@@ -198,17 +202,21 @@ class CachedFunction:
             _fingerprint.VAL,
             _fingerprint.SNAP,
             _fingerprint.snapshot,
+            functools.partial(_debug.on_hit, self),
             *defaults,
         )
-        self.fast_code = wrapper.__code__
-        self.switched_code = switched.__code__
-        if self.fast_code.co_freevars != self.switched_code.co_freevars:
+        self.codes = {
+            "fast": wrapper.__code__,
+            "switched": switched.__code__,
+            "checks": checks.__code__,
+        }
+        if len({c.co_freevars for c in self.codes.values()}) != 1:
             raise AssertionError(f"stepcache internal error: {self.name} cells differ")
         functools.update_wrapper(wrapper, fn)
         wrapper.__stepcache__ = self
         self.wrapper = wrapper
         _registry.register(self)
-        self.use_switched(_switches.switched())
+        self.use_code(_switches.code_name())
 
     # -- counters -----------------------------------------------------------------------
     @property
@@ -232,11 +240,12 @@ class CachedFunction:
             store.count(self.fid, which)
 
     def count_hit(self) -> None:
-        with self.lock:
-            self._hits_add(1)
+        # like the fast path's own increment: not atomic across threads
+        self._hits_add(1)
 
-    def use_switched(self, on: bool) -> None:
-        self.wrapper.__code__ = self.switched_code if on else self.fast_code
+    def use_code(self, which: str) -> None:
+        """Run the ``fast``, ``checks`` or ``switched`` code from now on."""
+        self.wrapper.__code__ = self.codes[which]
 
     # -- the pieces of a call -----------------------------------------------------------
     def where(self, key: Any = None) -> str:
@@ -359,8 +368,6 @@ class CachedFunction:
             return self.invoke(a)
         if _switches.get_debug() == "off":
             return self.miss(a)
-        from stepcache import _debug
-
         return _debug.call(self, a)
 
 

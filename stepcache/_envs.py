@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["STEPCACHE_DEBUG", "STEPCACHE_DISABLE", "STEPCACHE_VLLM", "parse_debug_mode"]
+__all__ = [
+    "STEPCACHE_DEBUG",
+    "STEPCACHE_DEBUG_GUARD",
+    "STEPCACHE_DISABLE",
+    "STEPCACHE_VLLM",
+    "parse_debug_mode",
+]
 
 DEBUG_MODES = ("off", "checks", "verify")
 
@@ -46,5 +52,7 @@ STEPCACHE_DISABLE: bool = _flag("STEPCACHE_DISABLE", False)
 STEPCACHE_DEBUG: str = parse_debug_mode(
     os.environ.get("STEPCACHE_DEBUG", ""), source="STEPCACHE_DEBUG"
 )
+#: ``STEPCACHE_DEBUG_GUARD=0``: debug mode hands out plain tensors, not guarded views.
+STEPCACHE_DEBUG_GUARD: bool = _flag("STEPCACHE_DEBUG_GUARD", True)
 #: ``STEPCACHE_VLLM=0``: the vLLM plugin applies no patch.
 STEPCACHE_VLLM: bool = _flag("STEPCACHE_VLLM", True)

@@ -12,8 +12,8 @@ Production fingerprints are what the hit path compares, so they are cheap:
 * a list, dict or set of scalars: a snapshot of its contents;
 * anything else (numpy arrays, objects): the object's identity.
 
-Deep fingerprints (debug mode) add shape, strides, dtype, device, data pointer and, for
-small CPU tensors and numpy arrays, the contents.
+Deep fingerprints (debug mode) add shape, dtype, data pointer and, for small CPU
+tensors and numpy arrays, the contents.
 """
 
 from __future__ import annotations
@@ -107,26 +107,17 @@ def matches(x: Any, o: Any, v: Any) -> bool:
 
 
 def deep(x: Any) -> Any:
-    """A deep, comparable fingerprint for debug mode."""
+    """A deep, comparable fingerprint for debug mode.
+
+    For a tensor it adds what the production fingerprint (identity and version) cannot
+    see: the data pointer, shape and dtype (a ``.data =`` swap) and, for small CPU
+    tensors, the contents (a write through ``.numpy()`` or ``data_ptr()``).
+    """
     if isinstance(x, torch.Tensor):
         content: Any = None
-        if (
-            x.device.type == "cpu"
-            and x.numel() <= DEEP_CONTENT_LIMIT
-            and not x.is_sparse
-        ):
-            content = x.detach().contiguous().view(-1).tolist()
-        return (
-            "tensor",
-            id(x),
-            tuple(x.shape),
-            tuple(x.stride()),
-            x.dtype,
-            x.device,
-            x.data_ptr() if x.numel() else 0,
-            x._version,
-            content,
-        )
+        if x.is_cpu and x.numel() <= DEEP_CONTENT_LIMIT and x.layout is torch.strided:
+            content = x.tolist()
+        return ("tensor", x.shape, x.dtype, x.data_ptr(), content)
     if isinstance(x, np.ndarray):
         body: Any = x.tobytes() if x.size <= DEEP_CONTENT_LIMIT else None
         return ("ndarray", id(x), x.shape, x.dtype.str, body)

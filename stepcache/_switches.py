@@ -25,8 +25,8 @@ __all__ = [
     "get_debug",
     "get_disabled",
     "set_debug",
+    "code_name",
     "set_disabled",
-    "switched",
 ]
 
 _lock = threading.RLock()
@@ -34,15 +34,19 @@ _disabled: bool = _envs.STEPCACHE_DISABLE
 _debug: str = _envs.STEPCACHE_DEBUG
 
 
-def switched() -> bool:
-    """Whether decorated functions run their switched (slow, general) code now."""
-    return _disabled or _debug != "off"
+def code_name() -> str:
+    """Which code decorated functions run now: ``fast`` (production), ``checks``
+    (debug checks: the fast lookup, then the checks) or ``switched`` (disabled, verify:
+    the general slow path)."""
+    if _disabled or _debug == "verify":
+        return "switched"
+    return "checks" if _debug == "checks" else "fast"
 
 
 def _apply() -> None:
-    on = switched()
+    which = code_name()
     for fn in all_functions():
-        fn.use_switched(on)
+        fn.use_code(which)
 
 
 def set_disabled(value: bool) -> None:

@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Debug mode: validation on every hit, misdeclarations, the report, and no false
+positives over a long run of correct steps."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+import stepcache
+from stepcache import (
+    Arg,
+    Attr,
+    CacheValidationError,
+    StaleCacheError,
+    TensorSpec,
+    step_cached,
+)
+
+
+@dataclasses.dataclass
+class Meta:
+    query_start_loc: torch.Tensor
+    num_actual_tokens: int
+
+    @step_cached(
+        depends_on=("query_start_loc", "num_actual_tokens"),
+        expect=TensorSpec(
+            device=Arg("buffer"),
+            dtype=torch.int32,
+            min_shape=(Attr("num_actual_tokens"),),
+        ),
+    )
+    def index(self, buffer: torch.Tensor) -> torch.Tensor:
+        lens = self.query_start_loc.diff()
+        idx = torch.repeat_interleave(
+            torch.arange(lens.numel(), dtype=torch.int32), lens
+        )
+        n = self.num_actual_tokens
+        buffer[: idx.numel()].copy_(idx)
+        buffer[idx.numel() : n].zero_()
+        return buffer[:n]
+
+    @step_cached(key=lambda self, kind, rows: (kind, rows), depends_on=("query_start_loc",))
+    def sparse(self, kind: str, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        base = torch.arange(rows) + int(self.query_start_loc[-1])
+        return base * (128 if kind == "c128a" else 1), base
+
+
+def make(lens: list[int], pad: int = 0) -> Meta:
+    qsl = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32)
+    return Meta(qsl, int(qsl[-1]) + pad)
+
+
+@pytest.fixture
+def checks() -> Iterator[None]:
+    stepcache.clear_debug_report()
+    with stepcache.debug("checks"):
+        yield
+
+
+def test_expect_is_validated_on_every_hit_in_checks_mode(checks: None) -> None:
+    md = make([2, 2])
+    buf = torch.zeros(8, dtype=torch.int32)
+    md.index(buf)
+    cached = stepcache.cache_of(md)
+    (_, entry), = list(cached.entries())
+    entry[0].data = torch.zeros(4, dtype=torch.int64)  # dtype changed behind our back
+    with pytest.raises(CacheValidationError, match=r"on a hit.*dtype mismatch. expected torch.int32, actual torch.int64"):
+        md.index(buf)
+    assert stepcache.debug_report()[-1].kind == "validation"
+
+
+def test_builder_that_mutates_its_declared_dependency_is_reported(checks: None) -> None:
+    @step_cached(owner="md", depends_on=("buffer",))
+    def bad(md: Meta, buffer: torch.Tensor) -> torch.Tensor:
+        buffer.add_(1)
+        return buffer
+
+    with pytest.raises(StaleCacheError, match=r"changed its declared dependency 'buffer'.*expect=TensorSpec"):
+        bad(make([1]), torch.zeros(2))
+
+
+def test_key_function_reading_an_undeclared_attribute_is_reported(checks: None) -> None:
+    @step_cached(
+        key=lambda md: md.num_actual_tokens, owner="md", depends_on=("query_start_loc",)
+    )
+    def f(md: Meta) -> int:
+        return 1
+
+    with pytest.raises(StaleCacheError, match=r"key function reads owner attribute\(s\) \['num_actual_tokens'\]"):
+        f(make([2]))
+
+
+def test_report_collects_and_renders_detections(checks: None) -> None:
+    md = make([2])
+    value = md.index(torch.zeros(4, dtype=torch.int32))
+    stepcache.cache_of(md).close()
+    with pytest.raises(StaleCacheError):
+        value.sum()
+    report = stepcache.debug_report()
+    assert len(report) == 1 and report[0].kind == "use-after-close"
+    assert report[0].function == "Meta.index"
+    text = str(report)
+    assert text.startswith("stepcache debug report: 1 detection(s)") and "[use-after-close]" in text
+    stepcache.clear_debug_report()
+    assert str(stepcache.debug_report()) == "stepcache debug report: nothing detected"
+
+
+def test_guarded_values_behave_like_tensors(checks: None) -> None:
+    md = make([1, 2])
+    buf = torch.zeros(8, dtype=torch.int32)
+    value = md.index(buf)
+    assert isinstance(value, stepcache.GuardedTensor) and isinstance(value, torch.Tensor)
+    assert (value + 1).tolist() == [1, 2, 2]
+    assert type(value + 1) is torch.Tensor
+    assert torch.equal(value, torch.tensor([0, 1, 1], dtype=torch.int32))
+    assert value.data_ptr() == buf.data_ptr()
+
+
+def test_production_mode_hands_out_plain_tensors() -> None:
+    md = make([1, 2])
+    assert type(md.index(torch.zeros(8, dtype=torch.int32))) is torch.Tensor
+
+
+def _long_run(mode: str, steps: int, seed: int) -> None:
+    rng = random.Random(seed)
+    buffers = [torch.zeros(64, dtype=torch.int32) for _ in range(3)]
+    for _ in range(steps):
+        lens = [rng.randint(0, 6) for _ in range(rng.randint(1, 6))]
+        md = make(lens, pad=rng.choice([0, 0, 3]))
+        twin = dataclasses.replace(md, num_actual_tokens=md.num_actual_tokens)
+        stepcache.attach(twin, stepcache.cache_of(md))
+        expected = md.index(torch.zeros(64, dtype=torch.int32)).clone()
+        for layer in range(6):
+            owner = twin if layer % 2 else md
+            got = owner.index(buffers[layer % 3])
+            assert torch.equal(got, expected)
+            kind = rng.choice(["swa_only", "c128a"])
+            rows = rng.choice([4, 8])
+            a, b = owner.sparse(kind, rows)
+            assert a.shape == (rows,) and b.shape == (rows,)
+        if rng.random() < 0.3:  # a draft step: reassign on the same object
+            md.query_start_loc = md.query_start_loc.clone()
+            md.index(buffers[0])
+        if rng.random() < 0.5:
+            stepcache.cache_of(md).close()
+
+
+@pytest.mark.parametrize("mode", ["checks", "verify"])
+def test_no_false_positives_over_a_long_run_of_correct_steps(mode: str) -> None:
+    stepcache.clear_debug_report()
+    with stepcache.debug(mode):
+        _long_run(mode, steps=150, seed=7)
+    assert len(stepcache.debug_report()) == 0, str(stepcache.debug_report())

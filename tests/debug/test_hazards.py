@@ -1,0 +1,294 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The hazard suite: one planted bug per test. Each returns a stale value (or fails
+obscurely) in production mode, and raises the right typed error in debug mode."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+import stepcache
+from stepcache import StaleCacheError, _spec, step_cached
+
+# -- a small engine-free metadata object and builders with planted bugs ------------------
+
+
+@dataclasses.dataclass
+class Meta:
+    query_start_loc: torch.Tensor
+    num_actual_tokens: int
+    req_idx: np.ndarray = dataclasses.field(default_factory=lambda: np.arange(3))
+
+
+def reference_index(qsl: torch.Tensor, n: int) -> torch.Tensor:
+    lens = qsl.diff()
+    idx = torch.repeat_interleave(torch.arange(lens.numel(), dtype=torch.int32), lens)
+    return torch.cat([idx, torch.zeros(n - idx.numel(), dtype=torch.int32)])
+
+
+@step_cached(owner="md", depends_on=("num_actual_tokens",))  # BUG: misses query_start_loc
+def index_missing_qsl(md: Meta) -> torch.Tensor:
+    return reference_index(md.query_start_loc, md.num_actual_tokens)
+
+
+@step_cached(owner="md", depends_on=("query_start_loc", "num_actual_tokens"))
+def index_ok(md: Meta) -> torch.Tensor:
+    return reference_index(md.query_start_loc, md.num_actual_tokens)
+
+
+@step_cached(owner="md", depends_on=("query_start_loc", "num_actual_tokens"))
+def index_into(md: Meta, buffer: torch.Tensor) -> torch.Tensor:
+    ref = reference_index(md.query_start_loc, md.num_actual_tokens)
+    buffer[: ref.numel()].copy_(ref)
+    return buffer[: ref.numel()]
+
+
+@step_cached(key="num_rows", owner="md")  # BUG: the key misses the layer kind
+def sparse_missing_kind(md: Meta, kind: str, num_rows: int) -> torch.Tensor:
+    return torch.full((num_rows,), 128 if kind == "c128a" else 1)
+
+
+@step_cached(key="kind", owner="md")  # BUG: the key misses the row count
+def sparse_missing_rows(md: Meta, kind: str, num_rows: int) -> torch.Tensor:
+    return torch.full((num_rows,), 128 if kind == "c128a" else 1)
+
+
+@step_cached(owner="md", depends_on=("req_idx",))
+def from_req_idx(md: Meta) -> list[int]:
+    return [int(x) * 10 for x in md.req_idx]
+
+
+@step_cached(key="device", owner="md")
+def per_device(md: Meta, device: str) -> torch.Tensor:
+    return torch.zeros(md.num_actual_tokens)
+
+
+def step(lens: list[int], pad: int = 0) -> Meta:
+    qsl = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32)
+    return Meta(qsl, int(qsl[-1]) + pad)
+
+
+@pytest.fixture
+def checks() -> Iterator[None]:
+    stepcache.clear_debug_report()
+    with stepcache.debug("checks"):
+        yield
+
+
+@pytest.fixture
+def verify() -> Iterator[None]:
+    stepcache.clear_debug_report()
+    with stepcache.debug("verify"):
+        yield
+
+
+def _last_kind() -> str:
+    return stepcache.debug_report()[-1].kind
+
+
+# -- 1. dataclasses.replace carries a shared cache to an object whose qsl changed ----------
+
+
+def _replace_carry(fn: object) -> tuple[torch.Tensor, Meta]:
+    md = step([2, 1])
+    first = index_missing_qsl(md)
+    twin = dataclasses.replace(md, query_start_loc=torch.tensor([0, 1, 3], dtype=torch.int32))
+    stepcache.attach(twin, stepcache.cache_of(md))  # one cache per step, as vLLM shares
+    return first, twin
+
+
+def test_replace_carry_is_stale_in_production() -> None:
+    _, twin = _replace_carry(index_missing_qsl)
+    got = index_missing_qsl(twin)
+    assert not torch.equal(got, reference_index(twin.query_start_loc, 3))  # stale
+
+
+def test_replace_carry_is_caught_in_checks_mode(checks: None) -> None:
+    _, twin = _replace_carry(index_missing_qsl)
+    with pytest.raises(StaleCacheError, match=r"'query_start_loc'.*neither the key nor depends_on") as info:
+        index_missing_qsl(twin)
+    assert "index_missing_qsl" in str(info.value) and "add 'query_start_loc' to depends_on" in str(info.value)
+    assert _last_kind() == "undeclared-input"
+
+
+# -- 2. the draft loop reassigns query_start_loc on the same object --------------------------
+
+
+def _draft_loop() -> Meta:
+    md = step([3, 3])
+    index_missing_qsl(md)
+    md.query_start_loc = torch.tensor([0, 1, 6], dtype=torch.int32)  # next draft token
+    return md
+
+
+def test_draft_loop_reassignment_is_stale_in_production() -> None:
+    md = _draft_loop()
+    assert index_missing_qsl(md).tolist() == [0, 0, 0, 1, 1, 1]  # the old rows
+
+
+def test_draft_loop_reassignment_is_caught_in_checks_mode(checks: None) -> None:
+    md = _draft_loop()
+    with pytest.raises(StaleCacheError, match="'query_start_loc'.*changed since the entry was stored"):
+        index_missing_qsl(md)
+    assert _last_kind() == "undeclared-input"
+
+
+def test_declared_dependency_recomputes_after_reassignment_in_every_mode(checks: None) -> None:
+    md = step([3, 3])
+    index_ok(md)
+    md.query_start_loc = torch.tensor([0, 1, 6], dtype=torch.int32)
+    assert index_ok(md).tolist() == [0, 1, 1, 1, 1, 1]
+
+
+# -- 3. a dependency mutated in place behind the version counter -----------------------------
+
+
+def _mutate_behind_version() -> Meta:
+    md = step([2, 2])
+    index_ok(md)
+    md.query_start_loc.numpy()[1] = 1  # writes memory without bumping _version
+    return md
+
+
+def test_mutation_behind_the_version_counter_is_stale_in_production() -> None:
+    md = _mutate_behind_version()
+    assert index_ok(md).tolist() == [0, 0, 1, 1]  # old rows; correct is [0, 1, 1, 1]
+
+
+def test_mutation_behind_the_version_counter_is_caught_in_checks_mode(checks: None) -> None:
+    md = _mutate_behind_version()
+    with pytest.raises(StaleCacheError, match=r"dependency 'query_start_loc' changed without the cache noticing: contents mismatch at flat index 1. expected 2, actual 1"):
+        index_ok(md)
+    assert _last_kind() == "dependency-changed"
+
+
+# -- 4. a key that misses the layer kind -----------------------------------------------------
+
+
+def test_key_missing_layer_kind_is_stale_in_production() -> None:
+    md = step([4])
+    sparse_missing_kind(md, "swa_only", 4)
+    assert sparse_missing_kind(md, "c128a", 4).tolist() == [1, 1, 1, 1]  # swa_only's value
+
+
+def test_key_missing_layer_kind_is_caught_in_verify_mode(verify: None) -> None:
+    md = step([4])
+    sparse_missing_kind(md, "swa_only", 4)
+    with pytest.raises(StaleCacheError, match=r"differs from a fresh computation: tensor 'result' value mismatch at flat index 0. expected 1, actual 128.*parameter 'kind'"):
+        sparse_missing_kind(md, "c128a", 4)
+    assert _last_kind() == "key-too-coarse"
+
+
+# -- 5. a key that misses the row count ------------------------------------------------------
+
+
+def test_key_missing_row_count_is_stale_in_production() -> None:
+    md = step([4])
+    sparse_missing_rows(md, "c128a", 4)
+    assert sparse_missing_rows(md, "c128a", 2).shape == (4,)  # wrong row count
+
+
+def test_key_missing_row_count_is_caught_in_verify_mode(verify: None) -> None:
+    md = step([4])
+    sparse_missing_rows(md, "c128a", 4)
+    with pytest.raises(StaleCacheError, match=r"size mismatch at index 0. expected 4, actual 2.*parameter 'num_rows'"):
+        sparse_missing_rows(md, "c128a", 2)
+
+
+# -- 6. use after close -------------------------------------------------------------------------
+
+
+def test_use_after_close_goes_unnoticed_in_production() -> None:
+    md = step([2])
+    value = index_ok(md)
+    stepcache.cache_of(md).close()
+    assert value.tolist() == [0, 0]  # still readable: nothing says the step is over
+
+
+def test_use_after_close_is_caught_in_checks_mode(checks: None) -> None:
+    md = step([2])
+    value = index_ok(md)
+    stepcache.cache_of(md).close()
+    with pytest.raises(StaleCacheError, match="handed out by a step cache that has since been closed"):
+        value.tolist()
+    assert _last_kind() == "use-after-close"
+    with pytest.raises(StaleCacheError, match="closed"):
+        index_ok(md)
+    assert _last_kind() == "use-after-close"
+
+
+# -- 7. a persistent buffer overwritten by the next step --------------------------------------
+
+
+def _two_steps_one_buffer() -> tuple[torch.Tensor, Meta]:
+    buffer = torch.zeros(16, dtype=torch.int32)
+    md1 = step([2, 2])
+    old = index_into(md1, buffer)
+    md2 = step([1, 3])
+    index_into(md2, buffer)  # the next step's build writes the same storage
+    return old, md1
+
+
+def test_overwritten_buffer_is_stale_in_production() -> None:
+    old, _ = _two_steps_one_buffer()
+    assert old.tolist() == [0, 1, 1, 1]  # step 2's rows, read as step 1's
+
+
+def test_overwritten_buffer_is_caught_in_checks_mode(checks: None) -> None:
+    old, md1 = _two_steps_one_buffer()
+    with pytest.raises(StaleCacheError, match=r"overwritten by a subsequent write.*clone\(\)"):
+        old.tolist()
+    assert _last_kind() == "buffer-overwritten"
+    with pytest.raises(StaleCacheError, match="was overwritten after it was stored"):
+        index_into(md1, torch.zeros(16, dtype=torch.int32))
+
+
+def test_a_clone_taken_in_time_stays_valid(checks: None) -> None:
+    buffer = torch.zeros(16, dtype=torch.int32)
+    kept = index_into(step([2, 2]), buffer).clone()
+    index_into(step([1, 3]), buffer)
+    assert kept.tolist() == [0, 0, 1, 1]
+
+
+# -- 8. cuda and cuda:0 name one device ---------------------------------------------------------
+
+
+@pytest.fixture
+def current_device_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_spec, "_current_index", lambda device_type: 0)
+
+
+def test_device_aliases_compute_twice_in_production(current_device_zero: None) -> None:
+    md = step([2])
+    assert per_device(md, "cuda") is not per_device(md, "cuda:0")  # two copies, two buffers
+
+
+def test_device_aliases_are_caught_in_checks_mode(current_device_zero: None, checks: None) -> None:
+    md = step([2])
+    per_device(md, "cuda")
+    with pytest.raises(StaleCacheError, match=r"'cuda:0' and the cached key 'cuda' name the same device"):
+        per_device(md, "cuda:0")
+    per_device(md, "cuda:1")  # another device: no alias
+    assert _last_kind() == "device-alias"
+
+
+# -- 9. a numpy dependency changed in place ------------------------------------------------------
+
+
+def test_numpy_dependency_changed_in_place_is_stale_in_production() -> None:
+    md = step([1, 1, 1])
+    from_req_idx(md)
+    md.req_idx[0] = 7
+    assert from_req_idx(md) == [0, 10, 20]
+
+
+def test_numpy_dependency_changed_in_place_is_caught_in_checks_mode(checks: None) -> None:
+    md = step([1, 1, 1])
+    from_req_idx(md)
+    md.req_idx[0] = 7
+    with pytest.raises(StaleCacheError, match=r"'req_idx' changed without the cache noticing: contents mismatch at flat index 0. expected 0, actual 7"):
+        from_req_idx(md)
