@@ -44,7 +44,7 @@ class Meta:
     def sc_getter_dep(self) -> int:
         return 1
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019 - the baseline being measured
+    @functools.lru_cache  # noqa: B019 - the baseline being measured (default maxsize)
     def lru(self, k: int) -> int:
         return k
 
@@ -95,7 +95,11 @@ GOALS = [
     ("stepcache, key of one argument", "functools.lru_cache", 2.0),
     ("stepcache, key of one argument", "cachetools.cachedmethod", 0.2),
     ("stepcache, zero-argument getter", "functools.cached_property", 1.5),
-    ("stepcache, key of one argument, debug checks mode", "stepcache, key of one argument", 5.0),
+    (
+        "stepcache, key of one argument, debug checks mode",
+        "stepcache, key of one argument",
+        5.0,
+    ),
 ]
 
 
@@ -107,17 +111,29 @@ def render(results: dict[str, Timing]) -> str:
         "| --- | ---: | ---: | ---: |",
     ]
     for t in results.values():
-        lines.append(f"| {t.label} | {t.median_ns:.0f} | {t.min_ns:.0f} | {t.max_ns:.0f} |")
-    lines += ["", "| ratio (medians) | measured | goal | met |", "| --- | ---: | ---: | :---: |"]
+        lines.append(
+            f"| {t.label} | {t.median_ns:.0f} | {t.min_ns:.0f} | {t.max_ns:.0f} |"
+        )
+    lines += [
+        "",
+        "| ratio (medians) | measured | goal | met |",
+        "| --- | ---: | ---: | :---: |",
+    ]
     for row, base, goal in GOALS:
         r = results[row].ratio_to(results[base])
-        lines.append(f"| {row} / {base} | {r:.2f}x | <= {goal}x | {'yes' if r <= goal else 'no'} |")
+        lines.append(
+            f"| {row} / {base} | {r:.2f}x | <= {goal}x | {'yes' if r <= goal else 'no'} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--markdown", type=Path, help="also write the tables to this file")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument(
+        "--markdown", type=Path, help="also write the tables to this file"
+    )
     parser.add_argument("--number", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args(argv)

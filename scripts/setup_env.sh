@@ -13,23 +13,28 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $($PY --version)"
   "$PY" -m venv .venv
 fi
-pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
-stamp=.venv/.stepcache-$full-$(cat pyproject.toml requirements/*.txt | cksum | cut -d' ' -f1)
-if [ -f "$stamp" ]; then
+pip_install() {
+  # pip warns about every local index folder it cannot read; keep only real messages
+  { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" 2>&1; } |
+    { grep -v 'is neither a file nor a directory' || true; }
+}
+sum=$(cat pyproject.toml requirements/*.txt | cksum | cut -d' ' -f1)
+stamp=.venv/.stepcache-$full-$sum
+if [ -f "$stamp" ] || [ -f ".venv/.stepcache-1-$sum" ]; then
   echo "[setup] .venv is up to date"
   exit 0
 fi
 echo "[setup] installing torch (CPU build) ..."
-"${pip[@]}" "torch==2.13.0"
+pip_install "torch==2.13.0"
 if [ "$full" = 1 ]; then
   echo "[setup] installing vLLM 0.33.0 without its GPU dependency set (~3 min) ..."
-  "${pip[@]}" --no-deps "vllm==0.33.0"
-  "${pip[@]}" -r requirements/vllm-cpu.txt
+  pip_install --no-deps "vllm==0.33.0"
+  pip_install -r requirements/vllm-cpu.txt
   echo "[setup] installing stepcache with the dev tools ..."
-  "${pip[@]}" -e ".[dev]"
+  pip_install -e ".[dev]"
 else
   echo "[setup] installing stepcache ..."
-  "${pip[@]}" -e .
+  pip_install -e .
 fi
 rm -f .venv/.stepcache-*
 touch "$stamp"
