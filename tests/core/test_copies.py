@@ -52,6 +52,19 @@ class AT:
     bound = step_cached(name="copies.at.bound")(_index)
 
 
+@attrs.define
+class ATF:
+    """A slotted attrs class that declares the store field (no side table)."""
+
+    qsl: torch.Tensor
+    num_tokens: int
+    other: int = 0
+    _stepcache: stepcache.StepCache | None = stepcache.cache_field()
+
+    index = step_cached(depends_on=("qsl", "num_tokens"), name="copies.atf.index")(_index)
+    bound = step_cached(name="copies.atf.bound")(_index)
+
+
 def reference(qsl: torch.Tensor, num_tokens: int) -> list[int]:
     lens = qsl.diff().tolist()
     out = [i for i, n in enumerate(lens) for _ in range(n)]
@@ -71,7 +84,7 @@ def _copy_then_set(o: Any, **kw: Any) -> Any:
     return c
 
 
-@pytest.mark.parametrize("cls", [DC, AT])
+@pytest.mark.parametrize("cls", [DC, AT, ATF])
 @pytest.mark.parametrize("method", ["index", "bound"])
 @pytest.mark.parametrize("how", ["replace", "copy"])
 def test_copy_with_changed_qsl_recomputes(cls: type, method: str, how: str) -> None:
@@ -82,11 +95,12 @@ def test_copy_with_changed_qsl_recomputes(cls: type, method: str, how: str) -> N
         twin = _copy_then_set(orig, qsl=new_qsl)
     else:
         twin = (dataclasses.replace if cls is DC else attrs.evolve)(orig, qsl=new_qsl)
+        assert len(stepcache.cache_of(twin)) == 0, "replace/evolve never carry the store"
     assert getattr(twin, method)() == [0, 1, 1]
     assert getattr(orig, method)() == [0, 0, 1]
 
 
-@pytest.mark.parametrize("cls", [DC, AT])
+@pytest.mark.parametrize("cls", [DC, AT, ATF])
 def test_copy_with_identical_deps_shares_dep_entries_only(cls: type) -> None:
     orig = cls(torch.tensor([0, 2, 3]), 3)
     calls.clear()
@@ -95,8 +109,9 @@ def test_copy_with_identical_deps_shares_dep_entries_only(cls: type) -> None:
     twin.other = 5  # not a dependency
     bound_again = twin.bound()
     assert bound_again == bound and bound_again is not bound
-    if cls is DC:
-        # copy.copy carries the store in __dict__: the dep-checked entry is shared
+    if cls in (DC, ATF):
+        # copy.copy carries the store (in __dict__ or the declared slot): the
+        # dep-checked entry is shared
         assert twin.index() is shared
         assert calls == ["index", "index", "index"]
     else:
