@@ -37,6 +37,8 @@ class Layout:
     #: None (unkeyed), a tuple of parameter names, or "callable"
     key: tuple[str, ...] | str | None
     deps: tuple[Dep, ...]
+    #: re-check the versions of the result's tensors on every hit
+    guard: bool = False
 
 
 def _signature(params: Sequence[inspect.Parameter]) -> str:
@@ -128,6 +130,17 @@ def generate(layout: Layout) -> str:
         ]
     if not layout.deps:
         body.append(f"_sc_ok = _sc_e[1]() is {owner}")
+    if layout.guard:
+        # A result that is a view into a persistent buffer goes stale when the buffer
+        # is written again (its version counter, shared with the buffer, moves on).
+        g = 2 + 2 * len(layout.deps)
+        body += [
+            "if _sc_ok:",
+            f"    for _sc_t, _sc_tv in _sc_e[{g}]:",
+            "        if _sc_t._version != _sc_tv:",
+            "            _sc_ok = False",
+            "            break",
+        ]
     checks = "".join(f"        {line}\n" for line in body)
 
     keyof = _key_expr(layout, packed)

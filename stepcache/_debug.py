@@ -35,7 +35,7 @@ import attrs
 import numpy as np
 import torch
 
-from stepcache import _envs, _fingerprint, _switches
+from stepcache import _envs, _fingerprint, _switches, _walk
 from stepcache._errors import CacheValidationError, StaleCacheError
 from stepcache._spec import normalize_device, validate
 from stepcache._store import StepCache, store_for
@@ -58,7 +58,25 @@ _MAX_REPORT = 10_000
 
 @attrs.frozen
 class Detection:
-    """One problem debug mode found."""
+    """One problem debug mode found.
+
+    An item of [`debug_report()`][stepcache.debug_report].
+
+    Attributes:
+        kind: What was found: `dependency-changed`, `undeclared-input`,
+            `key-too-coarse`, `use-after-close`, `buffer-overwritten`, `validation`,
+            `builder-mutates-dependency`, `device-alias` or `key-reads-undeclared`
+            (the [debug mode guide](../debug.md) explains each).
+        function: The decorated function's label.
+        key: The `repr` of the entry's key.
+        message: The message of the error that was raised.
+
+    Examples:
+        >>> import stepcache
+        >>> d = stepcache.Detection("use-after-close", "Meta.index", "None", "...")
+        >>> d.kind, d.function
+        ('use-after-close', 'Meta.index')
+    """
 
     #: ``dependency-changed``, ``undeclared-input``, ``key-too-coarse``,
     #: ``use-after-close``, ``buffer-overwritten``, ``validation``,
@@ -71,7 +89,24 @@ class Detection:
 
 @attrs.frozen
 class DebugReport:
-    """Every detection of the process so far, oldest first."""
+    """Every detection of the process so far, oldest first.
+
+    A sequence of [`Detection`][stepcache.Detection]; `str()` renders a numbered list.
+
+    Examples:
+        >>> import stepcache
+        >>> stepcache.clear_debug_report()
+        >>> print(stepcache.debug_report())
+        stepcache debug report: nothing detected
+        >>> report = stepcache.DebugReport(
+        ...     (stepcache.Detection("validation", "f", "None", "f: it broke"),)
+        ... )
+        >>> len(report), report[0].kind
+        (1, 'validation')
+        >>> print(report)
+        stepcache debug report: 1 detection(s)
+        1. [validation] f: it broke
+    """
 
     detections: tuple[Detection, ...]
 
@@ -98,18 +133,47 @@ _report_lock = threading.Lock()
 
 
 def debug_report() -> DebugReport:
-    """Every stale-cache detection of this process so far (for a test suite's summary).
+    """Return every detection of debug mode in this process so far.
 
-    >>> import stepcache
-    >>> isinstance(len(stepcache.debug_report()), int)
-    True
+    For a test suite's summary: print it at the end of the session (in a
+    `pytest_terminal_summary` hook, say). Detections are kept even when the error they
+    raised was caught; at most 10,000 are kept.
+
+    Examples:
+        >>> import stepcache, torch
+        >>> class Meta:
+        ...     def __init__(self):
+        ...         self.qsl = torch.tensor([0, 2, 3])
+        ...     @stepcache.step_cached(depends_on=("qsl",), name="ex.lens")
+        ...     def lens(self):
+        ...         return self.qsl.diff()
+        >>> stepcache.clear_debug_report()
+        >>> with stepcache.debug("checks"):
+        ...     m = Meta()
+        ...     lens = m.lens()
+        ...     stepcache.cache_of(m).close()
+        ...     try:
+        ...         lens.sum()  # used after its step
+        ...     except stepcache.StaleCacheError:
+        ...         pass
+        >>> print(stepcache.debug_report())
+        stepcache debug report: 1 detection(s)
+        1. [use-after-close] step_cached function 'ex.lens' (key=None): this value was handed out by a step cache that has since been closed (the step is over), and it was used again. Fix: finish using step values within the step, or keep a copy with .clone().
+        >>> stepcache.clear_debug_report()
     """
     with _report_lock:
         return DebugReport(tuple(_report))
 
 
 def clear_debug_report() -> None:
-    """Forget every detection recorded so far."""
+    """Forget every detection recorded so far.
+
+    Examples:
+        >>> import stepcache
+        >>> stepcache.clear_debug_report()
+        >>> len(stepcache.debug_report())
+        0
+    """
     with _report_lock:
         _report.clear()
 
@@ -141,16 +205,6 @@ class _Info:
     watched: dict[str, tuple[Any, Any]]
     store: weakref.ref[StepCache]
 
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _tensors(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _tensors(v)
 
 
 # -- recording which owner attributes a call reads ------------------------------------------
@@ -195,8 +249,38 @@ class _Guard:
 
 
 class GuardedTensor(torch.Tensor):
-    """A view handed out in debug mode: reading it after its cache was closed, or after
-    its storage was overwritten, raises :class:`~stepcache.StaleCacheError`."""
+    """A tensor handed out by a cache in debug mode, guarded against stale reads.
+
+    Any torch operation on it first checks that its cache is still open and that its
+    storage was not written since it was stored; if not, it raises
+    [`StaleCacheError`][stepcache.StaleCacheError], in the style of CUDA Graph Trees'
+    "overwritten by a subsequent run". Results of operations are plain tensors, and a
+    `clone()` taken in time stays valid. `STEPCACHE_DEBUG_GUARD=0` hands out plain
+    tensors instead.
+
+    Examples:
+        >>> import stepcache, torch
+        >>> class Meta:
+        ...     def __init__(self):
+        ...         self.qsl = torch.tensor([0, 2, 3])
+        ...     @stepcache.step_cached(depends_on=("qsl",), name="ex.guarded")
+        ...     def lens(self):
+        ...         return self.qsl.diff()
+        >>> with stepcache.debug("checks"):
+        ...     m = Meta()
+        ...     lens = m.lens()
+        ...     kept = lens.clone()
+        >>> type(lens).__name__, type(kept).__name__
+        ('GuardedTensor', 'Tensor')
+        >>> stepcache.cache_of(m).close()
+        >>> kept
+        tensor([2, 1])
+        >>> lens + 1
+        Traceback (most recent call last):
+          ...
+        stepcache._errors.StaleCacheError: step_cached function 'ex.guarded' (key=None): this value was handed out by a step cache that has since been closed (the step is over), and it was used again. Fix: finish using step values within the step, or keep a copy with .clone().
+        >>> stepcache.clear_debug_report()
+    """
 
     _sc_guard: _Guard
 
@@ -672,7 +756,7 @@ def _miss(
         watched[name] = _fingerprint.fingerprint(attr)
     info = _Info(
         deep_before,
-        [(t, t._version) for t in _tensors(value)],
+        [(t, t._version) for t in _walk.tensors(value)],
         watched,
         weakref.ref(store),
     )

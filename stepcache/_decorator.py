@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
-from stepcache import _debug, _fingerprint, _registry, _switches
+from stepcache import _debug, _fingerprint, _registry, _switches, _walk
 from stepcache._codegen import Dep, Layout, generate
 from stepcache._errors import StepCacheError
 from stepcache._spec import Arg, Attr, TensorSpec, validate
@@ -41,6 +41,37 @@ class _Bypass:
 
 #: Returned by a key function: compute the value and do not cache it.
 BYPASS: Final = _Bypass()
+"""Returned by a key function: compute the value and do not cache it.
+
+A call whose key is `BYPASS` runs the function every time and counts as a *bypass* in
+[`stats()`][stepcache.stats]. Use it for the calls whose value must not be shared:
+DeepSeek V4's C4A layers read their own top-k indices, so their sparse indices are
+built per layer, while the SWA-only and C128A layers share one build per step.
+
+Examples:
+    >>> import stepcache
+    >>> def kind_or_bypass(md, kind):
+    ...     return stepcache.BYPASS if kind == "c4a" else kind
+    >>> @stepcache.step_cached(key=kind_or_bypass, owner="md", name="ex.sparse")
+    ... def sparse_index(md, kind):
+    ...     print("building", kind)
+    ...     return kind.upper()
+    >>> class SWAMetadata: pass
+    >>> md = SWAMetadata()
+    >>> sparse_index(md, "c128a")
+    building c128a
+    'C128A'
+    >>> sparse_index(md, "c128a")
+    'C128A'
+    >>> sparse_index(md, "c4a")
+    building c4a
+    'C4A'
+    >>> sparse_index(md, "c4a")
+    building c4a
+    'C4A'
+    >>> stepcache.stats()["ex.sparse"].bypasses
+    2
+"""
 
 Expect = TensorSpec | tuple[TensorSpec | None, ...] | None
 KeyArg = Callable[..., Hashable] | str | Sequence[str] | None
@@ -63,6 +94,7 @@ class CachedFunction:
         depends_on: Sequence[str],
         expect: Expect,
         name: str | None,
+        guard_result: bool = False,
     ) -> None:
         if not callable(fn) or isinstance(fn, (staticmethod, classmethod, property)):
             raise StepCacheError(
@@ -177,7 +209,12 @@ class CachedFunction:
                         f"a parameter (parameters: {', '.join(names)})"
                     )
 
-        layout = Layout(params, self.owner_name, layout_key, self.deps)
+        if not isinstance(guard_result, bool):
+            raise StepCacheError(
+                f"{self.name}: guard_result must be True or False (got {guard_result!r})"
+            )
+        self.guard = guard_result
+        layout = Layout(params, self.owner_name, layout_key, self.deps, guard_result)
         self.source = generate(layout)
         ns: dict[str, Any] = {"__builtins__": __builtins__}
         exec(compile(self.source, f"<stepcache {self.name}>", "exec"), ns)
@@ -309,11 +346,18 @@ class CachedFunction:
         self, entry: tuple[Any, ...], owner: object, deps: tuple[Any, ...]
     ) -> bool:
         if not self.deps:
-            return bool(entry[1]() is owner)
+            return bool(entry[1]() is owner) and self.result_unchanged(entry)
         for i, x in enumerate(deps):
             if not _fingerprint.matches(x, entry[2 + 2 * i], entry[3 + 2 * i]):
                 return False
-        return True
+        return self.result_unchanged(entry)
+
+    def result_unchanged(self, entry: tuple[Any, ...]) -> bool:
+        """With ``guard_result``: no tensor of the value was written since it was
+        stored."""
+        if not self.guard:
+            return True
+        return all(t._version == v for t, v in entry[2 + 2 * len(self.deps)])
 
     def make_entry(
         self, value: Any, owner: object, fps: list[tuple[Any, Any]]
@@ -322,6 +366,8 @@ class CachedFunction:
         flat: list[Any] = [value, bind]
         for o, v in fps:
             flat += (o, v)
+        if self.guard:
+            flat.append(tuple((t, t._version) for t in _walk.tensors(value)))
         return tuple(flat)
 
     def insert(self, store: StepCache, key: Any, entry: tuple[Any, ...]) -> None:
@@ -351,7 +397,7 @@ class CachedFunction:
             if self.matches(existing, owner, deps):
                 self.count_hit()
                 return existing[0]
-            if self.deps:
+            if self.deps or not self.result_unchanged(existing):
                 self._count(store, _INVALIDATION)
         fps = [_fingerprint.fingerprint(x) for x in deps]
         value = self.invoke(a)
@@ -378,39 +424,89 @@ def step_cached(
     depends_on: Sequence[str] = (),
     expect: Expect = None,
     name: str | None = None,
+    guard_result: bool = False,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Cache a function's result in the step's metadata object that owns it.
 
-    ``key`` picks the entry (a callable taking the function's own arguments, a parameter
-    name or a tuple of them; return :data:`BYPASS` to compute without caching; ``None``
-    for one entry per function and owner). ``owner`` names the parameter whose object
-    holds the cache (default: the first, ``self``). ``depends_on`` names the owner's
-    attributes (or parameters) the value is computed from: an entry is reused only while
-    each is unchanged. ``expect`` validates the value (:class:`TensorSpec`).
+    The first call for an owner (and key) computes the value and stores it in the
+    owner's [`StepCache`][stepcache.StepCache]; later calls return the same object while
+    every declared dependency is unchanged. A changed dependency means a recomputation
+    (counted as an *invalidation*), never a stale hit. A function that raises caches
+    nothing: the next call computes again.
 
-    >>> import dataclasses, stepcache
-    >>> @dataclasses.dataclass
-    ... class Meta:
-    ...     lens: tuple[int, ...]
-    ...     @stepcache.step_cached(depends_on=("lens",))
-    ...     def total(self) -> int:
-    ...         print("computing")
-    ...         return sum(self.lens)
-    >>> m = Meta((3, 4))
-    >>> m.total()
-    computing
-    7
-    >>> m.total()
-    7
-    >>> m.lens = (5,)
-    >>> m.total()
-    computing
-    5
+    Args:
+        key: Which entry a call uses: a callable that takes the function's own
+            arguments and returns a hashable, a parameter name or a tuple of parameter
+            names as a shorthand, or `None` (one entry per function and owner). A key
+            that is [`BYPASS`][stepcache.BYPASS] computes without caching. An
+            unhashable key, or a key function that raises, is a
+            [`StepCacheError`][stepcache.StepCacheError] that names the function.
+        owner: The parameter whose object holds the cache; the entries live exactly as
+            long as that object. Default: the first parameter (`self` of a method).
+        depends_on: The owner's attributes (or the function's parameters) the value is
+            computed from. An entry is reused only while each one is unchanged: a
+            tensor must be the same object with the same in-place version counter;
+            anything else must be equal and of the same type. Entries with declared
+            dependencies may be shared with copies of the owner (they are re-checked on
+            every hit); an entry with no dependencies is bound to the owner object.
+        expect: A [`TensorSpec`][stepcache.TensorSpec], or for a tuple result a tuple
+            of them (`None` skips an item), checked whenever a value is stored (and on
+            every hit in debug mode); a violation raises
+            [`CacheValidationError`][stepcache.CacheValidationError].
+        name: The label in [`stats()`][stepcache.stats] and in error messages.
+            Default: the function's qualified name.
+        guard_result: Re-check, on every hit, that no tensor of the cached value was
+            written since it was stored (one version-counter read per tensor). For a
+            value that is a view into a persistent buffer that later builds of the
+            step may rewrite: such a write invalidates the entry instead of handing
+            out the new rows as the old ones.
+
+    Returns:
+        The decorator. The decorated function keeps its signature, for type checkers
+            too (`ParamSpec`).
+
+    Raises:
+        StepCacheError: At decoration, for a configuration that cannot work: an
+            `owner`, `key` or `depends_on` entry that names no parameter, a malformed
+            `expect`, or `@step_cached` written without parentheses.
+
+    Examples:
+        >>> import dataclasses, stepcache
+        >>> @dataclasses.dataclass
+        ... class Meta:
+        ...     lens: tuple[int, ...]
+        ...     @stepcache.step_cached(depends_on=("lens",))
+        ...     def total(self) -> int:
+        ...         print("computing")
+        ...         return sum(self.lens)
+        >>> m = Meta((3, 4))
+        >>> m.total()
+        computing
+        7
+        >>> m.total()
+        7
+        >>> m.lens = (5,)
+        >>> m.total()
+        computing
+        5
+
+        A key picks one entry per value of the named parameters:
+
+        >>> class Step: pass
+        >>> @stepcache.step_cached(key="kind", owner="step")
+        ... def rows(step, kind, layer):
+        ...     print("building", kind)
+        ...     return kind * 2
+        >>> s = Step()
+        >>> [rows(s, kind, layer) for layer, kind in enumerate("aab")]
+        building a
+        building b
+        ['aa', 'aa', 'bb']
     """
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
         wrapper: Callable[P, R] = CachedFunction(
-            fn, key, owner, depends_on, expect, name
+            fn, key, owner, depends_on, expect, name, guard_result
         ).wrapper
         return wrapper
 
