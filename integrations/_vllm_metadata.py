@@ -1,0 +1,253 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vLLM's ``CommonAttentionMetadata`` caches, replaced by stepcache's.
+
+vLLM 0.33 caches two things in fields of ``CommonAttentionMetadata``:
+``_token_to_req_indices_cache`` and ``_num_computed_tokens_cache``. A field is carried
+by ``replace()`` and ``copy.copy``, and survives an in-place reassignment of
+``query_start_loc`` (the V1 multi-token draft loop), so such an object returns the
+rows of the layout it had before. The replacements declare what they are computed
+from, and recompute when it changes.
+
+How copies share the step's entries:
+
+* ``copy.copy`` (the V1 model runner copies one base object per KV-cache group): the
+  copy is attached to the original's store (:func:`stepcache.attach`), so entries whose
+  dependencies are the same objects on both are computed once for all groups.
+* ``replace()`` / ``dataclasses.replace`` (vLLM uses it to describe *another* batch,
+  e.g. every query extended by N tokens): the copy starts with an empty store, and
+  recomputes what it asks for, except the request index below.
+* The request index: vLLM's V2 model runner passes one group's index to the next
+  group's constructor (``_token_to_req_indices_cache=``), and ``replace()`` carries the
+  field. The replacement keeps filling that field and remembers which layout each
+  index it made was computed from; an index found in the field is reused (no
+  computation, the same tensor, as in stock vLLM) only when it is one of ours and its
+  layout is the object's current one. Anything else is recomputed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import torch
+
+import stepcache
+
+from ._vllm_patch import (
+    REQUIRED,
+    SkipPatch,
+    Undo,
+    expect_dataclass_fields,
+    expect_function,
+    marked,
+    replace_attribute,
+)
+from .request_index import (
+    INDEX_DEPENDS_ON,
+    INDEX_SPEC,
+    check_index_buffer,
+    request_index_array,
+    total_tokens,
+    write_request_index,
+)
+
+__all__ = [
+    "INDEX_NAME",
+    "apply_copy",
+    "apply_num_computed_tokens",
+    "apply_token_to_req_indices",
+    "copy_sharing_store",
+    "uses_kernel",
+]
+
+INDEX_NAME = "vllm.CommonAttentionMetadata.token_to_req_indices"
+NUM_COMPUTED_NAME = "vllm.CommonAttentionMetadata.compute_num_computed_tokens"
+COPY_NAME = "vllm.CommonAttentionMetadata.__copy__"
+
+#: vLLM's methods, kept by the patches that call them
+_original: dict[str, Any] = {}
+
+
+def uses_kernel(device: torch.device) -> bool:
+    """Whether the request index is computed by vLLM's own kernel for a buffer on
+    ``device``: on every device but the CPU, where the numpy path runs instead."""
+    return device.type != "cpu"
+
+
+# -- which layout an index in the field was computed from ------------------------------
+class _Origin(NamedTuple):
+    ref: weakref.ref[torch.Tensor]
+    query_start_loc: torch.Tensor
+    qsl_version: int
+    query_start_loc_cpu: torch.Tensor
+    qsl_cpu_version: int
+    num_actual_tokens: int
+
+
+_origins: dict[int, _Origin] = {}
+_origins_lock = threading.Lock()
+
+
+def _forget(key: int, ref: weakref.ref[torch.Tensor]) -> None:
+    with _origins_lock:
+        origin = _origins.get(key)
+        if origin is not None and origin.ref is ref:
+            del _origins[key]
+
+
+def _remember(full: torch.Tensor, meta: Any) -> None:
+    key = id(full)
+
+    def forget(ref: weakref.ref[torch.Tensor]) -> None:
+        _forget(key, ref)
+
+    ref = weakref.ref(full, forget)
+    qsl, qsl_cpu = meta.query_start_loc, meta.query_start_loc_cpu
+    with _origins_lock:
+        _origins[key] = _Origin(
+            ref, qsl, qsl._version, qsl_cpu, qsl_cpu._version, meta.num_actual_tokens
+        )
+
+
+def _reusable_seed(meta: Any) -> torch.Tensor | None:
+    """The index in ``meta``'s field if we computed it for ``meta``'s current layout."""
+    seed = getattr(meta, "_token_to_req_indices_cache", None)
+    if not isinstance(seed, torch.Tensor):
+        return None
+    with _origins_lock:
+        origin = _origins.get(id(seed))
+    if origin is None or origin.ref() is not seed:
+        return None  # not made by the plugin: its layout is unknown
+    qsl, qsl_cpu = meta.query_start_loc, meta.query_start_loc_cpu
+    if (
+        origin.query_start_loc is qsl
+        and origin.qsl_version == qsl._version
+        and origin.query_start_loc_cpu is qsl_cpu
+        and origin.qsl_cpu_version == qsl_cpu._version
+        and origin.num_actual_tokens == meta.num_actual_tokens
+    ):
+        return seed
+    return None
+
+
+# -- the replacements ------------------------------------------------------------------
+@stepcache.step_cached(
+    depends_on=INDEX_DEPENDS_ON,
+    expect=INDEX_SPEC,
+    name=INDEX_NAME,
+    # a later copy_ into the same buffer (another layout) invalidates the entry; a
+    # Triton kernel's write does not move the version counter, so on a device this
+    # guard sees only torch-level writes
+    guard_result=True,
+)
+def token_to_req_indices(self: Any, buffer: torch.Tensor) -> torch.Tensor:
+    """Build or reuse the per-token request index mapping (stepcache's cache).
+
+    The same rows as vLLM's method, computed once per layout: by vLLM's own code (its
+    CUDA-graph-safe Triton kernel) on a device, by numpy on the CPU.
+    """
+    num_tokens = self.num_actual_tokens
+    # With caching off, or in verify mode (which recomputes to check a hit), the
+    # index is computed afresh rather than taken from the field.
+    fresh = stepcache.get_disabled() or stepcache.get_debug() == "verify"
+    seed = None if fresh else _reusable_seed(self)
+    if seed is not None:
+        return seed[:num_tokens]
+    num_mapped = total_tokens(self.query_start_loc_cpu)
+    check_index_buffer(buffer, max(num_mapped, num_tokens), INDEX_NAME)
+    if uses_kernel(buffer.device):
+        # Only the caching changes: vLLM's method computes with its kernel from the
+        # device query_start_loc (it fills its field, emptied first so it computes).
+        self._token_to_req_indices_cache = None
+        result: torch.Tensor = _original["token_to_req_indices"](self, buffer)
+        full = self._token_to_req_indices_cache
+    else:
+        # Boundaries from the device query_start_loc (on the CPU, the same memory),
+        # total from the host copy, as vLLM's kernel reads them.
+        index = request_index_array(self.query_start_loc, num_mapped)
+        full = write_request_index(index, buffer, num_tokens)
+        self._token_to_req_indices_cache = full
+        result = full[:num_tokens]
+    if isinstance(full, torch.Tensor):
+        _remember(full, self)
+    return result
+
+
+@stepcache.step_cached(
+    depends_on=("query_start_loc", "seq_lens"), name=NUM_COMPUTED_NAME
+)
+def compute_num_computed_tokens(self: Any) -> torch.Tensor:
+    """``seq_lens - query_lens`` on the device (vLLM's code), once per layout."""
+    # The field may hold a value carried over from another layout: empty it so that
+    # vLLM's own code computes.
+    self._num_computed_tokens_cache = None
+    result: torch.Tensor = _original["compute_num_computed_tokens"](self)
+    return result
+
+
+def copy_sharing_store(self: Any) -> Any:
+    """A shallow copy (as ``copy.copy`` makes one) that shares the original's step
+    cache: entries whose dependencies are the same objects on both are reused."""
+    cls: Any = type(self)
+    new = cls.__new__(cls)
+    new.__dict__.update(self.__dict__)
+    # A closed store (its step is over) is not shared: the copy gets a fresh one.
+    with contextlib.suppress(stepcache.StepCacheError):
+        stepcache.attach(new, stepcache.cache_of(self))
+    return new
+
+
+# -- the patches -----------------------------------------------------------------------
+def _metadata_class(module: ModuleType) -> type:
+    cls = getattr(module, "CommonAttentionMetadata", None)
+    if not isinstance(cls, type):
+        raise SkipPatch(f"{module.__name__}.CommonAttentionMetadata is absent")
+    return cls
+
+
+def apply_token_to_req_indices(module: ModuleType) -> Undo:
+    """Install :func:`token_to_req_indices` as ``CommonAttentionMetadata``'s method."""
+    cls = _metadata_class(module)
+    expect_dataclass_fields(cls, (*INDEX_DEPENDS_ON, "_token_to_req_indices_cache"))
+    original = expect_function(
+        cls, "token_to_req_indices", (("self", REQUIRED), ("buffer", REQUIRED))
+    )
+    _original["token_to_req_indices"] = original
+    return replace_attribute(
+        cls, "token_to_req_indices", marked(token_to_req_indices, INDEX_NAME)
+    )
+
+
+def apply_num_computed_tokens(module: ModuleType) -> Undo:
+    """Install :func:`compute_num_computed_tokens` as the method of that name."""
+    cls = _metadata_class(module)
+    expect_dataclass_fields(
+        cls, ("query_start_loc", "seq_lens", "_num_computed_tokens_cache")
+    )
+    original = expect_function(
+        cls, "compute_num_computed_tokens", (("self", REQUIRED),)
+    )
+    _original["compute_num_computed_tokens"] = original
+    return replace_attribute(
+        cls,
+        "compute_num_computed_tokens",
+        marked(compute_num_computed_tokens, NUM_COMPUTED_NAME),
+    )
+
+
+def apply_copy(module: ModuleType) -> Undo:
+    """Give ``CommonAttentionMetadata`` the ``__copy__`` of :func:`copy_sharing_store`,
+    if ``copy.copy`` copies it the default way (its ``__dict__``)."""
+    cls = _metadata_class(module)
+    where = f"{module.__name__}.CommonAttentionMetadata"
+    if "__copy__" in vars(cls):
+        raise SkipPatch(f"{where} defines __copy__ already")
+    if "__slots__" in vars(cls):
+        raise SkipPatch(f"{where} has __slots__; copy_sharing_store copies __dict__")
+    for hook in ("__reduce_ex__", "__reduce__", "__getstate__", "__setstate__"):
+        if getattr(cls, hook, None) is not getattr(object, hook, None):
+            raise SkipPatch(f"{where} customises {hook}")
+    return replace_attribute(cls, "__copy__", marked(copy_sharing_store, COPY_NAME))

@@ -1,0 +1,252 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The per-token request index (``token_to_req_indices``), computed once per step.
+
+DeepSeek V4's sparse-MLA, compressor and sparse-SWA metadata builders all need, for
+every token of the batch, the index of the request it belongs to. The index is a pure
+function of the batch layout, so :func:`token_to_req_indices` computes it on the first
+call of a step and hands the same rows to every later caller, until the layout changes.
+
+The owner is any metadata object with ``query_start_loc`` (device), its host copy
+``query_start_loc_cpu`` and ``num_actual_tokens`` (vLLM's ``CommonAttentionMetadata``
+has them; :mod:`stepcache.integrations.dsv4_sim` has a small stand-in).
+
+>>> import dataclasses, torch
+>>> @dataclasses.dataclass
+... class Batch:
+...     query_start_loc: torch.Tensor
+...     query_start_loc_cpu: torch.Tensor
+...     num_actual_tokens: int
+>>> qsl = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+>>> batch = Batch(qsl, qsl.clone(), num_actual_tokens=7)  # padded to 7 tokens
+>>> buffer = torch.empty(16, dtype=torch.int32)
+>>> token_to_req_indices(batch, buffer).tolist()
+[0, 0, 2, 2, 2, 0, 0]
+>>> token_to_req_indices(batch, torch.empty(16, dtype=torch.int32)).data_ptr() == (
+...     buffer.data_ptr())  # a second builder gets the first one's rows
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+import numpy as np
+import torch
+
+import stepcache
+from stepcache import Arg, Attr, CacheValidationError, TensorSpec
+
+__all__ = [
+    "INDEX_DEPENDS_ON",
+    "INDEX_SPEC",
+    "StepBatch",
+    "check_index_buffer",
+    "request_index_array",
+    "token_to_req_indices",
+    "total_tokens",
+    "write_request_index",
+]
+
+
+class StepBatch(Protocol):
+    """What :func:`token_to_req_indices` reads from its owner."""
+
+    #: ``(num_reqs + 1,)`` start of each request's tokens, on the model's device
+    query_start_loc: torch.Tensor
+    #: the same on the host (its last entry is the number of mapped tokens)
+    query_start_loc_cpu: torch.Tensor
+    #: rows the caller wants, padding included (CUDA graphs pad the batch)
+    num_actual_tokens: int
+
+
+#: Everything the index is computed from: a change to any of them recomputes it.
+INDEX_DEPENDS_ON: Final = (
+    "query_start_loc",
+    "query_start_loc_cpu",
+    "num_actual_tokens",
+)
+
+#: The index lives in the caller's buffer: on its device, int32, one row per token.
+INDEX_SPEC: Final = TensorSpec(
+    device=Arg("buffer"),
+    dtype=torch.int32,
+    ndim=1,
+    min_shape=(Attr("num_actual_tokens"),),
+)
+
+
+def _host_boundaries(
+    query_start_loc: torch.Tensor | np.ndarray, name: str = "query_start_loc"
+) -> np.ndarray:
+    if isinstance(query_start_loc, torch.Tensor):
+        if query_start_loc.device.type != "cpu":
+            # One small device-to-host copy, and a synchronisation: the price of
+            # reading the boundaries the device holds. Engines with a device kernel
+            # for the index (vLLM's Triton kernel) avoid it; the vLLM plugin does.
+            query_start_loc = query_start_loc.cpu()
+        if query_start_loc.dtype.is_floating_point or query_start_loc.is_complex():
+            raise ValueError(
+                f"{name} must hold integers (got a tensor of {query_start_loc.dtype})"
+            )
+        array = query_start_loc.numpy()
+    else:
+        array = np.asarray(query_start_loc)
+        if not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(
+                f"{name} must hold integers (got an array of {array.dtype})"
+            )
+    if array.ndim != 1 or array.shape[0] == 0:
+        raise ValueError(
+            f"{name} must be 1-D with num_reqs + 1 >= 1 entries "
+            f"(got shape {list(array.shape)})"
+        )
+    return array.astype(np.int64, copy=False)
+
+
+def total_tokens(query_start_loc_cpu: torch.Tensor | np.ndarray) -> int:
+    """The number of mapped tokens: the last entry of ``query_start_loc_cpu``.
+
+    >>> total_tokens(torch.tensor([0, 3, 4]))
+    4
+    """
+    return int(_host_boundaries(query_start_loc_cpu, "query_start_loc_cpu")[-1])
+
+
+def request_index_array(
+    query_start_loc: torch.Tensor | np.ndarray, num_mapped_tokens: int | None = None
+) -> np.ndarray:
+    """The request index of every token, as int32: ``repeat(arange(n), diff(qsl))``.
+
+    ``query_start_loc`` must be 1-D, start at 0 and never decrease (requests with no
+    tokens are allowed: they own no rows). ``num_mapped_tokens``, when given, must equal
+    its last entry: it is the host's count of the same tokens, and a disagreement means
+    the two copies of the layout describe different batches.
+
+    >>> request_index_array(torch.tensor([0, 2, 2, 5])).tolist()
+    [0, 0, 2, 2, 2]
+    >>> request_index_array(torch.tensor([0, 3, 1]))
+    Traceback (most recent call last):
+    ...
+    ValueError: query_start_loc must never decrease; it goes from 3 to 1 at request 1
+    """
+    qsl = _host_boundaries(query_start_loc)
+    if qsl[0] != 0:
+        raise ValueError(f"query_start_loc must start at 0 (got {int(qsl[0])})")
+    lens = np.diff(qsl)
+    bad = np.flatnonzero(lens < 0)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            "query_start_loc must never decrease; it goes from "
+            f"{int(qsl[i])} to {int(qsl[i + 1])} at request {i}"
+        )
+    if num_mapped_tokens is not None and int(qsl[-1]) != num_mapped_tokens:
+        raise ValueError(
+            f"query_start_loc ends at {int(qsl[-1])} tokens but query_start_loc_cpu "
+            f"ends at {num_mapped_tokens}: the device and host copies of the batch "
+            "layout must describe the same number of tokens"
+        )
+    return np.repeat(np.arange(lens.shape[0], dtype=np.int32), lens)
+
+
+def check_index_buffer(buffer: torch.Tensor, rows: int, where: str) -> None:
+    """Raise :class:`~stepcache.CacheValidationError` unless ``buffer`` is a 1-D int32
+    tensor with at least ``rows`` rows.
+
+    >>> try:
+    ...     check_index_buffer(torch.empty(2, dtype=torch.int64), 2, "demo")
+    ... except stepcache.CacheValidationError as exc:
+    ...     print(exc)
+    demo: the buffer must be int32 (got torch.int64)
+    """
+    if not isinstance(buffer, torch.Tensor):
+        raise CacheValidationError(
+            f"{where}: the buffer must be a torch.Tensor (got {type(buffer).__name__})"
+        )
+    if buffer.dtype != torch.int32:
+        raise CacheValidationError(
+            f"{where}: the buffer must be int32 (got {buffer.dtype})"
+        )
+    if buffer.dim() != 1:
+        raise CacheValidationError(
+            f"{where}: the buffer must be 1-D (got shape {list(buffer.shape)})"
+        )
+    if buffer.shape[0] < rows:
+        raise CacheValidationError(
+            f"{where}: buffer size mismatch at index 0. expected at least {rows} rows "
+            f"(the mapped tokens, padded to num_actual_tokens), actual "
+            f"{buffer.shape[0]}. Fix: size the persistent buffer for "
+            "max_num_batched_tokens."
+        )
+
+
+def write_request_index(
+    index: np.ndarray,
+    buffer: torch.Tensor,
+    rows: int,
+    keep_alive: Callable[[Any], None] | None = None,
+) -> torch.Tensor:
+    """Copy ``index`` into the front of ``buffer``, zero the rows after it up to
+    ``rows``, and return ``buffer[:max(len(index), rows)]``.
+
+    A CUDA buffer is filled from a pinned staging tensor with ``non_blocking=True``;
+    ``keep_alive`` receives that tensor, which must outlive the copy (give it the
+    step's :meth:`StepCache.keep_alive <stepcache.StepCache.keep_alive>`). Other
+    buffers get a plain copy.
+
+    >>> buf = torch.full((6,), -1, dtype=torch.int32)
+    >>> write_request_index(np.array([0, 1, 1], dtype=np.int32), buf, 5).tolist()
+    [0, 1, 1, 0, 0]
+    """
+    mapped = int(index.shape[0])
+    total = max(mapped, rows)
+    check_index_buffer(buffer, total, "write_request_index")
+    if mapped:
+        host = torch.from_numpy(np.ascontiguousarray(index, dtype=np.int32))
+        if buffer.is_cuda:
+            staging = host.pin_memory()
+            buffer[:mapped].copy_(staging, non_blocking=True)
+            if keep_alive is not None:
+                keep_alive(staging)
+        else:
+            buffer[:mapped].copy_(host)
+    if total > mapped:
+        buffer[mapped:total].zero_()
+    return buffer[:total]
+
+
+@stepcache.step_cached(
+    depends_on=INDEX_DEPENDS_ON,
+    expect=INDEX_SPEC,
+    name="dsv4.token_to_req_indices",
+    # the rows live in a persistent buffer: a later computation into the same buffer
+    # (another layout of the step) invalidates this entry instead of showing its rows
+    guard_result=True,
+)
+def token_to_req_indices(metadata: StepBatch, buffer: torch.Tensor) -> torch.Tensor:
+    """Rows ``[0, num_actual_tokens)`` of the per-token request index, in ``buffer``.
+
+    Computed on the step's first call into that caller's persistent ``buffer`` (1-D,
+    int32, at least ``max(mapped tokens, num_actual_tokens)`` rows); rows past the
+    mapped tokens are zero. Later calls of the step return the same tensor, whichever
+    buffer they pass, while ``query_start_loc``, ``query_start_loc_cpu`` and
+    ``num_actual_tokens`` are the same objects and values: a reassigned or
+    in-place-modified layout, a copy or a ``dataclasses.replace`` with another layout
+    recomputes, and so does an entry whose rows were overwritten in the buffer by a
+    later computation (``guard_result``).
+    """
+    num_tokens = metadata.num_actual_tokens
+    # The per-request boundaries come from the device ``query_start_loc``, as in vLLM
+    # 0.33: under adaptive verification the draft split is decided on the device, and
+    # the host copy has the right total but not always the right boundaries. The
+    # host copy gives the number of mapped tokens (no device read for it), and the two
+    # must agree. On a CPU-only engine both tensors live on the host and this costs
+    # nothing; with a device ``query_start_loc`` it costs one small synchronising
+    # read (see ``_host_boundaries``).
+    num_mapped = total_tokens(metadata.query_start_loc_cpu)
+    index = request_index_array(metadata.query_start_loc, num_mapped)
+    full = write_request_index(
+        index, buffer, num_tokens, keep_alive=stepcache.cache_of(metadata).keep_alive
+    )
+    return full[:num_tokens]

@@ -1,0 +1,129 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The vLLM plugin on a CUDA device: vLLM's own Triton kernel computes the index (not
+interpreted), the plugin only caches it, and fixes stock vLLM's stale rows.
+
+Run by ``scripts/gpu_check.sh``; skipped where CUDA or vLLM is not available, and in a
+process where tests/vllm switched Triton's interpreter on (run this folder alone)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.vllm,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") == "1",
+        reason="Triton's interpreter is on in this process (tests/vllm switches it "
+        "on); run tests/cuda alone: scripts/gpu_check.sh",
+    ),
+]
+
+
+def reference(lens: list[int], rows: int) -> list[int]:
+    out = [i for i, n in enumerate(lens) for _ in range(n)]
+    return out + [0] * (rows - len(out))
+
+
+def metadata(lens: list[int], rows: int) -> Any:
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qsl = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    if lens:
+        qsl[1:] = torch.tensor(lens, dtype=torch.int32).cumsum(0)
+    seq_lens = torch.tensor([5 + n for n in lens], dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl.cuda(),
+        query_start_loc_cpu=qsl,
+        seq_lens=seq_lens.cuda(),
+        num_reqs=len(lens),
+        num_actual_tokens=rows,
+        max_query_len=max(lens, default=0),
+        max_seq_len=int(seq_lens.max()) if lens else 0,
+        block_table_tensor=torch.zeros((len(lens), 4), dtype=torch.int32).cuda(),
+        slot_mapping=torch.arange(rows).cuda(),
+    )
+
+
+@pytest.fixture
+def plugin() -> Iterator[ModuleType]:
+    pytest.importorskip("vllm")
+    import vllm.v1.attention.backend  # noqa: F401
+    from stepcache.integrations import vllm as plugin_module
+
+    plugin_module.unregister()
+    plugin_module.register()
+    assert plugin_module.status()[
+        "vllm.CommonAttentionMetadata.token_to_req_indices"
+    ] == ("applied")
+    yield plugin_module
+    plugin_module.unregister()
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(lens=st.lists(st.integers(0, 300), max_size=9), pad=st.integers(0, 9))
+def test_the_plugin_gives_stock_vllms_rows_from_vllms_kernel(
+    plugin: ModuleType, lens: list[int], pad: int
+) -> None:
+    rows = sum(lens) + pad
+    ours = metadata(lens, rows).token_to_req_indices(
+        torch.full((4096,), -1, dtype=torch.int32, device="cuda")
+    )
+    plugin.unregister()
+    try:
+        stock = metadata(lens, rows).token_to_req_indices(
+            torch.full((4096,), -1, dtype=torch.int32, device="cuda")
+        )
+    finally:
+        plugin.register()
+    assert ours.tolist() == stock.tolist() == reference(lens, rows)
+
+
+def test_the_plugin_fixes_the_stale_rows_on_the_device(plugin: ModuleType) -> None:
+    cam = metadata([3, 2, 2], 7)
+    buffer = torch.zeros(64, dtype=torch.int32, device="cuda")
+    assert cam.token_to_req_indices(buffer).tolist() == [0, 0, 0, 1, 1, 2, 2]
+    qsl = torch.arange(4, dtype=torch.int32)
+    other = cam.replace(
+        query_start_loc=qsl.cuda(), query_start_loc_cpu=qsl, num_actual_tokens=3
+    )
+    assert other.token_to_req_indices(buffer).tolist() == [0, 1, 2]
+    cam.num_actual_tokens = 3  # the draft loop, in place
+    cam.query_start_loc, cam.query_start_loc_cpu = qsl.cuda(), qsl.clone()
+    assert cam.token_to_req_indices(buffer).tolist() == [0, 1, 2]
+
+
+def test_a_captured_graph_reads_the_index_vllms_kernel_wrote(
+    plugin: ModuleType,
+) -> None:
+    buffer = torch.zeros(64, dtype=torch.int32, device="cuda")
+    out = torch.zeros(16, dtype=torch.int32, device="cuda")
+    cam = metadata([3, 5], 16)
+    rows = cam.token_to_req_indices(buffer)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out.copy_(rows * 2)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(cam.token_to_req_indices(buffer) * 2)  # a hit inside the capture
+    for lens in ([3, 5], [1, 1, 1, 13], [0, 16]):
+        step = metadata(lens, 16)
+        assert step.token_to_req_indices(buffer).data_ptr() == buffer.data_ptr()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert out.tolist() == [2 * r for r in reference(lens, 16)]

@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Real-vLLM tests: vLLM 0.33 on the CPU, its Triton kernels in Triton's interpreter.
+
+Stock vLLM computes the request index with a Triton kernel. On a machine without a GPU,
+vLLM replaces Triton by a placeholder and the kernel cannot run; Triton's interpreter
+runs it on CPU tensors, if it is switched on before vLLM's modules are imported (the
+``@triton.jit`` decorator reads ``TRITON_INTERPRET`` when vLLM's kernels are defined,
+and vLLM keeps Triton only if a GPU driver reports itself active). This conftest is
+imported while pytest collects this folder, before any test imports vLLM, so it does
+both here. Nothing else in this repository imports vLLM at collection time.
+
+If vLLM was imported before (by another plugin of the pytest process), the kernels
+cannot be interpreted any more: the tests that need them fail with that explanation
+(the fixture ``stock_kernel``), and the others run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+#: why vLLM's Triton kernels cannot run in this process (None: they can)
+NO_KERNELS: str | None = None
+if importlib.util.find_spec("vllm") is None:
+    NO_KERNELS = "vLLM is not installed"  # and every test here skips
+elif "vllm" in sys.modules:
+    NO_KERNELS = (
+        "vLLM was imported before tests/vllm/conftest.py could switch Triton's "
+        "interpreter on: run tests/vllm in a pytest process that imports vLLM nowhere "
+        "else"
+    )
+else:
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        from triton.backends import backends
+    except ImportError:
+        NO_KERNELS = "Triton is not installed (vLLM's CPU requirements pull it in)"
+    else:
+        if "nvidia" in backends:
+            backends["nvidia"].driver.is_active = staticmethod(lambda: True)
+        else:
+            NO_KERNELS = "this Triton has no NVIDIA backend to interpret"
+
+
+@pytest.fixture(scope="session")
+def vllm_mod() -> ModuleType:
+    """vLLM itself; every test of this folder skips when it is not importable."""
+    return pytest.importorskip("vllm")
+
+
+@pytest.fixture
+def stock_kernel(vllm_mod: ModuleType) -> None:
+    """Fail (not skip) a test that needs vLLM's Triton kernels when they cannot run."""
+    if NO_KERNELS is not None:
+        pytest.fail(f"vLLM's Triton kernels cannot run on this CPU: {NO_KERNELS}")
+
+
+@pytest.fixture
+def plugin(vllm_mod: ModuleType) -> Iterator[ModuleType]:
+    """The stepcache vLLM plugin, registered for the test and removed after it."""
+    from stepcache.integrations import vllm as plugin_module
+
+    plugin_module.unregister()
+    # Import the patched modules first, so every patch applies now.
+    import vllm.models.deepseek_v4.compressor
+    import vllm.models.deepseek_v4.nvidia.flashinfer_sparse
+    import vllm.v1.attention.backend
+    import vllm.v1.attention.backends.utils  # noqa: F401
+
+    plugin_module.register()
+    assert set(plugin_module.status().values()) == {"applied"}, plugin_module.status()
+    yield plugin_module
+    plugin_module.unregister()
+
+
+@pytest.fixture
+def stock(vllm_mod: ModuleType) -> Iterator[None]:
+    """Stock vLLM: the plugin is not registered during the test."""
+    from stepcache.integrations import vllm as plugin_module
+
+    plugin_module.unregister()
+    yield
+
+
+def layout_metadata(
+    query_lens: list[int],
+    pad_to: int | None = None,
+    *,
+    context: int = 5,
+    block_size: int = 16,
+) -> Any:
+    """A real ``CommonAttentionMetadata`` on the CPU for requests running
+    ``query_lens`` tokens after ``context`` tokens each, padded to ``pad_to`` tokens."""
+    import numpy as np
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qsl = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.from_numpy(np.cumsum(query_lens, dtype=np.int64)).to(torch.int32)
+    total = int(qsl[-1])
+    seq_lens = torch.tensor([context + n for n in query_lens], dtype=torch.int32)
+    blocks = (context + max(query_lens, default=0)) // block_size + 1
+    return CommonAttentionMetadata(
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl.clone(),
+        seq_lens=seq_lens,
+        num_reqs=len(query_lens),
+        num_actual_tokens=total if pad_to is None else pad_to,
+        max_query_len=max(query_lens, default=0),
+        max_seq_len=int(seq_lens.max()) if query_lens else 0,
+        block_table_tensor=torch.arange(
+            len(query_lens) * blocks, dtype=torch.int32
+        ).reshape(len(query_lens), blocks),
+        slot_mapping=torch.arange(total if pad_to is None else pad_to),
+        seq_lens_cpu_upper_bound=seq_lens.clone(),
+    )
+
+
+@pytest.fixture(scope="session")
+def make_metadata(vllm_mod: ModuleType) -> Any:
+    """:func:`layout_metadata`, once vLLM is known to be importable."""
+    return layout_metadata
