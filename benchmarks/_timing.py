@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import statistics
 import sys
 import timeit
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
@@ -15,7 +18,7 @@ import attrs
 
 @attrs.frozen
 class Timing:
-    """Nanoseconds per call over ``repeats`` runs of ``number`` calls each."""
+    """Nanoseconds per call (or per step) over repeated runs: median, min and max."""
 
     label: str
     median_ns: float
@@ -25,6 +28,22 @@ class Timing:
     def ratio_to(self, other: Timing) -> float:
         return self.median_ns / other.median_ns
 
+    @classmethod
+    def of(cls, label: str, samples_ns: Sequence[float]) -> Timing:
+        """The summary of ``samples_ns`` (one per repeated run)."""
+        if not samples_ns:
+            raise ValueError(f"{label}: no samples to summarise")
+        return cls(
+            label, statistics.median(samples_ns), min(samples_ns), max(samples_ns)
+        )
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "median_ns": self.median_ns,
+            "min_ns": self.min_ns,
+            "max_ns": self.max_ns,
+        }
+
 
 def environment() -> str:
     import numpy
@@ -32,7 +51,8 @@ def environment() -> str:
 
     return (
         f"Python {platform.python_version()} ({platform.python_implementation()}), "
-        f"torch {torch.__version__}, numpy {numpy.__version__}, "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"numpy {numpy.__version__}, "
         f"{os.cpu_count()} CPUs, {platform.machine()}, {platform.system()}"
     )
 
@@ -59,8 +79,46 @@ def time_stmt(
     return Timing(label, statistics.median(runs), min(runs), max(runs))
 
 
-def _nothing() -> None:
-    return None
+@attrs.frozen
+class Case:
+    """One statement to time: ``number`` calls per run, inside ``mode()`` if given
+    (a context manager factory, e.g. ``lambda: stepcache.debug("checks")``)."""
+
+    label: str
+    stmt: str
+    number: int = 200_000
+    mode: Callable[[], AbstractContextManager[Any]] | None = None
+
+
+def time_cases(
+    cases: Sequence[Case], namespace: dict[str, Any], *, repeats: int = 15
+) -> dict[str, Timing]:
+    """Time every case, interleaved: run 1 of each case, then run 2 of each, ...
+
+    On a shared machine the load changes while the benchmark runs; interleaving
+    spreads those changes over all cases alike, so ratios of medians stay fair. Each
+    statement runs once first (a miss warms its cache), and the cost of an empty loop
+    of the same length is subtracted.
+    """
+    timers = {c.label: timeit.Timer(c.stmt, globals=namespace) for c in cases}
+    empty: dict[int, float] = {}
+    for c in cases:
+        with _mode(c):
+            exec(c.stmt, namespace)
+        if c.number not in empty:
+            loop = timeit.Timer("pass")
+            empty[c.number] = min(loop.timeit(c.number) for _ in range(5))
+    runs: dict[str, list[float]] = {c.label: [] for c in cases}
+    for _ in range(repeats):
+        for c in cases:
+            with _mode(c):
+                t = timers[c.label].timeit(c.number)
+            runs[c.label].append((t - empty[c.number]) / c.number * 1e9)
+    return {c.label: Timing.of(c.label, runs[c.label]) for c in cases}
+
+
+def _mode(case: Case) -> AbstractContextManager[Any]:
+    return case.mode() if case.mode is not None else contextlib.nullcontext()
 
 
 def progress(message: str) -> None:

@@ -1,9 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """Hit cost of stepcache against functools, cachetools and hand-written caches.
 
-Run: ``python -m benchmarks.bench_hit [--markdown PATH]``. Every row is timed in the
-same process, side by side, and reported as the median over repeated runs with min and
-max; the goals are ratios of medians.
+Run: ``python -m benchmarks.bench_hit [--quick] [--markdown PATH]``. Every row is timed
+in the same process, interleaved (run 1 of every row, then run 2, ...), and reported
+as the median over the runs with min and max; the goals are ratios of medians.
+
+Two groups of rows:
+
+* the request index, DSv4's ``token_to_req_indices(buffer)``: stepcache's
+  (:mod:`stepcache.integrations.request_index`, three declared dependencies and a
+  validated result) against the seeds' hand-written hit of vLLM PR 47474 (three
+  asserts and a slice, :mod:`benchmarks._seed`);
+* a generic cached method: stepcache keyed and unkeyed, with and without a tensor
+  dependency, against ``functools.lru_cache``, ``functools.cached_property``,
+  ``cachetools.cachedmethod`` and two hand-written caches.
 """
 
 from __future__ import annotations
@@ -14,11 +24,15 @@ import operator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import cachetools
 import torch
 
 import stepcache
-from benchmarks._timing import Timing, environment, progress, time_stmt
+from benchmarks._report import Goal, GoalResult, goals_table, markdown_table
+from benchmarks._seed import SeedMetadata
+from benchmarks._sim import dsv4_sim, request_index
+from benchmarks._timing import Case, Timing, environment, progress, time_cases
 from stepcache import step_cached
 
 
@@ -27,6 +41,7 @@ class Meta:
         self.query_start_loc = torch.arange(9, dtype=torch.int32)
         self._cachetools: dict[Any, Any] = {}
         self._hand: dict[Any, Any] = {}
+        self._attr: int | None = None
 
     @step_cached(key="k")
     def sc_key(self, k: int) -> int:
@@ -63,68 +78,112 @@ class Meta:
             value = self._hand[k] = k
             return value
 
+    def attr_cache(self) -> int:
+        value = self._attr
+        if value is None:
+            value = self._attr = 1
+        return value
 
-def run(number: int = 200_000, repeats: int = 15) -> dict[str, Timing]:
-    m = Meta()
-    ns: dict[str, Any] = {"m": m}
-    cases = {
-        "stepcache, key of one argument": "m.sc_key(3)",
-        "stepcache, key + one tensor dependency": "m.sc_key_dep(3)",
-        "stepcache, zero-argument getter": "m.sc_getter()",
-        "stepcache, getter + one tensor dependency": "m.sc_getter_dep()",
-        "functools.lru_cache": "m.lru(3)",
-        "functools.cached_property": "m.cprop",
-        "cachetools.cachedmethod": "m.ct(3)",
-        "hand-written per-instance dict": "m.hand(3)",
+
+# Row labels, used by the goals and the plot.
+RIX = "request index: stepcache"
+RIX_CHECKS = "request index: stepcache, checks mode"
+RIX_SEED = "request index: seeds' hand-written (3 asserts + slice)"
+KEY = "stepcache, key of one argument"
+KEY_CHECKS = "stepcache, key of one argument, checks mode"
+GETTER = "stepcache, zero-argument getter"
+LRU = "functools.lru_cache"
+CPROP = "functools.cached_property"
+CT = "cachetools.cachedmethod"
+
+
+def _checks() -> Any:
+    return stepcache.debug("checks")
+
+
+def cases(number: int) -> list[Case]:
+    """Every row: its label, the statement timed, and how many calls per run."""
+    slow = max(number // 10, 1)
+    return [
+        Case(RIX, "rix(step, buf)", number),
+        Case(RIX_CHECKS, "rix(step, buf)", slow, _checks),
+        Case(RIX_SEED, "seed.token_to_req_indices(buf)", number),
+        Case(KEY, "m.sc_key(3)", number),
+        Case(KEY_CHECKS, "m.sc_key(3)", slow, _checks),
+        Case("stepcache, key + one tensor dependency", "m.sc_key_dep(3)", number),
+        Case(GETTER, "m.sc_getter()", number),
+        Case("stepcache, getter + one tensor dependency", "m.sc_getter_dep()", number),
+        Case(LRU, "m.lru(3)", number),
+        Case(CPROP, "m.cprop", number),
+        Case(CT, "m.ct(3)", number),
+        Case("hand-written per-instance dict", "m.hand(3)", number),
+        Case("hand-written attribute cache", "m.attr_cache()", number),
+    ]
+
+
+def namespace() -> dict[str, Any]:
+    """The objects the statements use: one step of 8 requests padded to 16 tokens."""
+    step = dsv4_sim.make_step([3, 1, 1, 0, 2, 1, 1, 1], pad_to=16)
+    seed = SeedMetadata(step.query_start_loc, step.query_start_loc_cpu, 16)
+    return {
+        "m": Meta(),
+        "rix": request_index.token_to_req_indices,
+        "step": step,
+        "seed": seed,
+        "buf": torch.zeros(64, dtype=torch.int32),
     }
-    out = {}
-    for label, stmt in cases.items():
-        progress(f"  timing {label} ...")
-        out[label] = time_stmt(label, stmt, ns, number=number, repeats=repeats)
-    with stepcache.debug("checks"):
-        progress("  timing stepcache, key of one argument, checks mode ...")
-        label = "stepcache, key of one argument, debug checks mode"
-        out[label] = time_stmt(
-            label, "m.sc_key(3)", ns, number=number // 10, repeats=repeats
-        )
-    return out
 
 
 GOALS = [
-    # (row, baseline, goal ratio)
-    ("stepcache, key of one argument", "functools.lru_cache", 2.0),
-    ("stepcache, key of one argument", "cachetools.cachedmethod", 0.2),
-    ("stepcache, zero-argument getter", "functools.cached_property", 1.5),
-    (
-        "stepcache, key of one argument, debug checks mode",
-        "stepcache, key of one argument",
-        5.0,
-    ),
+    Goal(RIX, RIX_SEED, 0.25, "issue 5"),
+    Goal(KEY, LRU, 2.0, "issues 2, 5"),
+    Goal(RIX_CHECKS, RIX, 5.0, "issues 3, 5"),
+    Goal(KEY_CHECKS, KEY, 5.0, "issues 3, 5"),
+    Goal(KEY, CT, 0.2, "issue 2"),
+    Goal(GETTER, CPROP, 1.5, "issue 2"),
 ]
 
 
-def render(results: dict[str, Timing]) -> str:
-    lines = [
-        f"Environment: {environment()}",
-        "",
-        "| case | median ns/call | min | max |",
-        "| --- | ---: | ---: | ---: |",
+@attrs.frozen
+class HitResults:
+    timings: dict[str, Timing]
+    goals: list[GoalResult]
+    number: int
+    repeats: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "repeats": self.repeats,
+            "ns_per_call": {k: t.to_dict() for k, t in self.timings.items()},
+            "goals": [g.to_dict() for g in self.goals],
+        }
+
+
+def run(number: int = 100_000, repeats: int = 21) -> HitResults:
+    progress(f"bench_hit: {len(cases(number))} rows, {repeats} interleaved runs")
+    timings = time_cases(cases(number), namespace(), repeats=repeats)
+    Meta.lru.cache_clear()  # it holds the Meta object, and so its step cache, alive
+    goals = [g.check(timings[g.measured].ratio_to(timings[g.baseline])) for g in GOALS]
+    return HitResults(timings, goals, number, repeats)
+
+
+def render(results: HitResults) -> str:
+    rows = [
+        [
+            t.label,
+            f"{t.median_ns:.0f}",
+            f"{t.min_ns:.0f}",
+            f"{t.max_ns:.0f}",
+        ]
+        for t in results.timings.values()
     ]
-    for t in results.values():
-        lines.append(
-            f"| {t.label} | {t.median_ns:.0f} | {t.min_ns:.0f} | {t.max_ns:.0f} |"
-        )
-    lines += [
-        "",
-        "| ratio (medians) | measured | goal | met |",
-        "| --- | ---: | ---: | :---: |",
-    ]
-    for row, base, goal in GOALS:
-        r = results[row].ratio_to(results[base])
-        lines.append(
-            f"| {row} / {base} | {r:.2f}x | <= {goal}x | {'yes' if r <= goal else 'no'} |"
-        )
-    return "\n".join(lines)
+    return "\n\n".join(
+        [
+            markdown_table(["hit", "median ns/call", "min", "max"], rows, "lrrr"),
+            goals_table(results.goals),
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,11 +193,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--markdown", type=Path, help="also write the tables to this file"
     )
-    parser.add_argument("--number", type=int, default=200_000)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--number", type=int, default=100_000, help="calls per run")
+    parser.add_argument("--repeats", type=int, default=21, help="runs per row")
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
     args = parser.parse_args(argv)
-    progress("bench_hit: ns per cache hit")
-    text = render(run(args.number, args.repeats))
+    number, repeats = (2_000, 3) if args.quick else (args.number, args.repeats)
+    torch.set_num_threads(1)
+    print(f"Environment: {environment()}")
+    text = render(run(number, repeats))
     print(text)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -41,8 +41,16 @@ from stepcache._switches import (
     set_debug,
     set_disabled,
 )
+from stepcache.profiler import profile
 
 __version__ = "0.1.0"
+"""The version of stepcache, as installed.
+
+Examples:
+    >>> import importlib.metadata, stepcache
+    >>> stepcache.__version__ == importlib.metadata.version("stepcache")
+    True
+"""
 
 __all__ = [
     "BYPASS",
@@ -70,6 +78,7 @@ __all__ = [
     "get_debug",
     "get_disabled",
     "normalize_device",
+    "profile",
     "reset_stats",
     "set_debug",
     "set_disabled",

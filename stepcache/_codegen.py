@@ -108,7 +108,7 @@ def generate(layout: Layout) -> str:
     lookup = f"{owner}._stepcache._e[_sc_FID]"
     key = _key_expr(layout, direct)
     if key is not None:
-        lookup += f"[{key}]"
+        lookup += "[_sc_k]"
 
     # Every dependency check runs inside the try, so a missing attribute or an odd
     # comparison sends the call to the slow path, which raises a typed error.
@@ -153,7 +153,38 @@ def generate(layout: Layout) -> str:
         + ")"
     )
 
-    shared = ["_sc_FID", "_sc_hits", "_sc_miss", "_sc_slow", "_sc_on_hit"]
+    # A keyed function computes its key once: a BYPASS key calls straight through (no
+    # failed lookup, no second key call), and a miss hands the key to the slow path.
+    prologue = ""
+    miss_call = f"_sc_miss({args_tuple})"
+    if key is not None:
+        if layout.key == "callable":
+            # the slow path calls the key function again and raises a typed error
+            prologue += (
+                "        try:\n"
+                f"            _sc_k = {key}\n"
+                "        except Exception:\n"
+                f"            return _sc_miss({args_tuple})\n"
+            )
+        else:
+            prologue += f"        _sc_k = {key}\n"
+        prologue += (
+            "        if _sc_k is _sc_BYPASS:\n"
+            "            _sc_bypasses += 1\n"
+            f"            return _sc_f({_call_args(params, direct)})\n"
+        )
+        miss_call = f"_sc_miss({args_tuple}, _sc_k)"
+
+    shared = [
+        "_sc_FID",
+        "_sc_hits",
+        "_sc_bypasses",
+        "_sc_BYPASS",
+        "_sc_f",
+        "_sc_miss",
+        "_sc_slow",
+        "_sc_on_hit",
+    ]
     if layout.key == "callable":
         shared.append("_sc_key")
     if layout.deps:
@@ -173,6 +204,7 @@ def generate(layout: Layout) -> str:
             "_sc_SNAP",
             "_sc_snapshot",
             "_sc_on_hit",
+            "_sc_BYPASS",
             *defaults,
         ]
     )
@@ -185,26 +217,29 @@ def generate(layout: Layout) -> str:
     return (
         f"def _sc_factory({factory_params}):\n"
         f"    _sc_hits = 0\n"
+        f"    _sc_bypasses = 0\n"
         f"\n"
         f"    def _fast({sig}):\n"
-        f"        nonlocal _sc_hits\n"
+        f"        nonlocal _sc_hits, _sc_bypasses\n"
         + touch
+        + prologue
         + lookup_and_match
         + f"        if _sc_ok:\n"
         f"            _sc_hits += 1\n"
         f"            return _sc_e[0]\n"
-        f"        return _sc_miss({args_tuple})\n"
+        f"        return {miss_call}\n"
         f"\n"
         f"    def _checks({sig}):\n"
-        f"        nonlocal _sc_hits\n"
+        f"        nonlocal _sc_hits, _sc_bypasses\n"
         + touch
+        + prologue
         + lookup_and_match
         + f"        if _sc_ok:\n"
         f"            return _sc_on_hit(_sc_e, {args_tuple})\n"
         f"        return _sc_slow({args_tuple})\n"
         f"\n"
         f"    def _switched({sig}):\n"
-        f"        nonlocal _sc_hits\n"
+        f"        nonlocal _sc_hits, _sc_bypasses\n"
         + touch
         + f"        return _sc_slow({args_tuple})\n"
         f"\n"
@@ -217,15 +252,18 @@ def generate(layout: Layout) -> str:
         f"    def _depvals(a):\n"
         f"        return {dep_values}\n"
         f"\n"
-        f"    def _hits_get():\n"
-        f"        return _sc_hits\n"
+        f"    def _counts_get():\n"
+        f"        return _sc_hits, _sc_bypasses\n"
         f"\n"
         f"    def _hits_add(n):\n"
-        f"        nonlocal _sc_hits\n"
-        f"        _sc_hits = _sc_hits + n if n else 0\n"
+        f"        nonlocal _sc_hits, _sc_bypasses\n"
+        f"        if n:\n"
+        f"            _sc_hits += n\n"
+        f"        else:\n"
+        f"            _sc_hits = _sc_bypasses = 0\n"
         f"\n"
         f"    return (\n"
-        f"        _fast, _switched, _checks, _invoke, _keyof, _depvals, _hits_get, _hits_add\n"
+        f"        _fast, _switched, _checks, _invoke, _keyof, _depvals, _counts_get, _hits_add\n"
         f"    )\n"
     )
 

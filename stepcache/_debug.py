@@ -109,6 +109,18 @@ class DebugReport:
     """
 
     detections: tuple[Detection, ...]
+    #: every detection since the last clear, also those past the kept maximum
+    #: (the report keeps the first 10,000)
+    total: int = attrs.field(default=-1)
+
+    def __attrs_post_init__(self) -> None:
+        if self.total < 0:
+            object.__setattr__(self, "total", len(self.detections))
+
+    @property
+    def dropped(self) -> int:
+        """Detections made but not kept (past the first 10,000)."""
+        return self.total - len(self.detections)
 
     def __len__(self) -> int:
         return len(self.detections)
@@ -123,6 +135,8 @@ class DebugReport:
         if not self.detections:
             return "stepcache debug report: nothing detected"
         lines = [f"stepcache debug report: {len(self.detections)} detection(s)"]
+        if self.dropped:
+            lines[0] += f" ({self.dropped} more not kept)"
         for i, d in enumerate(self.detections, 1):
             lines.append(f"{i}. [{d.kind}] {d.message}")
         return "\n".join(lines)
@@ -130,6 +144,7 @@ class DebugReport:
 
 _report: list[Detection] = []
 _report_lock = threading.Lock()
+_total = 0
 
 
 def debug_report() -> DebugReport:
@@ -158,11 +173,11 @@ def debug_report() -> DebugReport:
         ...         pass
         >>> print(stepcache.debug_report())
         stepcache debug report: 1 detection(s)
-        1. [use-after-close] step_cached function 'ex.lens' (key=None): this value was handed out by a step cache that has since been closed (the step is over), and it was used again. Fix: finish using step values within the step, or keep a copy with .clone().
+        1. [use-after-close] step_cached function 'ex.lens': this value was handed out by a step cache that has since been closed (the step is over), and it was used again. Fix: finish using step values within the step, or keep a copy with .clone().
         >>> stepcache.clear_debug_report()
     """
     with _report_lock:
-        return DebugReport(tuple(_report))
+        return DebugReport(tuple(_report), _total)
 
 
 def clear_debug_report() -> None:
@@ -174,8 +189,10 @@ def clear_debug_report() -> None:
         >>> len(stepcache.debug_report())
         0
     """
+    global _total
     with _report_lock:
         _report.clear()
+        _total = 0
 
 
 def _detect(
@@ -190,6 +207,7 @@ def _detect(
     with _report_lock:
         if len(_report) < _MAX_REPORT:
             _report.append(Detection(kind, fn.name, repr(key), text))
+        _count_detection()
     return error(text)
 
 
@@ -204,7 +222,6 @@ class _Info:
     #: owner attributes read by the builder or key function but declared nowhere
     watched: dict[str, tuple[Any, Any]]
     store: weakref.ref[StepCache]
-
 
 
 # -- recording which owner attributes a call reads ------------------------------------------
@@ -242,6 +259,8 @@ def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
 class _Guard:
     fn_name: str
     key: str
+    #: how messages name the function and key
+    where: str
     #: the entry's debug facts; ``info.versions[index]`` is the version this view
     #: must still have (verify mode refreshes it after an equal recomputation)
     info: _Info
@@ -278,7 +297,7 @@ class GuardedTensor(torch.Tensor):
         >>> lens + 1
         Traceback (most recent call last):
           ...
-        stepcache._errors.StaleCacheError: step_cached function 'ex.guarded' (key=None): this value was handed out by a step cache that has since been closed (the step is over), and it was used again. Fix: finish using step values within the step, or keep a copy with .clone().
+        stepcache.StaleCacheError: step_cached function 'ex.guarded': this value was handed out by a step cache that has since been closed (the step is over), and it was used again. Fix: finish using step values within the step, or keep a copy with .clone().
         >>> stepcache.clear_debug_report()
     """
 
@@ -316,7 +335,7 @@ def _check_guard(t: GuardedTensor) -> None:
     expected = guard.info.versions[guard.index][1]
     if store is not None and store._closed:
         message = (
-            f"step_cached function '{guard.fn_name}' (key={guard.key}): this value was "
+            f"{guard.where}: this value was "
             "handed out by a step cache that has since been closed (the step is over), "
             "and it was used again. Fix: finish using step values within the step, or "
             "keep a copy with .clone()."
@@ -325,7 +344,7 @@ def _check_guard(t: GuardedTensor) -> None:
         raise StaleCacheError(message)
     if t._version != expected:
         message = (
-            f"step_cached function '{guard.fn_name}' (key={guard.key}): this tensor was "
+            f"{guard.where}: this tensor was "
             "overwritten by a subsequent write to its storage after the cache handed it "
             f"out (version {expected} -> {t._version}): the next step's build "
             "wrote the same persistent buffer, or someone mutated a cached value in "
@@ -339,27 +358,36 @@ def _record_guard(kind: str, guard: _Guard, message: str) -> None:
     with _report_lock:
         if len(_report) < _MAX_REPORT:
             _report.append(Detection(kind, guard.fn_name, guard.key, message))
+        _count_detection()
+
+
+def _count_detection() -> None:
+    global _total
+    _total += 1
 
 
 def _guard(value: Any, fn: CachedFunction, key: Any, info: _Info) -> Any:
     if not _envs.STEPCACHE_DEBUG_GUARD:
         return value
     index = {id(t): i for i, (t, _) in enumerate(info.versions)}
-    return _wrap(value, fn.name, repr(key), info, index)
+    where = fn.where(key) if fn.keyed else fn.where()
+    return _wrap(value, (fn.name, repr(key), where), info, index)
 
 
-def _wrap(value: Any, name: str, key: str, info: _Info, index: dict[int, int]) -> Any:
+def _wrap(
+    value: Any, label: tuple[str, str, str], info: _Info, index: dict[int, int]
+) -> Any:
     if isinstance(value, torch.Tensor) and not isinstance(value, GuardedTensor):
         i = index.get(id(value))
         if i is None:
             return value
         guarded = value.as_subclass(GuardedTensor)
-        guarded.__dict__["_sc_guard"] = _Guard(name, key, info, i)
+        guarded.__dict__["_sc_guard"] = _Guard(*label, info, i)
         return guarded
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_wrap(v, name, key, info, index) for v in value)
+        return tuple(_wrap(v, label, info, index) for v in value)
     if isinstance(value, list):
-        return [_wrap(v, name, key, info, index) for v in value]
+        return [_wrap(v, label, info, index) for v in value]
     return value
 
 
@@ -653,7 +681,7 @@ def _hit(
                 "validation",
                 fn,
                 key,
-                f"on a hit, the cached value no longer matches expect:{exc}",
+                f"on a hit, the cached value no longer matches expect{exc}",
             ) from None
     if _switches._debug == "verify":
         difference = _recompute(fn, a, value, info)

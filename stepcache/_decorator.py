@@ -77,6 +77,8 @@ Expect = TensorSpec | tuple[TensorSpec | None, ...] | None
 KeyArg = Callable[..., Hashable] | str | Sequence[str] | None
 
 _MISS, _BYPASS_COUNT, _INVALIDATION = 0, 1, 2
+#: ``where()`` without a key: the key is unknown (or the function has none)
+_NO_KEY: Final = object()
 
 
 class CachedFunction:
@@ -107,7 +109,7 @@ class CachedFunction:
         self.fid = _registry.new_id()
         self.lock = threading.Lock()
         self.misses = 0
-        self.bypasses = 0
+        self._bypasses = 0
         self.invalidations = 0
         try:
             sig = inspect.signature(fn)
@@ -228,7 +230,7 @@ class CachedFunction:
             self.invoke,
             self.keyof,
             self.depvals,
-            self._hits_get,
+            self._counts_get,
             self._hits_add,
         ) = ns["_sc_factory"](
             self.fid,
@@ -240,6 +242,7 @@ class CachedFunction:
             _fingerprint.SNAP,
             _fingerprint.snapshot,
             functools.partial(_debug.on_hit, self),
+            BYPASS,
             *defaults,
         )
         self.codes = {
@@ -258,21 +261,26 @@ class CachedFunction:
     # -- counters -----------------------------------------------------------------------
     @property
     def hits(self) -> int:
-        return int(self._hits_get())
+        return int(self._counts_get()[0])
+
+    @property
+    def bypasses(self) -> int:
+        """Bypasses counted by the fast code and by the slow paths."""
+        return int(self._counts_get()[1]) + self._bypasses
 
     def reset_counts(self) -> None:
         with self.lock:
             self._hits_add(0)
-            self.misses = self.bypasses = self.invalidations = 0
+            self.misses = self._bypasses = self.invalidations = 0
 
     def _count(self, store: StepCache | None, which: int) -> None:
-        with self.lock:
-            if which == _MISS:
-                self.misses += 1
-            elif which == _BYPASS_COUNT:
-                self.bypasses += 1
-            else:
-                self.invalidations += 1
+        # Counters are statistics: like the hit counter, not atomic across threads.
+        if which == _MISS:
+            self.misses += 1
+        elif which == _BYPASS_COUNT:
+            self._bypasses += 1
+        else:
+            self.invalidations += 1
         if store is not None:
             store.count(self.fid, which)
 
@@ -285,8 +293,9 @@ class CachedFunction:
         self.wrapper.__code__ = self.codes[which]
 
     # -- the pieces of a call -----------------------------------------------------------
-    def where(self, key: Any = None) -> str:
-        if self.keyed:
+    def where(self, key: Any = _NO_KEY) -> str:
+        """How messages name this function (and the entry's key, when it has one)."""
+        if self.keyed and key is not _NO_KEY:
             return f"step_cached function '{self.name}' (key={key!r})"
         return f"step_cached function '{self.name}'"
 
@@ -299,7 +308,11 @@ class CachedFunction:
             raise StepCacheError(
                 f"{self.where()}: its key function raised {type(exc).__name__}: {exc}"
             ) from exc
-        if key is BYPASS:
+        return self.checked(key)
+
+    def checked(self, key: Any) -> Any:
+        """``key``, if it can key a dict; else a typed error naming the function."""
+        if key is BYPASS or key is None:
             return key
         try:
             hash(key)
@@ -383,9 +396,10 @@ class CachedFunction:
                 store._e[self.fid] = entry
 
     # -- the slow paths -----------------------------------------------------------------
-    def miss(self, a: tuple[Any, ...]) -> Any:
-        """Production: a call the fast code could not answer."""
-        key = self.key_of(a)
+    def miss(self, a: tuple[Any, ...], key: Any = _NO_KEY) -> Any:
+        """Production: a call the fast code could not answer (with the key it
+        computed, if it has one)."""
+        key = self.key_of(a) if key is _NO_KEY else self.checked(key)
         if key is BYPASS:
             self._count(None, _BYPASS_COUNT)
             return self.invoke(a)

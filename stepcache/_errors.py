@@ -7,16 +7,66 @@ __all__ = ["CacheValidationError", "StaleCacheError", "StepCacheError"]
 
 
 class StepCacheError(Exception):
-    """Base class of every error stepcache raises on purpose."""
+    """Base class of every error stepcache raises on purpose.
+
+    Raised as such for a misuse: a decoration that cannot work, a key that is
+    unhashable or whose key function raised, a `depends_on` attribute the owner lacks.
+    Each message names the decorated function and says what to fix.
+
+    Examples:
+        >>> import stepcache
+        >>> @stepcache.step_cached(key="layer")
+        ... def index(self, kind):
+        ...     return kind
+        Traceback (most recent call last):
+          ...
+        stepcache.StepCacheError: index: key names 'layer', which is not a parameter (parameters: self, kind)
+    """
 
 
 class CacheValidationError(StepCacheError, AssertionError):
-    """A cached value does not match its declared ``expect`` spec.
+    """A cached value does not match its declared `expect` spec.
 
-    It is also an :class:`AssertionError`, so code that used to ``assert`` the same
-    facts keeps catching it; it is raised explicitly, so ``python -O`` cannot remove it.
+    It is also an `AssertionError`, so code that used to `assert` the same facts keeps
+    catching it; it is raised explicitly, so `python -O` cannot remove it.
+
+    Examples:
+        >>> import stepcache, torch
+        >>> @stepcache.step_cached(expect=stepcache.TensorSpec(dtype=torch.int32))
+        ... def index(self):
+        ...     return torch.zeros(2)  # BUG: float32
+        >>> class Meta: pass
+        >>> try:
+        ...     index(Meta())
+        ... except AssertionError as error:
+        ...     print(type(error).__name__, "-", error)
+        CacheValidationError - step_cached function 'index': result dtype mismatch. expected torch.int32, actual torch.float32
     """
 
 
 class StaleCacheError(StepCacheError):
-    """A cache would hand out (or has handed out) data that no longer matches its inputs."""
+    """A cache would hand out (or has handed out) data that no longer matches its inputs.
+
+    Raised when a closed step cache is used again, and by every stale-cache detection
+    of debug mode (see [`debug_report()`][stepcache.debug_report]).
+
+    Examples:
+        >>> import stepcache
+        >>> class Meta:
+        ...     @stepcache.step_cached()
+        ...     def value(self):
+        ...         return 1
+        >>> m = Meta()
+        >>> m.value()
+        1
+        >>> stepcache.cache_of(m).close()
+        >>> m.value()
+        Traceback (most recent call last):
+          ...
+        stepcache.StaleCacheError: the step cache of this Meta was closed (the step is over), and it was used again. Fix: build a new metadata object for the new step, or call clear() instead of close() if the object is meant to be reused.
+    """
+
+
+# Tracebacks name the errors where users import them from.
+for _error in (StepCacheError, CacheValidationError, StaleCacheError):
+    _error.__module__ = "stepcache"

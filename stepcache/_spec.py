@@ -16,12 +16,20 @@ __all__ = ["Arg", "Attr", "TensorSpec", "normalize_device", "validate"]
 
 @attrs.frozen
 class Arg:
-    """A value taken from the decorated call's argument ``name``.
+    """A value taken from the decorated call's argument `name`, for a TensorSpec.
 
-    For a ``device``, a tensor argument stands for its device.
+    Use it in a [`TensorSpec`][stepcache.TensorSpec]. A tensor argument stands for its device (as `device`), its dtype (as `dtype`) and
+    its first dim (as a size).
 
-    >>> Arg("buffer")
-    Arg('buffer')
+    Examples:
+        >>> import stepcache, torch
+        >>> spec = stepcache.TensorSpec(device=stepcache.Arg("buffer"))
+        >>> @stepcache.step_cached(expect=spec)
+        ... def head(self, buffer):
+        ...     return buffer[:2]
+        >>> class Meta: pass
+        >>> head(Meta(), torch.arange(4))
+        tensor([0, 1])
     """
 
     name: str
@@ -32,10 +40,21 @@ class Arg:
 
 @attrs.frozen
 class Attr:
-    """A value taken from the owner's attribute ``name``.
+    """A value taken from the owner's attribute `name`, for a TensorSpec.
 
-    >>> Attr("num_actual_tokens")
-    Attr('num_actual_tokens')
+    Use it in a [`TensorSpec`][stepcache.TensorSpec]. It is read on every check, so it follows the owner as the owner changes.
+
+    Examples:
+        >>> import stepcache, torch
+        >>> class Meta:
+        ...     num_actual_tokens = 3
+        ...     @stepcache.step_cached(
+        ...         expect=stepcache.TensorSpec(shape=(stepcache.Attr("num_actual_tokens"),))
+        ...     )
+        ...     def index(self):
+        ...         return torch.zeros(3, dtype=torch.int32)
+        >>> Meta().index()
+        tensor([0, 0, 0], dtype=torch.int32)
     """
 
     name: str
@@ -57,10 +76,20 @@ def _current_index(device_type: str) -> int:
 
 
 def normalize_device(device: torch.device | str | int) -> torch.device:
-    """``cuda`` and ``cuda:N`` of the current device become the same ``torch.device``.
+    """Return `device` as a `torch.device`, with the current device's index filled in.
 
-    >>> normalize_device("cpu")
-    device(type='cpu')
+    `cuda` and `cuda:N` of the current device become the same device. Use it in keys that include a device: `cuda` and `cuda:0` are different keys
+    (two entries, two buffers) although they name one device. Debug mode reports such
+    keys as `device-alias`.
+
+    Examples:
+        >>> from stepcache import normalize_device
+        >>> normalize_device("cpu")
+        device(type='cpu')
+        >>> normalize_device("cuda:1")
+        device(type='cuda', index=1)
+        >>> normalize_device("cuda") == normalize_device("cuda:0")  # device 0 is current
+        True
     """
     d = torch.device(device)
     if d.type == "cpu" or d.index is not None:
@@ -90,15 +119,43 @@ def _min_shape_dims(dims: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
 
 @attrs.frozen(repr=False)
 class TensorSpec:
-    """What a cached tensor must look like: checked whenever it is stored (and on every
-    hit in debug mode).
+    """What a cached tensor must look like: the `expect=` of a step-cached function.
 
-    ``device`` and ``dtype`` are fixed values or :class:`Arg`/:class:`Attr` references;
-    ``ndim`` fixes the number of dims; ``shape`` fixes dims exactly and ``min_shape``
-    gives lower bounds (``None`` skips a dim).
+    See [`step_cached`][stepcache.step_cached]. A spec is checked whenever a value is stored (and on every hit in debug mode); a
+    violation raises [`CacheValidationError`][stepcache.CacheValidationError], whose
+    message names the function, the key, what was expected and what was found. Each
+    item is a fixed value or a reference resolved at call time: [`Arg`][stepcache.Arg]
+    (the call's argument) or [`Attr`][stepcache.Attr] (the owner's attribute). Devices
+    are compared normalised ([`normalize_device`][stepcache.normalize_device]).
+    Unset items (`None`) are not checked.
 
-    >>> TensorSpec(dtype=torch.int32, min_shape=(Attr("num_actual_tokens"),))
-    TensorSpec(dtype=torch.int32, min_shape=(Attr('num_actual_tokens'),))
+    Attributes:
+        device: The device, or a reference to a tensor (its device) or a device.
+        dtype: The dtype, or a reference to a tensor (its dtype) or a dtype.
+        ndim: The exact number of dims.
+        shape: Exact sizes of the leading dims (`None` skips a dim); a reference to a
+            tensor stands for its first dim.
+        min_shape: Lower bounds for the leading dims, as in `shape`.
+
+    Examples:
+        >>> import stepcache, torch
+        >>> from stepcache import Arg, Attr, TensorSpec
+        >>> spec = TensorSpec(
+        ...     device=Arg("buffer"),
+        ...     dtype=torch.int32,
+        ...     min_shape=(Attr("num_actual_tokens"),),
+        ... )
+        >>> spec
+        TensorSpec(device=Arg('buffer'), dtype=torch.int32, min_shape=(Attr('num_actual_tokens'),))
+        >>> class Meta:
+        ...     num_actual_tokens = 4
+        ...     @stepcache.step_cached(expect=spec)
+        ...     def index(self, buffer):
+        ...         return buffer[:3]  # BUG: one row short
+        >>> Meta().index(torch.zeros(8, dtype=torch.int32))
+        Traceback (most recent call last):
+          ...
+        stepcache.CacheValidationError: step_cached function 'Meta.index': result size mismatch at index 0. expected at least 4 (from owner attribute 'num_actual_tokens'), actual 3 (shape [3])
     """
 
     device: torch.device | str | Arg | Attr | None = None

@@ -16,7 +16,36 @@ __all__ = ["FunctionStats", "StatsTable", "reset_stats", "stats"]
 
 @attrs.frozen
 class FunctionStats:
-    """Counters of one decorated function across the process."""
+    """Counters of one decorated function across the process.
+
+    One row of [`stats()`][stepcache.stats].
+
+    Attributes:
+        name: The function's label (`name=` of the decorator, or its qualified name).
+        hits: Calls answered from the cache.
+        misses: Calls that computed and stored a value (invalidations included).
+        bypasses: Calls that computed without caching: a
+            [`BYPASS`][stepcache.BYPASS] key, or caching switched off.
+        invalidations: Misses caused by a changed dependency of an existing entry.
+        live_entries: Entries held by the live caches now.
+        live_bytes: Bytes of tensor and array data those entries hold.
+
+    Examples:
+        >>> import stepcache
+        >>> class Meta:
+        ...     n = 2
+        ...     @stepcache.step_cached(depends_on=("n",), name="ex.double")
+        ...     def double(self):
+        ...         return 2 * self.n
+        >>> m = Meta()
+        >>> [m.double() for _ in range(4)]
+        [4, 4, 4, 4]
+        >>> row = stepcache.stats()["ex.double"]
+        >>> row
+        FunctionStats(name='ex.double', hits=3, misses=1, bypasses=0, invalidations=0, live_entries=1, live_bytes=0)
+        >>> row.calls, row.hit_rate
+        (4, 0.75)
+    """
 
     name: str
     hits: int
@@ -42,7 +71,24 @@ _COLUMNS = ("function", "hits", "misses", "bypasses", "invalidations", "live", "
 
 @attrs.frozen
 class StatsTable(Mapping[str, FunctionStats]):
-    """Stats per decorated function, by name; ``str()`` renders a readable table."""
+    """Stats per decorated function, by name; `str()` renders a readable table.
+
+    A read-only mapping from the functions' labels to
+    [`FunctionStats`][stepcache.FunctionStats], as [`stats()`][stepcache.stats] returns.
+
+    Examples:
+        >>> import stepcache
+        >>> row = stepcache.FunctionStats("Meta.index", 7, 1, 0, 0, 1, 4096)
+        >>> table = stepcache.StatsTable((row,))
+        >>> table["Meta.index"].hits
+        7
+        >>> print(table)
+        function    hits  misses  bypasses  invalidations  live    bytes
+        ----------  ----  ------  --------  -------------  ----  -------
+        Meta.index     7       1         0              0     1  4.0 KiB
+        >>> table.to_dict()["Meta.index"]["live_bytes"]
+        4096
+    """
 
     rows: tuple[FunctionStats, ...]
 
@@ -121,14 +167,27 @@ def _human(n: int) -> str:
 
 
 def stats(*, include_idle: bool = False) -> StatsTable:
-    """Counters per decorated function across the process.
+    """Return the counters per decorated function across the process.
 
-    ``include_idle`` keeps functions that were never called.
+    A row per function that was called since the last
+    [`reset_stats()`][stepcache.reset_stats] or that holds live entries;
+    `include_idle=True` adds the others. Hits are counted without a lock (the hit path
+    takes none), so with several threads the hit count is a close estimate.
 
-    >>> import stepcache
-    >>> table = stepcache.stats()
-    >>> isinstance(str(table), str)
-    True
+    Examples:
+        >>> import stepcache
+        >>> class Meta:
+        ...     @stepcache.step_cached(name="ex.answer")
+        ...     def answer(self):
+        ...         return 42
+        >>> m = Meta()
+        >>> m.answer(), m.answer()
+        (42, 42)
+        >>> table = stepcache.stats()
+        >>> table["ex.answer"].hits, table["ex.answer"].misses
+        (1, 1)
+        >>> "ex.answer" in str(table)  # str(table) is the table to print
+        True
     """
     live: dict[int, list[int]] = {}
     for store in live_caches():
@@ -148,6 +207,21 @@ def stats(*, include_idle: bool = False) -> StatsTable:
 
 
 def reset_stats() -> None:
-    """Zero every function's counters (live entries are not touched)."""
+    """Zero every function's counters (live entries are not touched).
+
+    Examples:
+        >>> import stepcache
+        >>> class Meta:
+        ...     @stepcache.step_cached(name="ex.reset")
+        ...     def value(self):
+        ...         return 1
+        >>> m = Meta()
+        >>> m.value(), m.value()
+        (1, 1)
+        >>> stepcache.reset_stats()
+        >>> row = stepcache.stats()["ex.reset"]
+        >>> row.hits, row.misses, row.live_entries
+        (0, 0, 1)
+    """
     for fn in all_functions():
         fn.reset_counts()

@@ -33,14 +33,34 @@ class StepCache:
 
     A store lives exactly as long as its owner: it is kept in the owner itself, holds no
     reference back to it (only a weak one) and so is freed by reference counting when the
-    owner goes. ``close()`` ends it early: the step is over, it holds nothing any more, and
-    any later use through its owner raises :class:`~stepcache.StaleCacheError`.
+    owner goes. `close()` ends it early: the step is over, it holds nothing any more, and
+    any later use through its owner raises
+    [`StaleCacheError`][stepcache.StaleCacheError]. Get an owner's store with
+    [`cache_of()`][stepcache.cache_of]; share one store between several metadata
+    objects of a step with [`attach()`][stepcache.attach].
 
-    >>> import stepcache
-    >>> class Meta: pass
-    >>> store = stepcache.cache_of(Meta())
-    >>> len(store), store.closed
-    (0, False)
+    Examples:
+        >>> import stepcache, torch
+        >>> class Meta:
+        ...     def __init__(self):
+        ...         self.qsl = torch.tensor([0, 2, 3])
+        ...     @stepcache.step_cached(depends_on=("qsl",), name="ex.rows")
+        ...     def rows(self):
+        ...         return torch.repeat_interleave(torch.arange(2), self.qsl.diff())
+        >>> md = Meta()
+        >>> store = stepcache.cache_of(md)
+        >>> store
+        <StepCache 0 entries>
+        >>> _ = md.rows()
+        >>> len(store), store.stats()["ex.rows"]
+        (1, {'entries': 1, 'bytes': 24, 'misses': 1, 'bypasses': 0, 'invalidations': 0})
+        >>> store.close()
+        >>> store
+        <StepCache closed>
+        >>> md.rows()
+        Traceback (most recent call last):
+          ...
+        stepcache.StaleCacheError: the step cache of this Meta was closed (the step is over), and it was used again. Fix: build a new metadata object for the new step, or call clear() instead of close() if the object is meant to be reused.
     """
 
     __slots__ = (
@@ -73,7 +93,7 @@ class StepCache:
     # -- the public surface -------------------------------------------------------------
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called (the step is over)."""
+        """Whether [`close()`][stepcache.StepCache.close] was called (the step is over)."""
         return self._closed
 
     def __len__(self) -> int:
@@ -109,7 +129,7 @@ class StepCache:
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per-function counts for this store: entries, bytes, misses, bypasses,
-        invalidations (hits are counted process-wide, see :func:`stepcache.stats`)."""
+        invalidations (hits are counted process-wide, see [`stats()`][stepcache.stats])."""
         from stepcache._registry import name_of
         from stepcache._sizes import nbytes
 
@@ -268,29 +288,63 @@ def _closed_error(owner: object) -> StaleCacheError:
 
 
 def cache_of(owner: object) -> StepCache:
-    """Return the :class:`StepCache` of ``owner``, creating it on first use.
+    """Return the [`StepCache`][stepcache.StepCache] of `owner`, creating it on first use.
 
-    >>> import stepcache
-    >>> class Meta: pass
-    >>> m = Meta()
-    >>> stepcache.cache_of(m) is stepcache.cache_of(m)
-    True
+    The store is kept in the owner: in its `__dict__`, in a `_stepcache` slot declared
+    with [`cache_field()`][stepcache.cache_field] or
+    [`dataclass_cache_field()`][stepcache.dataclass_cache_field], or, for a slotted class
+    without that slot, in a side table keyed by a weak reference to the owner. A copy
+    made by `copy.copy` gets a store of its own on first use, seeded with the entries
+    that declare dependencies.
+
+    Raises:
+        StaleCacheError: The owner's store was closed.
+        StepCacheError: The owner's class supports no weak references (give it a
+            `__weakref__` slot).
+
+    Examples:
+        >>> import stepcache
+        >>> class Meta: pass
+        >>> m = Meta()
+        >>> stepcache.cache_of(m) is stepcache.cache_of(m)
+        True
+        >>> stepcache.cache_of(m)
+        <StepCache 0 entries>
     """
     return store_for(owner)
 
 
 def attach(owner: object, cache: StepCache) -> StepCache:
-    """Make ``owner`` use ``cache``, shared on purpose with other objects of one step.
+    """Make `owner` use `cache`, shared on purpose with other objects of one step.
 
+    vLLM's model runner builds one metadata object per KV-cache group of a step;
+    attaching them all to one store lets a value one builder computed serve the others.
     Entries that declare dependencies are reused across the objects while those
-    dependencies are identical; entries without dependencies stay bound to the object
-    that computed them.
+    dependencies are identical on the caller (otherwise they are recomputed); entries
+    without dependencies stay bound to the object that computed them. Returns `cache`.
 
-    >>> import stepcache
-    >>> class Meta: pass
-    >>> a, b = Meta(), Meta()
-    >>> stepcache.attach(b, stepcache.cache_of(a)) is stepcache.cache_of(b)
-    True
+    Raises:
+        StepCacheError: `cache` is not a [`StepCache`][stepcache.StepCache].
+        StaleCacheError: `cache` is closed.
+
+    Examples:
+        >>> import stepcache, torch
+        >>> class GroupMetadata:
+        ...     def __init__(self, qsl):
+        ...         self.qsl = qsl
+        ...     @stepcache.step_cached(depends_on=("qsl",))
+        ...     def lens(self):
+        ...         print("computing")
+        ...         return self.qsl.diff()
+        >>> qsl = torch.tensor([0, 2, 5])
+        >>> a, b = GroupMetadata(qsl), GroupMetadata(qsl)
+        >>> stepcache.attach(b, stepcache.cache_of(a)) is stepcache.cache_of(b)
+        True
+        >>> a.lens()
+        computing
+        tensor([2, 3])
+        >>> b.lens() is a.lens()
+        True
     """
     if not isinstance(cache, StepCache):
         raise StepCacheError(
@@ -313,16 +367,22 @@ def live_caches() -> list[StepCache]:
 def cache_field() -> Any:
     """An attrs field that holds the store, for slotted attrs classes.
 
-    Declare it as ``_stepcache`` (the name stepcache looks for); it is left out of
-    ``__init__``, ``repr`` and comparisons, and ``attrs.evolve`` does not carry it over.
+    Declare it as `_stepcache` (the name stepcache looks for); it is left out of
+    `__init__`, `repr` and comparisons, and `attrs.evolve` does not carry it over.
+    Without it, a slotted class's store lives in a side table keyed by a weak reference
+    to the owner (a copy then starts with an empty store).
 
-    >>> import attrs, stepcache
-    >>> @attrs.define
-    ... class Meta:
-    ...     n: int
-    ...     _stepcache: stepcache.StepCache | None = stepcache.cache_field()
-    >>> Meta(3)
-    Meta(n=3)
+    Examples:
+        >>> import attrs, stepcache
+        >>> @attrs.define
+        ... class Meta:
+        ...     n: int
+        ...     _stepcache: stepcache.StepCache | None = stepcache.cache_field()
+        >>> m = Meta(3)
+        >>> m
+        Meta(n=3)
+        >>> stepcache.cache_of(m) is m._stepcache
+        True
     """
     import attrs
 
@@ -330,17 +390,23 @@ def cache_field() -> Any:
 
 
 def dataclass_cache_field() -> Any:
-    """A dataclass field that holds the store, for ``@dataclass(slots=True)`` classes.
+    """A dataclass field that holds the store, for `@dataclass(slots=True)` classes.
 
-    Declare it as ``_stepcache``; ``dataclasses.replace`` does not carry it over.
+    Declare it as `_stepcache`; it is left out of `__init__`, `repr` and comparisons,
+    and `dataclasses.replace` does not carry it over. The class also needs
+    `weakref_slot=True`: the store refers to its owner weakly.
 
-    >>> import dataclasses, stepcache
-    >>> @dataclasses.dataclass(slots=True, weakref_slot=True)
-    ... class Meta:
-    ...     n: int
-    ...     _stepcache: stepcache.StepCache | None = stepcache.dataclass_cache_field()
-    >>> Meta(3)
-    Meta(n=3)
+    Examples:
+        >>> import dataclasses, stepcache
+        >>> @dataclasses.dataclass(slots=True, weakref_slot=True)
+        ... class Meta:
+        ...     n: int
+        ...     _stepcache: stepcache.StepCache | None = stepcache.dataclass_cache_field()
+        >>> m = Meta(3)
+        >>> m
+        Meta(n=3)
+        >>> stepcache.cache_of(m) is m._stepcache
+        True
     """
     import dataclasses
 

@@ -50,15 +50,23 @@ def _apply() -> None:
 
 
 def set_disabled(value: bool) -> None:
-    """Turn caching off (``True``) or back on, for every decorated function.
+    """Turn caching off (`True`) or back on (`False`), for every decorated function.
 
     While off, decorated functions call straight through; each call counts as a bypass.
+    The switch is global, not per thread. `STEPCACHE_DISABLE=1` starts the process with
+    caching off; [`disabled()`][stepcache.disabled] turns it off for a block.
 
-    >>> import stepcache
-    >>> stepcache.set_disabled(True); stepcache.get_disabled()
-    True
-    >>> stepcache.set_disabled(False); stepcache.get_disabled()
-    False
+    Raises:
+        TypeError: `value` is not a bool.
+
+    Examples:
+        >>> import stepcache
+        >>> stepcache.set_disabled(True)
+        >>> stepcache.get_disabled()
+        True
+        >>> stepcache.set_disabled(False)
+        >>> stepcache.get_disabled()
+        False
     """
     global _disabled
     if not isinstance(value, bool):
@@ -69,7 +77,17 @@ def set_disabled(value: bool) -> None:
 
 
 def get_disabled() -> bool:
-    """Whether caching is off (``STEPCACHE_DISABLE=1`` or :func:`disabled`)."""
+    """Return whether caching is off.
+
+    It is off after `STEPCACHE_DISABLE=1`, [`set_disabled(True)`][stepcache.set_disabled]
+    and within [`disabled()`][stepcache.disabled].
+
+    Examples:
+        >>> import stepcache
+        >>> with stepcache.disabled():
+        ...     stepcache.get_disabled()
+        True
+    """
     return _disabled
 
 
@@ -77,10 +95,27 @@ def get_disabled() -> bool:
 def disabled() -> Iterator[None]:
     """Within the block, decorated functions call straight through (nestable).
 
-    >>> import stepcache
-    >>> with stepcache.disabled():
-    ...     stepcache.get_disabled()
-    True
+    For A/B runs and bisecting: if a bug goes away with caching off, a cache is to
+    blame. Each call in the block counts as a bypass. The switch is global: other
+    threads are affected too while the block runs.
+
+    Examples:
+        >>> import stepcache
+        >>> class Meta:
+        ...     @stepcache.step_cached(name="ex.disabled")
+        ...     def value(self):
+        ...         print("computing")
+        ...         return 1
+        >>> m = Meta()
+        >>> with stepcache.disabled():
+        ...     m.value()
+        ...     m.value()
+        computing
+        1
+        computing
+        1
+        >>> stepcache.stats()["ex.disabled"].bypasses
+        2
     """
     with _lock:
         before = _disabled
@@ -92,12 +127,23 @@ def disabled() -> Iterator[None]:
 
 
 def set_debug(mode: str) -> None:
-    """Set the debug mode: ``"off"``, ``"checks"`` or ``"verify"`` (see the debug docs).
+    """Set the debug mode: `"off"`, `"checks"` or `"verify"`.
 
-    >>> import stepcache
-    >>> stepcache.set_debug("checks"); stepcache.get_debug()
-    'checks'
-    >>> stepcache.set_debug("off")
+    `checks` validates every hit and finds stale entries, too-coarse reads and values
+    used after their step; `verify` also recomputes on every hit and compares (a full
+    computation per hit). See the [debug mode guide](../debug.md). The mode is global,
+    not per thread, and debug mode itself is not thread-safe. `STEPCACHE_DEBUG` sets
+    the mode at import; [`debug()`][stepcache.debug] sets it for a block.
+
+    Raises:
+        ValueError: `mode` is not one of the three.
+
+    Examples:
+        >>> import stepcache
+        >>> stepcache.set_debug("checks")
+        >>> stepcache.get_debug()
+        'checks'
+        >>> stepcache.set_debug("off")
     """
     global _debug
     if mode not in _envs.DEBUG_MODES:
@@ -110,18 +156,29 @@ def set_debug(mode: str) -> None:
 
 
 def get_debug() -> str:
-    """The debug mode now: ``"off"``, ``"checks"`` or ``"verify"``."""
+    """Return the debug mode now: `"off"`, `"checks"` or `"verify"`.
+
+    Examples:
+        >>> import stepcache
+        >>> with stepcache.debug("checks"):
+        ...     stepcache.get_debug()
+        'checks'
+    """
     return _debug
 
 
 @contextlib.contextmanager
 def debug(mode: str = "checks") -> Iterator[None]:
-    """Within the block, run in debug ``mode`` (nestable).
+    """Within the block, run in debug `mode` (nestable); default `"checks"`.
 
-    >>> import stepcache
-    >>> with stepcache.debug("verify"):
-    ...     stepcache.get_debug()
-    'verify'
+    Examples:
+        >>> import stepcache
+        >>> with stepcache.debug("verify"):
+        ...     with stepcache.debug("checks"):
+        ...         stepcache.get_debug()
+        ...     stepcache.get_debug()
+        'checks'
+        'verify'
     """
     with _lock:
         before = _debug

@@ -61,7 +61,9 @@ class ATF:
     other: int = 0
     _stepcache: stepcache.StepCache | None = stepcache.cache_field()
 
-    index = step_cached(depends_on=("qsl", "num_tokens"), name="copies.atf.index")(_index)
+    index = step_cached(depends_on=("qsl", "num_tokens"), name="copies.atf.index")(
+        _index
+    )
     bound = step_cached(name="copies.atf.bound")(_index)
 
 
@@ -95,7 +97,9 @@ def test_copy_with_changed_qsl_recomputes(cls: type, method: str, how: str) -> N
         twin = _copy_then_set(orig, qsl=new_qsl)
     else:
         twin = (dataclasses.replace if cls is DC else attrs.evolve)(orig, qsl=new_qsl)
-        assert len(stepcache.cache_of(twin)) == 0, "replace/evolve never carry the store"
+        assert len(stepcache.cache_of(twin)) == 0, (
+            "replace/evolve never carry the store"
+        )
     assert getattr(twin, method)() == [0, 1, 1]
     assert getattr(orig, method)() == [0, 0, 1]
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from stepcache.integrations.dsv4_sim import make_step
-from stepcache.integrations.request_index import token_to_req_indices
 
 import stepcache
+from stepcache.integrations.dsv4_sim import make_step
+from stepcache.integrations.request_index import token_to_req_indices
 
 pytestmark = [
     pytest.mark.cuda,

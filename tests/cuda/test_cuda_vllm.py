@@ -58,6 +58,7 @@ def metadata(lens: list[int], rows: int) -> Any:
 def plugin() -> Iterator[ModuleType]:
     pytest.importorskip("vllm")
     import vllm.v1.attention.backend  # noqa: F401
+
     from stepcache.integrations import vllm as plugin_module
 
     plugin_module.unregister()

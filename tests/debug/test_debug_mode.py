@@ -46,7 +46,9 @@ class Meta:
         buffer[idx.numel() : n].zero_()
         return buffer[:n]
 
-    @step_cached(key=lambda self, kind, rows: (kind, rows), depends_on=("query_start_loc",))
+    @step_cached(
+        key=lambda self, kind, rows: (kind, rows), depends_on=("query_start_loc",)
+    )
     def sparse(self, kind: str, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         base = torch.arange(rows) + int(self.query_start_loc[-1])
         return base * (128 if kind == "c128a" else 1), base
@@ -69,9 +71,12 @@ def test_expect_is_validated_on_every_hit_in_checks_mode(checks: None) -> None:
     buf = torch.zeros(8, dtype=torch.int32)
     md.index(buf)
     cached = stepcache.cache_of(md)
-    (_, entry), = list(cached.entries())
+    ((_, entry),) = list(cached.entries())
     entry[0].data = torch.zeros(4, dtype=torch.int64)  # dtype changed behind our back
-    with pytest.raises(CacheValidationError, match=r"on a hit.*dtype mismatch. expected torch.int32, actual torch.int64"):
+    with pytest.raises(
+        CacheValidationError,
+        match=r"on a hit.*dtype mismatch. expected torch.int32, actual torch.int64",
+    ):
         md.index(buf)
     assert stepcache.debug_report()[-1].kind == "validation"
 
@@ -82,7 +87,10 @@ def test_builder_that_mutates_its_declared_dependency_is_reported(checks: None) 
         buffer.add_(1)
         return buffer
 
-    with pytest.raises(StaleCacheError, match=r"changed its declared dependency 'buffer'.*expect=TensorSpec"):
+    with pytest.raises(
+        StaleCacheError,
+        match=r"changed its declared dependency 'buffer'.*expect=TensorSpec",
+    ):
         bad(make([1]), torch.zeros(2))
 
 
@@ -93,7 +101,10 @@ def test_key_function_reading_an_undeclared_attribute_is_reported(checks: None) 
     def f(md: Meta) -> int:
         return 1
 
-    with pytest.raises(StaleCacheError, match=r"key function reads owner attribute\(s\) \['num_actual_tokens'\]"):
+    with pytest.raises(
+        StaleCacheError,
+        match=r"key function reads owner attribute\(s\) \['num_actual_tokens'\]",
+    ):
         f(make([2]))
 
 
@@ -107,7 +118,10 @@ def test_report_collects_and_renders_detections(checks: None) -> None:
     assert len(report) == 1 and report[0].kind == "use-after-close"
     assert report[0].function == "Meta.index"
     text = str(report)
-    assert text.startswith("stepcache debug report: 1 detection(s)") and "[use-after-close]" in text
+    assert (
+        text.startswith("stepcache debug report: 1 detection(s)")
+        and "[use-after-close]" in text
+    )
     stepcache.clear_debug_report()
     assert str(stepcache.debug_report()) == "stepcache debug report: nothing detected"
 
@@ -116,7 +130,9 @@ def test_guarded_values_behave_like_tensors(checks: None) -> None:
     md = make([1, 2])
     buf = torch.zeros(8, dtype=torch.int32)
     value = md.index(buf)
-    assert isinstance(value, stepcache.GuardedTensor) and isinstance(value, torch.Tensor)
+    assert isinstance(value, stepcache.GuardedTensor) and isinstance(
+        value, torch.Tensor
+    )
     assert (value + 1).tolist() == [1, 2, 2]
     assert type(value + 1) is torch.Tensor
     assert torch.equal(value, torch.tensor([0, 1, 1], dtype=torch.int32))
@@ -158,3 +174,22 @@ def test_no_false_positives_over_a_long_run_of_correct_steps(mode: str) -> None:
     with stepcache.debug(mode):
         _long_run(mode, steps=150, seed=7)
     assert len(stepcache.debug_report()) == 0, str(stepcache.debug_report())
+
+
+def test_report_counts_detections_past_the_kept_maximum(
+    monkeypatch: pytest.MonkeyPatch, checks: None
+) -> None:
+    from stepcache import _debug
+
+    monkeypatch.setattr(_debug, "_MAX_REPORT", 2)
+    for _ in range(3):
+        md = make([2])
+        value = md.index(torch.zeros(4, dtype=torch.int32))
+        stepcache.cache_of(md).close()
+        with pytest.raises(StaleCacheError):
+            value.sum()
+    report = stepcache.debug_report()
+    assert (len(report), report.total, report.dropped) == (2, 3, 1)
+    assert "(1 more not kept)" in str(report)
+    stepcache.clear_debug_report()
+    assert stepcache.debug_report().total == 0

@@ -30,7 +30,9 @@ def reference_index(qsl: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([idx, torch.zeros(n - idx.numel(), dtype=torch.int32)])
 
 
-@step_cached(owner="md", depends_on=("num_actual_tokens",))  # BUG: misses query_start_loc
+@step_cached(
+    owner="md", depends_on=("num_actual_tokens",)
+)  # BUG: misses query_start_loc
 def index_missing_qsl(md: Meta) -> torch.Tensor:
     return reference_index(md.query_start_loc, md.num_actual_tokens)
 
@@ -96,7 +98,9 @@ def _last_kind() -> str:
 def _replace_carry(fn: object) -> tuple[torch.Tensor, Meta]:
     md = step([2, 1])
     first = index_missing_qsl(md)
-    twin = dataclasses.replace(md, query_start_loc=torch.tensor([0, 1, 3], dtype=torch.int32))
+    twin = dataclasses.replace(
+        md, query_start_loc=torch.tensor([0, 1, 3], dtype=torch.int32)
+    )
     stepcache.attach(twin, stepcache.cache_of(md))  # one cache per step, as vLLM shares
     return first, twin
 
@@ -109,9 +113,13 @@ def test_replace_carry_is_stale_in_production() -> None:
 
 def test_replace_carry_is_caught_in_checks_mode(checks: None) -> None:
     _, twin = _replace_carry(index_missing_qsl)
-    with pytest.raises(StaleCacheError, match=r"'query_start_loc'.*neither the key nor depends_on") as info:
+    with pytest.raises(
+        StaleCacheError, match=r"'query_start_loc'.*neither the key nor depends_on"
+    ) as info:
         index_missing_qsl(twin)
-    assert "index_missing_qsl" in str(info.value) and "add 'query_start_loc' to depends_on" in str(info.value)
+    assert "index_missing_qsl" in str(
+        info.value
+    ) and "add 'query_start_loc' to depends_on" in str(info.value)
     assert _last_kind() == "undeclared-input"
 
 
@@ -132,12 +140,16 @@ def test_draft_loop_reassignment_is_stale_in_production() -> None:
 
 def test_draft_loop_reassignment_is_caught_in_checks_mode(checks: None) -> None:
     md = _draft_loop()
-    with pytest.raises(StaleCacheError, match="'query_start_loc'.*changed since the entry was stored"):
+    with pytest.raises(
+        StaleCacheError, match="'query_start_loc'.*changed since the entry was stored"
+    ):
         index_missing_qsl(md)
     assert _last_kind() == "undeclared-input"
 
 
-def test_declared_dependency_recomputes_after_reassignment_in_every_mode(checks: None) -> None:
+def test_declared_dependency_recomputes_after_reassignment_in_every_mode(
+    checks: None,
+) -> None:
     md = step([3, 3])
     index_ok(md)
     md.query_start_loc = torch.tensor([0, 1, 6], dtype=torch.int32)
@@ -159,9 +171,14 @@ def test_mutation_behind_the_version_counter_is_stale_in_production() -> None:
     assert index_ok(md).tolist() == [0, 0, 1, 1]  # old rows; correct is [0, 1, 1, 1]
 
 
-def test_mutation_behind_the_version_counter_is_caught_in_checks_mode(checks: None) -> None:
+def test_mutation_behind_the_version_counter_is_caught_in_checks_mode(
+    checks: None,
+) -> None:
     md = _mutate_behind_version()
-    with pytest.raises(StaleCacheError, match=r"dependency 'query_start_loc' changed without the cache noticing: contents mismatch at flat index 1. expected 2, actual 1"):
+    with pytest.raises(
+        StaleCacheError,
+        match=r"dependency 'query_start_loc' changed without the cache noticing: contents mismatch at flat index 1. expected 2, actual 1",
+    ):
         index_ok(md)
     assert _last_kind() == "dependency-changed"
 
@@ -172,13 +189,21 @@ def test_mutation_behind_the_version_counter_is_caught_in_checks_mode(checks: No
 def test_key_missing_layer_kind_is_stale_in_production() -> None:
     md = step([4])
     sparse_missing_kind(md, "swa_only", 4)
-    assert sparse_missing_kind(md, "c128a", 4).tolist() == [1, 1, 1, 1]  # swa_only's value
+    assert sparse_missing_kind(md, "c128a", 4).tolist() == [
+        1,
+        1,
+        1,
+        1,
+    ]  # swa_only's value
 
 
 def test_key_missing_layer_kind_is_caught_in_verify_mode(verify: None) -> None:
     md = step([4])
     sparse_missing_kind(md, "swa_only", 4)
-    with pytest.raises(StaleCacheError, match=r"differs from a fresh computation: tensor 'result' value mismatch at flat index 0. expected 1, actual 128.*parameter 'kind'"):
+    with pytest.raises(
+        StaleCacheError,
+        match=r"differs from a fresh computation: tensor 'result' value mismatch at flat index 0. expected 1, actual 128.*parameter 'kind'",
+    ):
         sparse_missing_kind(md, "c128a", 4)
     assert _last_kind() == "key-too-coarse"
 
@@ -195,7 +220,10 @@ def test_key_missing_row_count_is_stale_in_production() -> None:
 def test_key_missing_row_count_is_caught_in_verify_mode(verify: None) -> None:
     md = step([4])
     sparse_missing_rows(md, "c128a", 4)
-    with pytest.raises(StaleCacheError, match=r"size mismatch at index 0. expected 4, actual 2.*parameter 'num_rows'"):
+    with pytest.raises(
+        StaleCacheError,
+        match=r"size mismatch at index 0. expected 4, actual 2.*parameter 'num_rows'",
+    ):
         sparse_missing_rows(md, "c128a", 2)
 
 
@@ -213,7 +241,9 @@ def test_use_after_close_is_caught_in_checks_mode(checks: None) -> None:
     md = step([2])
     value = index_ok(md)
     stepcache.cache_of(md).close()
-    with pytest.raises(StaleCacheError, match="handed out by a step cache that has since been closed"):
+    with pytest.raises(
+        StaleCacheError, match="handed out by a step cache that has since been closed"
+    ):
         value.tolist()
     assert _last_kind() == "use-after-close"
     with pytest.raises(StaleCacheError, match="closed"):
@@ -240,7 +270,9 @@ def test_overwritten_buffer_is_stale_in_production() -> None:
 
 def test_overwritten_buffer_is_caught_in_checks_mode(checks: None) -> None:
     old, md1 = _two_steps_one_buffer()
-    with pytest.raises(StaleCacheError, match=r"overwritten by a subsequent write.*clone\(\)"):
+    with pytest.raises(
+        StaleCacheError, match=r"overwritten by a subsequent write.*clone\(\)"
+    ):
         old.tolist()
     assert _last_kind() == "buffer-overwritten"
     with pytest.raises(StaleCacheError, match="was overwritten after it was stored"):
@@ -264,13 +296,20 @@ def current_device_zero(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_device_aliases_compute_twice_in_production(current_device_zero: None) -> None:
     md = step([2])
-    assert per_device(md, "cuda") is not per_device(md, "cuda:0")  # two copies, two buffers
+    assert per_device(md, "cuda") is not per_device(
+        md, "cuda:0"
+    )  # two copies, two buffers
 
 
-def test_device_aliases_are_caught_in_checks_mode(current_device_zero: None, checks: None) -> None:
+def test_device_aliases_are_caught_in_checks_mode(
+    current_device_zero: None, checks: None
+) -> None:
     md = step([2])
     per_device(md, "cuda")
-    with pytest.raises(StaleCacheError, match=r"'cuda:0' and the cached key 'cuda' name the same device"):
+    with pytest.raises(
+        StaleCacheError,
+        match=r"'cuda:0' and the cached key 'cuda' name the same device",
+    ):
         per_device(md, "cuda:0")
     per_device(md, "cuda:1")  # another device: no alias
     assert _last_kind() == "device-alias"
@@ -286,9 +325,14 @@ def test_numpy_dependency_changed_in_place_is_stale_in_production() -> None:
     assert from_req_idx(md) == [0, 10, 20]
 
 
-def test_numpy_dependency_changed_in_place_is_caught_in_checks_mode(checks: None) -> None:
+def test_numpy_dependency_changed_in_place_is_caught_in_checks_mode(
+    checks: None,
+) -> None:
     md = step([1, 1, 1])
     from_req_idx(md)
     md.req_idx[0] = 7
-    with pytest.raises(StaleCacheError, match=r"'req_idx' changed without the cache noticing: contents mismatch at flat index 0. expected 0, actual 7"):
+    with pytest.raises(
+        StaleCacheError,
+        match=r"'req_idx' changed without the cache noticing: contents mismatch at flat index 0. expected 0, actual 7",
+    ):
         from_req_idx(md)

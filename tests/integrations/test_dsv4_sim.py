@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from stepcache.integrations.dsv4_sim import (
     DSV4_LAYERS,
     VARIANTS,

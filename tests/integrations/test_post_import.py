@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
 from stepcache.integrations import post_import
 
 

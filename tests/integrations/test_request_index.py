@@ -14,11 +14,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import stepcache
 from stepcache.integrations import request_index
 from stepcache.integrations.dsv4_sim import StepMetadata, make_step
 from stepcache.integrations.request_index import token_to_req_indices
-
-import stepcache
 
 query_lens = st.lists(st.integers(0, 6), max_size=8)
 padding = st.one_of(st.none(), st.integers(0, 5))

@@ -10,14 +10,14 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
+import stepcache
 from stepcache.integrations.sparse_index import (
     CACHED_KINDS,
     SparseIndexPair,
     layer_kind,
     sparse_index,
 )
-
-import stepcache
 
 
 class SWAMetadata:

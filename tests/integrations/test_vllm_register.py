@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
+
 from stepcache.integrations import vllm as plugin
 from stepcache.integrations._vllm_patch import Patch, SkipPatch, Undo
 

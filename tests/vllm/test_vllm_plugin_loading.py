@@ -38,6 +38,7 @@ def fresh_loader(
     import vllm.models.deepseek_v4.compressor
     import vllm.models.deepseek_v4.nvidia.flashinfer_sparse  # noqa: F401
     import vllm.plugins
+
     from stepcache.integrations import vllm as plugin
 
     plugin.unregister()
@@ -59,9 +60,10 @@ def test_vllms_loader_registers_the_plugin_once_however_often_it_runs(
     log: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
     from stepcache.integrations import _vllm_metadata
     from stepcache.integrations import vllm as plugin
-    from vllm.v1.attention.backend import CommonAttentionMetadata
 
     original = CommonAttentionMetadata.token_to_req_indices
     fresh_loader.load_general_plugins()
@@ -84,8 +86,9 @@ def test_vllms_loader_registers_the_plugin_once_however_often_it_runs(
 def test_stepcache_vllm_0_leaves_vllm_alone(
     fresh_loader: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stepcache.integrations import vllm as plugin
     from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    from stepcache.integrations import vllm as plugin
 
     original = CommonAttentionMetadata.token_to_req_indices
     monkeypatch.setenv(plugin.ENV, "0")
@@ -99,8 +102,9 @@ def test_a_target_of_another_shape_is_left_alone(
     log: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from stepcache.integrations import vllm as plugin
     from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    from stepcache.integrations import vllm as plugin
 
     def token_to_req_indices(self: object, buffer: object, stream: object) -> None:
         raise AssertionError("not called")

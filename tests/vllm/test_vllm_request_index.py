@@ -16,9 +16,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from stepcache.integrations import _vllm_metadata, _vllm_split
 
 import stepcache
+from stepcache.integrations import _vllm_metadata, _vllm_split
 
 pytestmark = pytest.mark.vllm
 

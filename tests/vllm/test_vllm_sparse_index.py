@@ -36,8 +36,9 @@ def fake_build(
     vllm_mod: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[FakeBuild]:
     """The fake put where vLLM's test puts it, then the plugin registered over it."""
-    from stepcache.integrations import vllm as plugin
     from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
+
+    from stepcache.integrations import vllm as plugin
 
     plugin.unregister()
     fake = FakeBuild()
@@ -202,8 +203,9 @@ def test_a_replaced_swa_metadata_gets_its_own_indices(fake_build: FakeBuild) -> 
 def test_stock_vllm_hands_a_replaced_swa_metadata_the_earlier_pair(
     vllm_mod: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stepcache.integrations import vllm as plugin
     from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
+
+    from stepcache.integrations import vllm as plugin
 
     plugin.unregister()
     fake = FakeBuild()

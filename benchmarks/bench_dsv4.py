@@ -1,0 +1,239 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Metadata-build time per DSv4 step vs batch size and layers: uncached, hand-written, stepcache.
+
+Run: ``python -m benchmarks.bench_dsv4 [--quick]``. Each point (tokens, layers) runs
+the engine-free DSv4 step of :mod:`stepcache.integrations.dsv4_sim` (three
+request-index consumers, then one sparse-index lookup per layer; timed through
+``demo.build_step``, which is ``run_step`` without its stats bookkeeping) with the
+three variants interleaved: a run is ``steps`` consecutive steps of one variant, each on a
+fresh metadata object (built outside the timed region) and the variant's persistent
+buffers; the time per step of a run is the run's mean, and each point reports the
+median over ``repeats`` runs with min and max. Before timing, each point checks that
+the three variants produce the same values.
+
+The batch of ``tokens`` tokens is decode-heavy, as a serving batch is: up to 256
+decode requests of one token each, and the rest in chunked-prefill requests of at most
+1024 tokens (:func:`batch_layout`). Layers follow the DSv4 pattern: two SWA-only
+layers, then C4A and C128A alternating (C4A layers are never cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from benchmarks._report import Goal, GoalResult, goals_table, markdown_table
+from benchmarks._sim import demo, dsv4_sim
+from benchmarks._timing import Timing, environment, progress
+
+TOKENS: tuple[int, ...] = (1, 4, 16, 64, 256, 1024, 4096)
+LAYERS: tuple[int, ...] = (8, 30, 61)
+QUICK_TOKENS: tuple[int, ...] = (1, 256)
+QUICK_LAYERS: tuple[int, ...] = (8,)
+
+#: stepcache's build time per step at most this many times the hand-written one
+GOAL = Goal("stepcache", "hand-written", 1.05, "issue 5")
+
+
+def batch_layout(tokens: int) -> list[int]:
+    """Query lengths of a batch of ``tokens`` tokens: up to 256 one-token decodes,
+    the rest in prefill chunks of at most 1024 tokens.
+
+    >>> batch_layout(3), batch_layout(300)
+    ([1, 1, 1], [1, 1, ...])
+    """
+    decodes = min(tokens, 256)
+    lens = [1] * decodes
+    rest = tokens - decodes
+    while rest > 0:
+        chunk = min(rest, 1024)
+        lens.append(chunk)
+        rest -= chunk
+    return lens
+
+
+@attrs.frozen
+class Point:
+    tokens: int
+    layers: int
+    #: milliseconds per step, by variant (stored as ns in Timing)
+    timings: dict[str, Timing]
+    #: request-index computations and sparse-index builds per step, by variant
+    work: dict[str, tuple[int, int]]
+
+    def ratio(self, a: str, b: str) -> float:
+        return self.timings[a].ratio_to(self.timings[b])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "layers": self.layers,
+            "ns_per_step": {v: t.to_dict() for v, t in self.timings.items()},
+            "work_per_step": {
+                v: {"index_computations": w[0], "sparse_builds": w[1]}
+                for v, w in self.work.items()
+            },
+        }
+
+
+def measure_point(tokens: int, layers: int, steps: int, repeats: int) -> Point:
+    """Time one (tokens, layers) point, the variants interleaved run by run."""
+    kinds = demo.layer_kinds(layers)
+    lens = batch_layout(tokens)
+    builders = {
+        v: dsv4_sim.Builders(max_tokens=max(tokens, 1)) for v in dsv4_sim.VARIANTS
+    }
+    # Warm up, and check that the variants agree before timing them.
+    first = {
+        v: dsv4_sim.run_step(dsv4_sim.make_step(lens), builders[v], v, kinds)
+        for v in dsv4_sim.VARIANTS
+    }
+    for v in dsv4_sim.VARIANTS:
+        if not demo.same_result(first[v], first["uncached"]):
+            raise AssertionError(f"{v} differs from uncached at {tokens} tokens")
+    work = {
+        v: (first[v].index_computations, first[v].sparse_builds)
+        for v in dsv4_sim.VARIANTS
+    }
+    del first
+    runs: dict[dsv4_sim.Variant, list[float]] = {v: [] for v in dsv4_sim.VARIANTS}
+    gc.collect()
+    for r in range(repeats):
+        order = dsv4_sim.VARIANTS[r % 3 :] + dsv4_sim.VARIANTS[: r % 3]
+        for v in order:
+            metas = [dsv4_sim.make_step(lens) for _ in range(steps)]
+            b = builders[v]
+            start = time.perf_counter_ns()
+            for meta in metas:
+                demo.build_step(meta, b, v, kinds)
+            runs[v].append((time.perf_counter_ns() - start) / steps)
+            del metas
+    labels = {
+        "uncached": "uncached",
+        "handwritten": "hand-written",
+        "stepcache": "stepcache",
+    }
+    timings = {labels[v]: Timing.of(labels[v], runs[v]) for v in dsv4_sim.VARIANTS}
+    return Point(
+        tokens, layers, timings, {labels[v]: work[v] for v in dsv4_sim.VARIANTS}
+    )
+
+
+@attrs.frozen
+class Dsv4Results:
+    points: list[Point]
+    steps: int
+    repeats: int
+
+    @property
+    def goals(self) -> list[GoalResult]:
+        return [GOAL.check(p.ratio(GOAL.measured, GOAL.baseline)) for p in self.points]
+
+    @property
+    def goal_met(self) -> bool:
+        return all(g.met for g in self.goals)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "steps_per_run": self.steps,
+            "repeats": self.repeats,
+            "points": [p.to_dict() for p in self.points],
+            "goal": GOAL.limit,
+            "goal_met_everywhere": self.goal_met,
+        }
+
+
+def run(
+    tokens: Sequence[int] = TOKENS,
+    layers: Sequence[int] = LAYERS,
+    steps: int = 10,
+    repeats: int = 11,
+) -> Dsv4Results:
+    points = []
+    for n_layers in layers:
+        for n_tokens in tokens:
+            progress(f"bench_dsv4: {n_tokens:>5} tokens, {n_layers:>2} layers ...")
+            points.append(measure_point(n_tokens, n_layers, steps, repeats))
+    return Dsv4Results(points, steps, repeats)
+
+
+def _ms(t: Timing) -> str:
+    return f"{t.median_ns / 1e6:.2f} ({t.min_ns / 1e6:.2f}-{t.max_ns / 1e6:.2f})"
+
+
+def render(results: Dsv4Results) -> str:
+    rows = []
+    for p in results.points:
+        t = p.timings
+        ratio = p.ratio("stepcache", "hand-written")
+        rows.append(
+            [
+                str(p.layers),
+                str(p.tokens),
+                _ms(t["uncached"]),
+                _ms(t["hand-written"]),
+                _ms(t["stepcache"]),
+                f"{p.ratio('uncached', 'stepcache'):.2f}x",
+                f"{ratio:.3f}x",
+                "yes" if ratio <= GOAL.limit else "**no**",
+            ]
+        )
+    header = [
+        "layers",
+        "tokens",
+        "uncached ms/step",
+        "hand-written ms/step",
+        "stepcache ms/step",
+        "uncached / stepcache",
+        "stepcache / hand-written",
+        f"<= {GOAL.limit}x",
+    ]
+    work = results.points[-1].work
+    work_rows = [[v, str(w[0]), str(w[1])] for v, w in work.items()]
+    met = sum(g.met for g in results.goals)
+    return "\n\n".join(
+        [
+            markdown_table(header, rows, "rrrrrrrc"),
+            f"Goal stepcache <= {GOAL.limit}x hand-written met at {met} of "
+            f"{len(results.points)} points.",
+            f"Work per step at {results.points[-1].layers} layers:",
+            markdown_table(
+                ["variant", "request-index computations", "sparse-index builds"],
+                work_rows,
+                "lrr",
+            ),
+        ]
+    )
+
+
+def goals_summary(results: Dsv4Results) -> str:
+    """The worst point against the goal, as a one-row goal table."""
+    worst = max(results.goals, key=lambda g: g.ratio)
+    return goals_table([worst])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    parser.add_argument("--steps", type=int, default=10, help="steps per run")
+    parser.add_argument("--repeats", type=int, default=11, help="runs per variant")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"Environment: {environment()}")
+    if args.quick:
+        results = run(QUICK_TOKENS, QUICK_LAYERS, steps=2, repeats=2)
+    else:
+        results = run(steps=args.steps, repeats=args.repeats)
+    print(render(results))
+
+
+if __name__ == "__main__":
+    main()

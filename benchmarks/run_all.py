@@ -1,0 +1,231 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run every CPU benchmark and write docs/benchmarks.md and its PNG plots.
+
+Run: ``python -m benchmarks.run_all`` (about 10 minutes on 2 cores) or
+``python -m benchmarks.run_all --quick`` (a smoke run of a minute or so, written to
+``build/benchmarks-quick/`` unless ``--out`` says otherwise). The page gets the
+command, the date, the environment, every table, the goals with met / not met, the
+plots (``docs/benchmarks/*.png``) and the raw numbers
+(``docs/benchmarks/results.json``). The GPU section is kept from
+``docs/benchmarks/gpu.json`` when that exists (see ``benchmarks.bench_gpu``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import _plots, bench_dsv4, bench_gpu, bench_hit, bench_soak
+from benchmarks._report import GoalResult, goals_table
+from benchmarks._timing import environment, progress
+
+FULL: dict[str, Any] = {
+    "hit": {"number": 100_000, "repeats": 21},
+    "dsv4": {"steps": 10, "repeats": 11},
+    "soak": {"steps": 100_000, "warmup": 1_000},
+}
+QUICK: dict[str, Any] = {
+    "hit": {"number": 2_000, "repeats": 3},
+    "dsv4": {
+        "tokens": bench_dsv4.QUICK_TOKENS,
+        "layers": bench_dsv4.QUICK_LAYERS,
+        "steps": 2,
+        "repeats": 2,
+    },
+    "soak": {"steps": 2_000, "warmup": 200},
+}
+
+
+def _soak_goals(soak: bench_soak.SoakResults) -> str:
+    rows = [
+        f"| RSS growth over {soak.steps:,} steps | "
+        f"{soak.growth / 2**20:+.3f} MiB | <= 1 MiB | "
+        f"{'yes' if soak.growth_met else '**no**'} | issue 5 |",
+        f"| live entries once a step's owners are gone (max over all steps) | "
+        f"{soak.max_live_after} | 0 | {'yes' if soak.live_met else '**no**'} | issue 5 |",
+    ]
+    return "\n".join(rows)
+
+
+def page(
+    *,
+    command: str,
+    started: datetime.datetime,
+    minutes: float,
+    quick: bool,
+    hit: bench_hit.HitResults,
+    dsv4: bench_dsv4.Dsv4Results,
+    soak: bench_soak.SoakResults,
+    gpu_section: str,
+) -> str:
+    worst: GoalResult = max(dsv4.goals, key=lambda g: g.ratio)
+    worst_point = dsv4.points[dsv4.goals.index(worst)]
+    dsv4_goal = (
+        f"| DSv4 step: stepcache / hand-written build time, worst of "
+        f"{len(dsv4.points)} points ({worst_point.tokens} tokens, "
+        f"{worst_point.layers} layers) | {worst.ratio:.3f}x | <= {worst.goal.limit}x | "
+        f"{'yes' if dsv4.goal_met else '**no**'} "
+        f"({sum(g.met for g in dsv4.goals)} of {len(dsv4.goals)} points) | issue 5 |"
+    )
+    goals = "\n".join([goals_table(hit.goals), dsv4_goal, _soak_goals(soak)])
+    lines = [
+        "# Benchmarks",
+        "",
+    ]
+    if quick:
+        lines += [
+            '!!! warning "Quick smoke run"',
+            "    These numbers come from `--quick`: too few repetitions to mean anything.",
+            "",
+        ]
+    lines += [
+        f"Measured with `{command}` on {started:%Y-%m-%d %H:%M} UTC "
+        f"({minutes:.1f} minutes).",
+        "",
+        f"Environment: {environment()}.",
+        "",
+        "Machines are noisy, so every number is the median over repeated runs, with the",
+        "minimum and maximum, and the rows compared by a goal are timed interleaved in",
+        "one process. Goals are ratios of medians. The tests never assert on timings.",
+        "The raw numbers are in `benchmarks/results.json` beside this page.",
+        "",
+        "## Goals",
+        "",
+        goals,
+        "",
+        "## 1. Cache hit cost",
+        "",
+        "`python -m benchmarks.bench_hit`: nanoseconds per call of a hit, "
+        f"{hit.repeats} interleaved runs of {hit.number:,} calls each (checks mode: a "
+        "tenth of that), the cost of an empty loop subtracted.",
+        "",
+        "- *request index*: DSv4's `token_to_req_indices(buffer)` on a step of 8",
+        "  requests padded to 16 tokens. stepcache's is",
+        "  `stepcache.integrations.request_index.token_to_req_indices` as shipped (its",
+        "  declared dependencies, two tensors and an int, and any guard on its result",
+        "  are checked on every hit). The seeds' hand-written hit is vLLM PR",
+        "  47474's method, written from the PR report (`benchmarks/_seed.py`): three",
+        "  asserts (device, dtype, rows) and a slice.",
+        "- the other rows cache the same trivial method (`return k`) in each way.",
+        "",
+        bench_hit.render(hit),
+        "",
+        "![Hit cost](benchmarks/hit_cost.png)",
+        "",
+        "## 2. DSv4 step simulation",
+        "",
+        "`python -m benchmarks.bench_dsv4`: the metadata build of one engine-free DSv4",
+        "step (`stepcache.integrations.dsv4_sim`: the sparse-MLA, compressor and",
+        "sparse-SWA builders each ask for the request index, then every layer asks for",
+        "its sparse indices), on the CPU, for batches of 1 to 4096 tokens and 8, 30 and",
+        "61 layers (two SWA-only layers, then C4A and C128A alternating; C4A layers are",
+        "never cached). Batches are decode-heavy: up to 256 one-token decodes, the rest",
+        "in prefill chunks of at most 1024 tokens. *hand-written* is the seed PRs'",
+        "caches (a slot on the step metadata and a dict on the SWA metadata). Each cell:",
+        f"ms per step, median over {dsv4.repeats} runs of {dsv4.steps} steps (min-max),",
+        "the three variants interleaved run by run; each point first checks that the",
+        "three variants give the same values.",
+        "",
+        bench_dsv4.render(dsv4),
+        "",
+        "![Build time per step](benchmarks/dsv4_build_time.png)",
+        "",
+        "![Ratios](benchmarks/dsv4_ratio.png)",
+        "",
+        "## 3. Memory soak",
+        "",
+        "`python -m benchmarks.bench_soak`: every step builds fresh DSv4 metadata for a",
+        "random decode batch, asks for the request index from the three consumers (the",
+        "builders' persistent buffers) and for the sparse indices of four layers",
+        "(SWA-only, two C128A, one C4A), then drops the metadata. The cycle collector is",
+        "off during the soak: what is freed is freed by reference counting.",
+        "",
+        bench_soak.render(soak),
+        "",
+        "![Memory soak](benchmarks/soak.png)",
+        "",
+        "## 4. GPU",
+        "",
+        gpu_section,
+        "",
+        "## Reproduce",
+        "",
+        "    python -m benchmarks.run_all            # everything, writes this page",
+        "    python -m benchmarks.run_all --quick    # smoke run, into build/",
+        "    python -m benchmarks.bench_hit          # one benchmark, printed",
+        "    python -m benchmarks.bench_dsv4",
+        "    python -m benchmarks.bench_soak",
+        "    python scripts/gpu_bench.py             # on a machine with one GPU",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="docs folder to write into (default: docs; build/benchmarks-quick "
+        "with --quick)",
+    )
+    args = parser.parse_args(argv)
+    out: Path = args.out or Path("build/benchmarks-quick" if args.quick else "docs")
+    settings = QUICK if args.quick else FULL
+    command = "python -m benchmarks.run_all" + (" --quick" if args.quick else "")
+    torch.set_num_threads(1)
+    started = datetime.datetime.now(datetime.UTC)
+    t0 = time.monotonic()
+    print(f"Environment: {environment()}", flush=True)
+    hit = bench_hit.run(**settings["hit"])
+    print(bench_hit.render(hit), "\n", flush=True)
+    dsv4 = bench_dsv4.run(**settings["dsv4"])
+    print(bench_dsv4.render(dsv4), "\n", flush=True)
+    soak = bench_soak.soak(**settings["soak"])
+    print(bench_soak.render(soak), "\n", flush=True)
+    minutes = (time.monotonic() - t0) / 60
+
+    figures = out / "benchmarks"
+    _plots.plot_hits(hit, figures / "hit_cost.png")
+    _plots.plot_dsv4_times(dsv4, figures / "dsv4_build_time.png")
+    _plots.plot_dsv4_ratio(dsv4, figures / "dsv4_ratio.png")
+    _plots.plot_soak(soak, figures / "soak.png")
+    raw = {
+        "command": command,
+        "date": f"{started:%Y-%m-%d %H:%M} UTC",
+        "environment": environment(),
+        "minutes": minutes,
+        "hit": hit.to_dict(),
+        "dsv4": dsv4.to_dict(),
+        "soak": soak.to_dict(),
+    }
+    (figures / "results.json").write_text(
+        json.dumps(raw, indent=2, sort_keys=True) + "\n"
+    )
+    text = page(
+        command=command,
+        started=started,
+        minutes=minutes,
+        quick=args.quick,
+        hit=hit,
+        dsv4=dsv4,
+        soak=soak,
+        gpu_section=bench_gpu.section(out),
+    )
+    (out / "benchmarks.md").write_text(text)
+    progress(f"run_all: wrote {out / 'benchmarks.md'} and {figures}/*.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

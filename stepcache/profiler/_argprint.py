@@ -1,0 +1,175 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Argument fingerprints (identity for tensors and objects) and result digests
+(contents), as the profiler compares calls.
+
+An argument fingerprint is what a cache key could see at call time: a tensor is the
+same object at the same in-place version, a scalar is an equal value of the same type,
+a small tuple or list is its items, any other object is itself (its identity). A
+result digest is what the call produced: tensor and array contents, values, and the
+fields of small objects; two results with equal digests are interchangeable.
+
+>>> import torch
+>>> t = torch.zeros(3)
+>>> keep: dict[int, object] = {}
+>>> argprint(t, keep) == argprint(t, keep)
+True
+>>> before = argprint(t, keep); _ = t.add_(1); argprint(t, keep) == before
+False
+>>> digest(torch.ones(2)) == digest(torch.ones(2)), digest(1) == digest(True)
+(True, False)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable
+from types import FunctionType, ModuleType
+from typing import Any, Final
+
+import numpy as np
+import torch
+
+__all__ = ["KIND_OBJECT", "KIND_TENSOR", "KIND_VALUE", "argprint", "digest", "kind_of"]
+
+#: How an argument is compared (see :func:`kind_of`).
+KIND_VALUE: Final = "value"
+KIND_TENSOR: Final = "tensor"
+KIND_OBJECT: Final = "object"
+
+_VALUES: Final = frozenset(
+    {int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device}
+)
+_SEQ_MAX: Final = 8
+_SMALL_ARRAY: Final = 256
+#: results larger than this are not digested (they compare as "unknown")
+DIGEST_MAX_BYTES: Final = 16 << 20
+_DEPTH: Final = 3
+_FIELDS_MAX: Final = 64
+
+
+def kind_of(x: Any) -> str:
+    """``value`` (compared by value), ``tensor`` (identity and version) or ``object``
+    (identity)."""
+    t = type(x)
+    if t in _VALUES or isinstance(x, enum.Enum):
+        return KIND_VALUE
+    if isinstance(x, torch.Tensor):
+        return KIND_TENSOR
+    if t in (tuple, list, frozenset) and len(x) <= _SEQ_MAX:
+        kinds = {kind_of(v) for v in x}
+        return KIND_VALUE if kinds <= {KIND_VALUE} else KIND_OBJECT
+    return KIND_OBJECT
+
+
+def argprint(x: Any, keep: dict[int, object]) -> Hashable:
+    """The fingerprint of one argument. Objects compared by identity are put in
+    ``keep`` (id -> object), which the caller holds for the step so that no id is
+    reused within it."""
+    t = type(x)
+    if t in _VALUES:
+        return (t, x)
+    if isinstance(x, torch.Tensor):
+        keep[id(x)] = x
+        return ("T", id(x), x._version)
+    if t in (tuple, list) and len(x) <= _SEQ_MAX:
+        return (t, *(argprint(v, keep) for v in x))
+    if isinstance(x, enum.Enum):
+        return (t, x.value)
+    if isinstance(x, np.ndarray) and x.size <= _SMALL_ARRAY:
+        return ("A", x.dtype.str, x.shape, x.tobytes())
+    keep[id(x)] = x
+    return ("O", id(x))
+
+
+def digest(
+    x: Any,
+    memo: dict[int, tuple[torch.Tensor, int, Hashable | None]] | None = None,
+    depth: int = 0,
+) -> Hashable | None:
+    """A digest of a result's contents, or ``None`` when it cannot be taken (a very
+    large tensor, an object with nothing to compare).
+
+    ``memo`` remembers tensor digests by identity and version (and keeps the tensors
+    alive), so a tensor handed up through several wrapped calls is read once.
+    """
+    t = type(x)
+    if t in _VALUES:
+        return (t, x)
+    if isinstance(x, torch.Tensor):
+        if memo is None:
+            return _tensor_digest(x)
+        hit = memo.get(id(x))
+        version = x._version
+        if hit is not None and hit[0] is x and hit[1] == version:
+            return hit[2]
+        d = _tensor_digest(x)
+        memo[id(x)] = (x, version, d)
+        return d
+    if isinstance(x, np.ndarray):
+        if x.nbytes > DIGEST_MAX_BYTES or x.dtype.hasobject:
+            return None
+        return ("A", x.dtype.str, x.shape, hash(np.ascontiguousarray(x).tobytes()))
+    if isinstance(x, enum.Enum):
+        return (t, x.value)
+    if depth >= _DEPTH:
+        return None
+    if t in (tuple, list) or (isinstance(x, tuple) and hasattr(x, "_fields")):
+        parts = tuple(digest(v, memo, depth + 1) for v in x)
+        return None if None in parts else (t.__name__, parts)
+    if isinstance(x, dict):
+        try:
+            items = sorted(x.items(), key=lambda kv: repr(kv[0]))
+        except Exception:
+            return None
+        entries = tuple((repr(k), digest(v, memo, depth + 1)) for k, v in items)
+        return None if any(e[1] is None for e in entries) else ("dict", entries)
+    if isinstance(x, (ModuleType, FunctionType, type)):
+        return ("O", id(x))
+    fields = _fields(x)
+    if fields is None:
+        return None
+    named = tuple((k, digest(v, memo, depth + 1)) for k, v in fields)
+    if any(e[1] is None for e in named):
+        return None
+    return (t.__qualname__, named)
+
+
+def _fields(x: Any) -> list[tuple[str, Any]] | None:
+    names: list[str] = []
+    d = getattr(x, "__dict__", None)
+    if isinstance(d, dict):
+        names.extend(k for k in d if not k.startswith("_"))
+    for cls in type(x).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        if isinstance(slots, str):
+            slots = (slots,)
+        names.extend(s for s in slots if not s.startswith("_") and s not in names)
+    if not names or len(names) > _FIELDS_MAX:
+        return None
+    out: list[tuple[str, Any]] = []
+    for name in names:
+        try:
+            out.append((name, getattr(x, name)))
+        except AttributeError:
+            continue
+    return out
+
+
+def _tensor_digest(x: torch.Tensor) -> Hashable | None:
+    if type(x) is not torch.Tensor:  # a subclass (debug mode's guarded views)
+        with torch._C.DisableTorchFunctionSubclass():
+            return _tensor_digest(x.as_subclass(torch.Tensor))
+    try:
+        if x.nbytes > DIGEST_MAX_BYTES:
+            return None
+        if x.requires_grad:
+            x = x.detach()
+        cpu = x.is_cpu
+        host = x if cpu else x.cpu()
+        try:
+            raw = host.numpy().tobytes()
+        except (TypeError, RuntimeError):  # dtypes numpy lacks (bfloat16, float8)
+            raw = host.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+    except Exception:  # sparse, quantized, meta, nested: no contents to compare
+        return None
+    return ("T", x.shape, x.dtype, "cpu" if cpu else str(x.device), hash(raw))

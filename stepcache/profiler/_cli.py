@@ -1,0 +1,119 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``python -m stepcache profile MODULE:CALLABLE``: run a workload under the profiler."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from stepcache.profiler._errors import (
+    ProfilerError,
+    TargetNotCallableError,
+    TargetNotFoundError,
+)
+from stepcache.profiler._profile import profile
+
+__all__ = ["main"]
+
+_DESCRIPTION = """\
+Run WORKLOAD (a MODULE:CALLABLE called with no arguments) with the targets wrapped,
+then print the functions ranked by time spent on calls that repeat an earlier call of
+the same step, each with a suggested @stepcache.step_cached line.
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m stepcache profile", description=_DESCRIPTION
+    )
+    p.add_argument("workload", help="MODULE:CALLABLE to run (no arguments)")
+    p.add_argument(
+        "-t",
+        "--target",
+        action="append",
+        default=[],
+        help="what to wrap: MODULE, MODULE:Class, MODULE:func, MODULE:*.build "
+        "(repeatable; default: the workload's module)",
+    )
+    p.add_argument(
+        "--step", help="MODULE:CALLABLE whose each outermost call is one step"
+    )
+    p.add_argument(
+        "--step-by",
+        action="append",
+        default=[],
+        metavar="PARAM",
+        help="parameter name of the step's metadata object (repeatable)",
+    )
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the report as JSON to PATH ('-': print JSON instead of the table)",
+    )
+    p.add_argument("--top", type=int, default=15, help="rows of the table (default 15)")
+    p.add_argument(
+        "--no-results",
+        action="store_true",
+        help="compare arguments only, not result contents (cheaper)",
+    )
+    return p
+
+
+def _workload(spec: str) -> Callable[[], Any]:
+    module_name, _, path = spec.partition(":")
+    if not module_name or not path:
+        raise TargetNotFoundError(f"workload {spec!r}: expected MODULE:CALLABLE")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and not module_name.startswith(exc.name):
+            raise
+        raise TargetNotFoundError(
+            f"workload {spec!r}: no module named {module_name!r}"
+        ) from exc
+    for part in path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise TargetNotFoundError(
+                f"workload {spec!r}: {module_name} has no attribute {path!r}"
+            ) from None
+    if not callable(obj):
+        raise TargetNotCallableError(
+            f"workload {spec!r} is a {type(obj).__name__}, not callable"
+        )
+    return obj  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m stepcache profile``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        workload = _workload(args.workload)
+        targets = args.target or [args.workload.partition(":")[0]]
+        with profile(
+            targets,
+            step=args.step,
+            step_by=args.step_by,
+            results=not args.no_results,
+        ) as report:
+            workload()
+    except ProfilerError as exc:
+        print(f"python -m stepcache profile: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json == "-":
+        print(report.to_json())
+        return 0
+    print(report.table(top=args.top))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(report.to_json())
+            f.write("\n")
+        print(f"\nJSON written to {args.json}")
+    return 0

@@ -1,0 +1,483 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the profiler records while it runs: every call of a wrapped function, grouped
+into steps, timed without the profiler's own cost.
+
+A *step* is a run of calls that a per-step cache could share. It ends, and a new one
+begins, when
+
+* the step function is entered (``step=``: each outermost call of it is one step;
+  calls outside it form steps of their own);
+* a call receives, under a ``step_by=`` parameter name, an object other than the one
+  the current step was opened for (e.g. a new ``common_attn_metadata``);
+* the report's :meth:`~stepcache.profiler.ProfileReport.step` is called.
+
+Without any of them the whole profiled run is one step.
+
+At the end of a step its calls are bound to parameter names and their argument
+fingerprints are turned into small codes; the arguments themselves are released one
+step later (they are kept alive until then so that no ``id()`` is reused within a step,
+and so that an object seen in two consecutive steps is recognised as persistent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Hashable
+from inspect import Parameter, Signature
+from typing import Any, Final
+
+from stepcache.profiler import _argprint
+from stepcache.profiler._reads import ReadRecorder
+
+__all__ = ["Call", "FnState", "Recorder"]
+
+#: calls kept for the key analysis, over the whole run (counters stay exact beyond)
+MAX_KEPT_CALLS: Final = 200_000
+#: the first calls of each function also record which attributes of their object
+#: arguments they read (for ``depends_on``); those calls run slower (every attribute
+#: read on an object of a watched class goes through Python while they run)
+READ_CALLS: Final = 2
+
+
+class Call:
+    """One call of a wrapped function."""
+
+    __slots__ = (
+        "child_oh",
+        "codes",
+        "error",
+        "fn",
+        "fp",
+        "kwfp",
+        "ns",
+        "parent",
+        "reads",
+        "redundant",
+        "repeat",
+        "result",
+        "step",
+    )
+
+    def __init__(
+        self,
+        fn: FnState,
+        fp: tuple[Hashable, ...],
+        kwfp: tuple[tuple[str, Hashable], ...],
+        parent: Call | None,
+        step: int,
+    ) -> None:
+        self.fn = fn
+        self.fp: tuple[Hashable, ...] | None = fp
+        self.kwfp = kwfp
+        self.parent = parent
+        self.step = step
+        self.child_oh = 0
+        self.ns = 0
+        self.error = False
+        self.result: Hashable | None = None
+        self.reads: dict[int, set[str]] | None = None
+        #: per parameter of ``fn.params``: a value fingerprint, or a step-local code
+        self.codes: tuple[Hashable, ...] = ()
+        #: its arguments equal an earlier call's of the same step
+        self.repeat = False
+        #: a cache with the suggested key would have served it (set by the analysis)
+        self.redundant = False
+
+
+class FnState:
+    """Everything recorded about one wrapped function."""
+
+    def __init__(
+        self,
+        name: str,
+        signature: Signature | None,
+        is_step: bool,
+        step_by: tuple[str, ...],
+    ) -> None:
+        self.name = name
+        self.signature = signature
+        self.is_step = is_step
+        self.params: list[str] = []
+        self.step_positions: list[tuple[int, str]] = []
+        if signature is not None:
+            self.params = list(signature.parameters)
+            for i, p in enumerate(signature.parameters.values()):
+                if p.name in step_by and p.kind in (
+                    Parameter.POSITIONAL_ONLY,
+                    Parameter.POSITIONAL_OR_KEYWORD,
+                ):
+                    self.step_positions.append((i, p.name))
+                elif p.name in step_by and p.kind is Parameter.KEYWORD_ONLY:
+                    self.step_positions.append((-1, p.name))
+        self.calls = 0
+        self.errors = 0
+        self.total_ns = 0
+        #: the median time of the calls kept for the analysis (set by the analysis)
+        self.median_ns = 0
+        self.repeats = 0
+        #: identical arguments, different result
+        self.impure = 0
+        self.steps: set[int] = set()
+        self.max_per_step = 0
+        self.read_budget = READ_CALLS
+        #: parameter -> kinds seen (see ``_argprint.kind_of``)
+        self.kinds: dict[str, set[str]] = {}
+        #: parameters whose object was the same one in two consecutive steps
+        self.persistent: set[str] = set()
+        #: parameter -> attributes read from the object passed there
+        self.reads: dict[str, set[str]] = {}
+        #: calls kept for the analysis
+        self.kept: list[Call] = []
+        self._plans: dict[
+            tuple[int, tuple[str, ...]], list[tuple[str, int, Any]] | None
+        ] = {}
+
+    def plan(
+        self, nargs: int, kwnames: tuple[str, ...]
+    ) -> list[tuple[str, int, Any]] | None:
+        """How calls with ``nargs`` positional arguments and these keywords bind to the
+        parameters: (name, how, where) for each one; ``None`` when they do not bind
+        (or the signature is unknown). Worked out once per call shape."""
+        shape = (nargs, kwnames)
+        if shape in self._plans:
+            return self._plans[shape]
+        plan: list[tuple[str, int, Any]] | None = None
+        if self.signature is not None:
+            try:
+                bound = self.signature.bind(
+                    *[_Slot(_POS, i) for i in range(nargs)],
+                    **{k: _Slot(_KW, k) for k in kwnames},
+                )
+            except TypeError:
+                pass
+            else:
+                plan = []
+                for name, p in self.signature.parameters.items():
+                    if name not in bound.arguments:
+                        plan.append((name, _DEFAULT, p.default))
+                    elif p.kind is Parameter.VAR_POSITIONAL:
+                        slots = bound.arguments[name]
+                        plan.append((name, _VARPOS, slots[0].where if slots else nargs))
+                    elif p.kind is Parameter.VAR_KEYWORD:
+                        plan.append((name, _VARKW, tuple(bound.arguments[name])))
+                    else:
+                        slot = bound.arguments[name]
+                        plan.append((name, slot.how, slot.where))
+        self._plans[shape] = plan
+        return plan
+
+
+_POS, _KW, _DEFAULT, _VARPOS, _VARKW = range(5)
+
+
+class _Slot:
+    """A placeholder argument, to learn how a call shape binds."""
+
+    __slots__ = ("how", "where")
+
+    def __init__(self, how: int, where: Any) -> None:
+        self.how = how
+        self.where = where
+
+
+def _kind_of_print(fp: Hashable) -> str:
+    if isinstance(fp, tuple) and fp:
+        head = fp[0]
+        if head == "T":
+            return _argprint.KIND_TENSOR
+        if head == "O":
+            return _argprint.KIND_OBJECT
+        if head in (tuple, list):
+            inner = {_kind_of_print(x) for x in fp[1:]}
+            return (
+                _argprint.KIND_VALUE
+                if inner <= {_argprint.KIND_VALUE}
+                else _argprint.KIND_OBJECT
+            )
+    return _argprint.KIND_VALUE
+
+
+def _ids_in(fp: Hashable) -> list[int]:
+    if isinstance(fp, tuple) and fp:
+        if fp[0] in ("T", "O"):
+            return [fp[1]]  # type: ignore[list-item]
+        if fp[0] in (tuple, list):
+            return [i for x in fp[1:] for i in _ids_in(x)]
+    return []
+
+
+class Recorder:
+    """The calls of one profile run, grouped into steps."""
+
+    def __init__(self, *, results: bool) -> None:
+        self.results = results
+        self.lock = threading.RLock()
+        self.local = threading.local()
+        self.reads = ReadRecorder()
+        self.active = False
+        self.step_index = 0
+        self.step_calls: list[Call] = []
+        self.keep: dict[int, object] = {}
+        self.prev_keep: dict[int, object] = {}
+        #: tensor digests of this step, by id (see ``_argprint.digest``)
+        self.digests: dict[int, tuple[Any, int, Hashable | None]] = {}
+        self.step_token: object | None = None
+        self.step_depth = 0
+        #: with a step function, only its calls' steps count as steps (the calls
+        #: between them are grouped, but not counted)
+        self.has_step_function = False
+        self.step_is_function_call = False
+        self.steps_with_calls = 0
+        self.overhead_ns = 0
+        self.calls = 0
+        self.kept_calls = 0
+
+    # -- the wrapper ----------------------------------------------------------------------
+    def wrap(self, fn: FnState, original: Callable[..., Any]) -> Callable[..., Any]:
+        """A function that records each call of ``original`` and calls it."""
+        enter = self.enter
+        leave = self.leave
+        fail = self.fail
+        clock = time.perf_counter_ns
+
+        def profiled(*args: Any, **kwargs: Any) -> Any:
+            if not self.active:
+                return original(*args, **kwargs)
+            t0 = clock()
+            call = enter(fn, args, kwargs)
+            t1 = clock()
+            try:
+                result = original(*args, **kwargs)
+            except BaseException:
+                fail(call, t0, t1, clock())
+                raise
+            t2 = clock()
+            leave(call, result, t0, t1, t2)
+            return result
+
+        return profiled
+
+    def enter(self, fn: FnState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+        with self.lock:
+            if fn.is_step and self.step_depth == 0:
+                self.new_step(inside_call=True)
+                self.step_is_function_call = True
+            if fn.is_step:
+                self.step_depth += 1
+            if fn.step_positions:
+                self._follow_step_object(fn, args, kwargs)
+            keep = self.keep
+            fp = tuple([_argprint.argprint(a, keep) for a in args])
+            kwfp = (
+                tuple([(k, _argprint.argprint(v, keep)) for k, v in kwargs.items()])
+                if kwargs
+                else ()
+            )
+            stack: list[Call] | None = getattr(self.local, "stack", None)
+            if stack is None:
+                stack = self.local.stack = []
+            call = Call(fn, fp, kwfp, stack[-1] if stack else None, self.step_index)
+            if fn.read_budget > 0 and not fn.is_step:
+                # Objects of the previous step live longer than a step: not owners.
+                fn.read_budget -= 1
+                call.reads = self.reads.start(args, kwargs, self.prev_keep)
+            stack.append(call)
+            return call
+
+    def _follow_step_object(
+        self, fn: FnState, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        for pos, name in fn.step_positions:
+            if 0 <= pos < len(args):
+                token = args[pos]
+            elif name in kwargs:
+                token = kwargs[name]
+            else:
+                continue
+            if token is not self.step_token:
+                self.new_step(inside_call=True)
+                self.step_token = token
+            return
+
+    def leave(self, call: Call, result: Any, t0: int, t1: int, t2: int) -> None:
+        clock = time.perf_counter_ns
+        with self.lock:
+            self._finish(call, t1, t2)
+            if self.results and not call.fn.is_step:
+                try:
+                    call.result = _argprint.digest(result, self.digests)
+                except Exception:
+                    call.result = None
+            self._account(call, t0, t1, t2, clock())
+
+    def fail(self, call: Call, t0: int, t1: int, t2: int) -> None:
+        with self.lock:
+            call.error = True
+            self._finish(call, t1, t2)
+            call.fn.errors += 1
+            self._account(call, t0, t1, t2, time.perf_counter_ns())
+
+    def _finish(self, call: Call, t1: int, t2: int) -> None:
+        self._record(call, t1, t2)
+        if call.fn.is_step:
+            self.step_depth = max(0, self.step_depth - 1)
+            if self.step_depth == 0:
+                self.new_step(inside_call=True)  # timed by the caller
+
+    def _record(self, call: Call, t1: int, t2: int) -> None:
+        stack: list[Call] = self.local.stack
+        if stack and stack[-1] is call:
+            stack.pop()
+        else:  # pragma: no cover - a generator or callback left frames out of order
+            with contextlib.suppress(ValueError):
+                stack.remove(call)
+        if call.reads is not None:
+            self.reads.stop(call.reads)
+        call.ns = max(0, (t2 - t1) - call.child_oh)
+        fn = call.fn
+        fn.calls += 1
+        fn.total_ns += call.ns
+        self.calls += 1
+        if call.step == self.step_index:
+            self.step_calls.append(call)
+
+    def _account(self, call: Call, t0: int, t1: int, t2: int, t3: int) -> None:
+        own = (t1 - t0) + (t3 - t2)
+        self.overhead_ns += own
+        if call.parent is not None:
+            call.parent.child_oh += own + call.child_oh
+
+    # -- steps ----------------------------------------------------------------------------
+    def new_step(self, *, inside_call: bool = False) -> None:
+        """Close the current step (if it had calls) and open the next one.
+
+        Its time counts as overhead here, unless a wrapper runs it (``inside_call``):
+        the wrapper counts its own time.
+        """
+        with self.lock:
+            t0 = time.perf_counter_ns()
+            if self.step_calls:
+                self._close_step()
+                if self.step_is_function_call or not self.has_step_function:
+                    self.steps_with_calls += 1
+            self.step_index += 1
+            self.step_token = None
+            self.step_is_function_call = False
+            if not inside_call:
+                self.overhead_ns += time.perf_counter_ns() - t0
+
+    def _close_step(self) -> None:
+        calls, self.step_calls = self.step_calls, []
+        keep, previous = self.keep, self.prev_keep
+        by_fn: dict[FnState, list[Call]] = {}
+        for call in calls:
+            by_fn.setdefault(call.fn, []).append(call)
+        for fn, fn_calls in by_fn.items():
+            self._close_fn_step(fn, fn_calls, keep, previous)
+        self.prev_keep, self.keep = keep, {}
+        self.digests = {}
+
+    def _close_fn_step(
+        self,
+        fn: FnState,
+        calls: list[Call],
+        keep: dict[int, object],
+        previous: dict[int, object],
+    ) -> None:
+        fn.steps.add(calls[0].step)
+        fn.max_per_step = max(fn.max_per_step, len(calls))
+        codes: dict[str, dict[Hashable, int]] = {}
+        first_result: dict[tuple[Hashable, ...], Hashable | None] = {}
+        for call in calls:
+            named = self._bind(fn, call, keep)
+            row: list[Hashable] = []
+            for name, fp in named:
+                kind = _kind_of_print(fp)
+                fn.kinds.setdefault(name, set()).add(kind)
+                if kind == _argprint.KIND_VALUE:
+                    row.append(fp)
+                    continue
+                ids = _ids_in(fp)
+                if any(previous.get(i) is keep.get(i) is not None for i in ids):
+                    fn.persistent.add(name)
+                if call.reads:
+                    for i in ids:
+                        names = call.reads.get(i)
+                        if names:
+                            fn.reads.setdefault(name, set()).update(
+                                _data_attributes(keep.get(i), names)
+                            )
+                table = codes.setdefault(name, {})
+                row.append(table.setdefault(fp, len(table)))
+            call.codes = tuple(row)
+            call.fp = None
+            call.kwfp = ()
+            call.reads = None
+            if call.error:
+                continue
+            if call.codes in first_result:
+                call.repeat = True
+                fn.repeats += 1
+                earlier = first_result[call.codes]
+                if self.results and (
+                    earlier is None or call.result is None or earlier != call.result
+                ):
+                    fn.impure += 1
+            else:
+                first_result[call.codes] = call.result
+            if self.kept_calls < MAX_KEPT_CALLS:
+                fn.kept.append(call)
+                self.kept_calls += 1
+
+    def _bind(
+        self, fn: FnState, call: Call, keep: dict[int, object]
+    ) -> list[tuple[str, Hashable]]:
+        fp = call.fp or ()
+        kw = dict(call.kwfp)
+        plan = fn.plan(len(fp), tuple(kw))
+        if plan is not None:
+            out: list[tuple[str, Hashable]] = []
+            for name, how, where in plan:
+                if how == _POS:
+                    out.append((name, fp[where]))
+                elif how == _KW:
+                    out.append((name, kw[where]))
+                elif how == _DEFAULT:
+                    out.append((name, _argprint.argprint(where, keep)))
+                elif how == _VARPOS:
+                    out.append((name, (tuple, *fp[where:])))
+                else:
+                    out.append((name, (tuple, *(kw[k] for k in sorted(where)))))
+            return out
+        names = [f"arg{i}" for i in range(len(fp))]
+        for name in names + list(kw):
+            if name not in fn.params:
+                fn.params.append(name)
+        row = dict(zip(names, fp, strict=True))
+        row.update(kw)
+        return [(name, row.get(name)) for name in fn.params]
+
+    def finish(self) -> None:
+        """Close the last step and release every argument kept alive."""
+        self.new_step()
+        self.keep = {}
+        self.prev_keep = {}
+        self.digests = {}
+
+
+def _data_attributes(obj: object, names: set[str]) -> set[str]:
+    """The names that are data on ``obj`` (not methods, not properties)."""
+    if obj is None:
+        return set()
+    cls = type(obj)
+    out = set()
+    for name in names:
+        if name.startswith("__") or name == "_stepcache":
+            continue
+        on_class = getattr(cls, name, None)
+        if callable(on_class) or isinstance(on_class, property):
+            continue
+        out.add(name)
+    return out

@@ -1,0 +1,158 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Smoke tests of the benchmarks' code paths with tiny sizes (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+# The benchmarks live in the checkout's top-level folder (they are not installed).
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import bench_dsv4, bench_gpu, bench_hit, bench_soak, run_all  # noqa: E402
+from benchmarks._seed import SeedMetadata  # noqa: E402
+
+
+def test_hit_rows_and_goals() -> None:
+    results = bench_hit.run(number=20, repeats=1)
+    assert set(results.timings) == {c.label for c in bench_hit.cases(20)}
+    assert [g.goal for g in results.goals] == bench_hit.GOALS
+    text = bench_hit.render(results)
+    assert "seeds' hand-written" in text and "| goal (ratio of medians)" in text
+
+
+def test_the_seed_hit_is_the_seed_prs_method() -> None:
+    qsl = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+    meta = SeedMetadata(qsl, qsl.clone(), num_actual_tokens=7)
+    buffer = torch.full((8,), -1, dtype=torch.int32)
+    first = meta.token_to_req_indices(buffer)
+    assert first.tolist() == [0, 0, 2, 2, 2, 0, 0]
+    assert meta.token_to_req_indices(buffer).data_ptr() == first.data_ptr()
+
+
+def test_dsv4_points_and_work() -> None:
+    results = bench_dsv4.run(tokens=(1, 5), layers=(3,), steps=1, repeats=1)
+    assert [(p.tokens, p.layers) for p in results.points] == [(1, 3), (5, 3)]
+    work = results.points[0].work
+    # layers: swa_only, swa_only, c4a
+    assert work == {"uncached": (3, 3), "hand-written": (1, 2), "stepcache": (1, 2)}
+    assert len(results.goals) == 2
+    assert "stepcache / hand-written" in bench_dsv4.render(results)
+
+
+def test_batch_layout() -> None:
+    assert bench_dsv4.batch_layout(1) == [1]
+    lens = bench_dsv4.batch_layout(4096)
+    assert sum(lens) == 4096 and lens.count(1) == 256 and max(lens) == 1024
+
+
+def test_the_soak_leaves_no_live_entries() -> None:
+    results = bench_soak.soak(steps=40, warmup=4)
+    assert results.max_live_during >= 1
+    assert results.max_live_after == 0 and results.steps_with_live_after == 0
+    assert len(results.segment_growth) == bench_soak.SEGMENTS
+    assert "live entries once it is gone" in bench_soak.render(results)
+
+
+def test_run_all_writes_the_page_and_plots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny: dict[str, Any] = {
+        "hit": {"number": 20, "repeats": 1},
+        "dsv4": {"tokens": (1, 4), "layers": (3, 4), "steps": 1, "repeats": 1},
+        "soak": {"steps": 20, "warmup": 2},
+    }
+    monkeypatch.setattr(run_all, "QUICK", tiny)
+    assert run_all.main(["--quick", "--out", str(tmp_path)]) == 0
+    page = (tmp_path / "benchmarks.md").read_text()
+    assert "Quick smoke run" in page and "python -m benchmarks.run_all --quick" in page
+    assert "The GPU numbers have not been measured yet" in page
+    for name in ("hit_cost", "dsv4_build_time", "dsv4_ratio", "soak"):
+        png = tmp_path / "benchmarks" / f"{name}.png"
+        assert png.read_bytes()[:4] == b"\x89PNG"
+        assert f"(benchmarks/{name}.png)" in page
+    raw = json.loads((tmp_path / "benchmarks" / "results.json").read_text())
+    assert set(raw) >= {"hit", "dsv4", "soak", "environment", "date"}
+
+
+def test_copy_counter_counts_host_to_device_copies() -> None:
+    target = torch.empty(8, dtype=torch.int32, device="meta")
+    other = torch.empty(8, dtype=torch.int32, device="meta")
+    with bench_gpu.CopyCounter([target], device_type="meta") as counter:
+        target[:3].copy_(torch.arange(3, dtype=torch.int32))
+        other[:3].copy_(torch.arange(3, dtype=torch.int32))
+        torch.ones(2).to("meta")
+        torch.ones(2).clone()
+    assert (counter.h2d, counter.h2d_into_targets, counter.d2h) == (3, 1, 0)
+
+
+def _fake_gpu_data() -> dict[str, Any]:
+    timing = {"median_ns": 2e6, "min_ns": 1e6, "max_ns": 3e6}
+    point = {
+        "tokens": 64,
+        "layers": 8,
+        "variant": "stepcache",
+        "h2d_copies_into_index_buffers": 1,
+        "h2d_copies": 1,
+        "d2h_copies": 1,
+        "d2h_scalar_reads": 0,
+        "kernel_launches": 121,
+        "cuda_kernels": 120,
+        "cuda_memcpys": 2,
+        "ns_per_step": timing,
+    }
+    return {
+        "date": "2026-01-01 00:00 UTC",
+        "gpu": "Fake GPU",
+        "environment": "test",
+        "command": "python scripts/gpu_bench.py",
+        "steps_per_run": 1,
+        "repeats": 1,
+        "points": [point],
+        "skipped_for_time": [],
+    }
+
+
+def test_gpu_results_replace_the_pages_gpu_section(tmp_path: Path) -> None:
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"# B\n\n{bench_gpu.section(tmp_path)}\n\n## After\n")
+    assert "not been measured yet" in page.read_text()
+    bench_gpu.write(_fake_gpu_data(), tmp_path)
+    text = page.read_text()
+    assert "Measured on Fake GPU, 2026-01-01 00:00 UTC" in text
+    assert "not been measured" not in text and text.endswith("## After\n")
+    assert (tmp_path / "benchmarks" / "gpu.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the CPU-only path")
+def test_the_gpu_script_skips_cleanly_without_cuda(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_bench.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no CUDA device here" in done.stdout
+
+
+def test_gpu_point_code_path_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """measure_point with CPU tensors: synchronize and the profiler stubbed out."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench_gpu, "_profile", lambda fn: (fn(), (7, 6, 1))[1])
+    points = bench_gpu.measure_point(
+        4, 3, steps=1, repeats=1, device=torch.device("cpu")
+    )
+    assert [p.variant for p in points] == ["uncached", "hand-written", "stepcache"]
+    assert all(p.h2d == 0 and p.kernels == 6 for p in points)  # no CUDA copies on CPU
+    data = {**_fake_gpu_data(), "points": [p.to_dict() for p in points]}
+    assert bench_gpu.render(data).count("| 3 | 4 |") == 3

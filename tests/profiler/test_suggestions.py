@@ -1,0 +1,156 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The suggested owner, key, BYPASS and depends_on, and the decorator line: applied to
+the function, it serves the calls the profiler counted and changes no result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import stepcache
+from stepcache.profiler import ProfileReport
+
+from . import sample
+
+MOD = sample.__name__
+
+
+@pytest.fixture(scope="module")
+def report() -> ProfileReport:
+    with stepcache.profile(MOD, step_by="step") as report:
+        sample.run([[1, 2], [3, 1, 1], [2], [1, 1]])
+    return report
+
+
+def test_owner_is_the_step_object_not_the_builder(report: ProfileReport) -> None:
+    s = report["Builder.build"].suggestion
+    assert s is not None
+    # Two builders build the same thing from the step: 'self' does not matter.
+    assert (s.owner, s.key, s.ignored) == ("step", (), ("self",))
+    assert set(s.depends_on) == {"query_lens", "num_tokens"}
+    assert s.decorator == (
+        "@stepcache.step_cached(owner=\"step\", depends_on=('num_tokens', 'query_lens'))"
+    )
+
+
+def test_bypass_for_values_whose_results_differ(report: ProfileReport) -> None:
+    s = report["Builder.layer"].suggestion
+    assert s is not None
+    assert (s.owner, s.key, s.bypass, s.ignored) == (
+        "step",
+        ("kind",),
+        ("kind", ("wide",)),
+        ("number",),
+    )
+    assert s.depends_on == ("num_tokens",)
+    assert any("BYPASS" in n for n in s.notes)
+
+
+def test_redundant_counts(report: ProfileReport) -> None:
+    # four steps, and the first make_step call before any step object exists
+    assert report.steps == 5
+    assert report["Builder.build"].redundant == 4  # the second builder, each step
+    assert report["Builder.layer"].redundant == 4  # the second narrow layer
+    # index is called inside build: its redundant calls are covered by build's
+    index = report["Builder.index"]
+    assert index.redundant == 4 and index.covered_ns == index.redundant_ns
+    assert index.inside is not None and index.inside.endswith("Builder.build")
+    ranked = [r.name.rpartition(":")[2] for r in report.redundant]
+    assert set(ranked[:2]) == {"Builder.build", "Builder.layer"}
+    assert ranked[2] == "Builder.index"
+
+
+def test_hidden_inputs_are_reported() -> None:
+    step = sample.make_step([1])
+    with stepcache.profile(f"{MOD}:noisy") as report:
+        for _ in range(3):
+            sample.noisy(step)
+    row = report["noisy"]
+    assert (row.identical, row.impure, row.redundant) == (2, 2, 0)
+    assert row.suggestion is None
+
+
+def _apply(line: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    assert line.startswith("@stepcache.step_cached(")
+    decorator = eval(line[1:], {"stepcache": stepcache})
+    return decorator(fn)  # type: ignore[no-any-return]
+
+
+def test_the_suggested_decorator_serves_the_layers(report: ProfileReport) -> None:
+    line = report["Builder.layer"].suggestion.decorator  # type: ignore[union-attr]
+    assert line is not None
+    Cached = type(
+        "Cached", (sample.Builder,), {"layer": _apply(line, sample.Builder.layer)}
+    )
+    plain, cached = sample.Builder(), Cached()
+    kinds = ("narrow", "narrow", "wide", "wide")
+    for lens in ([1, 2], [3]):
+        step = sample.make_step(lens)
+        before = sample.calls["layer"]
+        got = [cached.layer(step, k, i) for i, k in enumerate(kinds)]
+        assert sample.calls["layer"] - before == 3  # the second narrow layer is a hit
+        want = [plain.layer(step, k, i) for i, k in enumerate(kinds)]
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+# -- for all call sequences: the suggested cache changes no result ---------------------------
+RULES: dict[str, Callable[[int, int], int]] = {
+    "a": lambda a, b: a,
+    "a+b": lambda a, b: a + b,
+    "const": lambda a, b: 7,
+    "a if b else -1": lambda a, b: a if b else -1,
+    "b odd: a": lambda a, b: a * 10 + (b if b % 2 else 0),
+}
+RULE = ["a"]
+
+
+def pick(step: sample.Step, a: int, b: int) -> int:
+    """A per-step computation whose result depends on some of its arguments."""
+    return RULES[RULE[0]](a, b)
+
+
+calls = st.lists(
+    st.tuples(st.integers(0, 2), st.integers(0, 3)), min_size=1, max_size=8
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rule=st.sampled_from(sorted(RULES)), steps=st.lists(calls, min_size=2, max_size=3)
+)
+def test_suggestions_never_change_results(
+    rule: str, steps: list[list[tuple[int, int]]]
+) -> None:
+    RULE[0] = rule
+    with stepcache.profile(pick, step_by="step") as report:
+        for step_calls in steps:
+            step = sample.make_step([1])
+            for a, b in step_calls:
+                pick(step, a, b)
+    row = report["pick"]
+    assert row.calls == sum(map(len, steps))
+    if row.suggestion is None:
+        assert row.redundant == 0
+        return
+    assert row.suggestion.owner == "step"
+    assert row.suggestion.decorator is not None
+    cached = _apply(row.suggestion.decorator, pick)
+    computed_before = 0
+    served = 0
+    for step_calls in steps:
+        step = sample.make_step([1])
+        for a, b in step_calls:
+            assert cached(step, a, b) == pick(step, a, b)
+    stats = stepcache.stats().get("pick")
+    if stats is not None:
+        served = stats.hits
+        computed_before = stats.misses + stats.bypasses
+    # The cache serves exactly the calls the profiler called redundant.
+    assert served == row.redundant
+    assert computed_before == row.calls - row.redundant
+    stepcache.reset_stats()
