@@ -10,9 +10,9 @@ import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
-from stepcache import _debug, _fingerprint, _registry, _switches, _walk
+from stepcache import _debug, _fingerprint, _registry, _store, _switches, _walk
 from stepcache._codegen import Dep, Layout, generate
-from stepcache._errors import StepCacheError
+from stepcache._errors import CacheValidationError, StepCacheError
 from stepcache._spec import Arg, Attr, TensorSpec, validate
 from stepcache._store import StepCache, store_for
 
@@ -335,9 +335,11 @@ class CachedFunction:
             ) from exc
 
     def resolver(self, a: tuple[Any, ...]) -> Callable[[Arg | Attr], Any]:
+        index = self.index_of
+
         def resolve(ref: Arg | Attr) -> Any:
             if isinstance(ref, Arg):
-                return a[self.names.index(ref.name)]
+                return a[index[ref.name]]
             return getattr(a[self.owner_index], ref.name)
 
         return resolve
@@ -345,6 +347,10 @@ class CachedFunction:
     @functools.cached_property
     def names(self) -> list[str]:
         return list(inspect.signature(self.fn).parameters)
+
+    @functools.cached_property
+    def index_of(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.names)}
 
     def lookup(self, store: StepCache, key: Any) -> tuple[Any, ...] | None:
         slot = store._e.get(self.fid)
@@ -384,7 +390,7 @@ class CachedFunction:
         return tuple(flat)
 
     def insert(self, store: StepCache, key: Any, entry: tuple[Any, ...]) -> None:
-        with store._lock:
+        with _store.LOCK:
             if store._closed:
                 return
             if self.keyed:
@@ -416,7 +422,11 @@ class CachedFunction:
         fps = [_fingerprint.fingerprint(x) for x in deps]
         value = self.invoke(a)
         if self.expect is not None:
-            validate(value, self.expect, self.resolver(a), self.where(key))
+            try:
+                validate(value, self.expect, self.resolver(a), "")
+            except CacheValidationError as exc:
+                # the message names the function only when it is needed
+                raise CacheValidationError(f"{self.where(key)}{exc}") from None
         self.insert(store, key, self.make_entry(value, owner, fps))
         self._count(store, _MISS)
         return value

@@ -91,8 +91,8 @@ def normalize_device(device: torch.device | str | int) -> torch.device:
         >>> normalize_device("cuda") == normalize_device("cuda:0")  # device 0 is current
         True
     """
-    d = torch.device(device)
-    if d.type == "cpu" or d.index is not None:
+    d = device if isinstance(device, torch.device) else torch.device(device)
+    if d.index is not None or d.type == "cpu":
         return d
     return torch.device(d.type, _current_index(d.type))
 
@@ -253,9 +253,16 @@ def _validate_one(
             f"{where}: {what} must be a torch.Tensor (got {_kind(value)})"
         )
     if spec.device is not None:
-        want = _as_device(_resolve(spec.device, resolve))
-        got = normalize_device(value.device)
-        if got != want:
+        raw = _resolve(spec.device, resolve)
+        got = value.device
+        # equal as given needs no normalisation; only a difference is looked at twice
+        # (cuda and cuda:N of the current device are the same device)
+        if isinstance(raw, torch.Tensor):
+            raw = raw.device
+        same = got == raw if isinstance(raw, torch.device) else False
+        want = raw if same else _as_device(raw)
+        if not same and normalize_device(got) != want:
+            got = normalize_device(got)
             raise CacheValidationError(
                 f"{where}: {what} device mismatch. expected {want}"
                 f"{_label(spec.device)}, actual {got}. Fix: compute into a buffer on "

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
+import types
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,7 +25,12 @@ __all__ = [
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
 
-_live: weakref.WeakSet[StepCache] = weakref.WeakSet()
+#: id -> weak reference of every live store (a store removes itself in ``__del__``)
+_live: dict[int, weakref.ref[StepCache]] = {}
+#: guards every store's entries (inserts, clear, close); never the user's function
+LOCK = threading.Lock()
+#: classes by whether they declare a slot for the store (cache_field())
+_slotted: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 _side: dict[int, tuple[weakref.ref[Any], StepCache]] = {}
 _create_lock = threading.Lock()
 
@@ -70,7 +77,6 @@ class StepCache:
         "_counts",
         "_e",
         "_kept",
-        "_lock",
         "_owner_ref",
     )
 
@@ -83,12 +89,15 @@ class StepCache:
         #: id(owner) -> weak ref, for owners that share this store on purpose
         self._attached: dict[int, weakref.ref[Any]] = {}
         self._closed = False
-        self._lock = threading.Lock()
         #: function id -> [misses, bypasses, invalidations] seen through this store
         self._counts: dict[int, list[int]] = {}
         #: objects that must live as long as the step (pinned staging for async copies)
         self._kept: list[Any] = []
-        _live.add(self)
+        _live[id(self)] = weakref.ref(self)
+
+    def __del__(self) -> None:
+        # runs as the store is freed, before its id can be reused
+        _live.pop(id(self), None)
 
     # -- the public surface -------------------------------------------------------------
     @property
@@ -113,13 +122,13 @@ class StepCache:
 
     def clear(self) -> None:
         """Drop every entry (and kept object); the store stays open for the same owner."""
-        with self._lock:
+        with LOCK:
             self._e = {}
             self._kept = []
 
     def close(self) -> None:
         """End the step: drop every entry and refuse any later use."""
-        with self._lock:
+        with LOCK:
             self._closed = True
             self._e = {}
             self._kept = []
@@ -203,23 +212,33 @@ def _weak(owner: object) -> weakref.ref[Any]:
         ) from None
 
 
+def _has_slot(cls: type) -> bool:
+    """Whether ``cls`` declares a slot for the store (a ``cache_field()``)."""
+    known = _slotted.get(cls)
+    if known is None:
+        found = inspect.getattr_static(cls, ATTR, None)
+        known = _slotted[cls] = isinstance(found, types.MemberDescriptorType)
+    return known
+
+
 def _read(owner: object) -> StepCache | None:
     """The store the owner holds now, without creating one."""
     d = getattr(owner, "__dict__", None)
-    if d is not None and ATTR in d:
-        store = d[ATTR]
-    else:
-        try:
-            store = object.__getattribute__(owner, ATTR)
-        except AttributeError:
-            hit = _side.get(id(owner))
-            return hit[1] if hit is not None and hit[0]() is owner else None
+    if d is not None:
+        store = d.get(ATTR)
+        if store is not None or not _has_slot(type(owner)):
+            return store if isinstance(store, StepCache) else None
+    try:
+        store = object.__getattribute__(owner, ATTR)
+    except AttributeError:
+        hit = _side.get(id(owner))
+        return hit[1] if hit is not None and hit[0]() is owner else None
     return store if isinstance(store, StepCache) else None
 
 
 def _write(owner: object, store: StepCache) -> None:
     d = getattr(owner, "__dict__", None)
-    if d is not None:
+    if d is not None and not _has_slot(type(owner)):
         d[ATTR] = store
         return
     try:
@@ -361,7 +380,8 @@ def attach(owner: object, cache: StepCache) -> StepCache:
 
 def live_caches() -> list[StepCache]:
     """Every store still alive in this process."""
-    return list(_live)
+    stores = (ref() for ref in list(_live.values()))
+    return [store for store in stores if store is not None]
 
 
 def cache_field() -> Any:
