@@ -64,6 +64,7 @@ def page(
     dsv4: bench_dsv4.Dsv4Results,
     soak: bench_soak.SoakResults,
     gpu_section: str,
+    instructions_section: str = "",
 ) -> str:
     worst: GoalResult = max(dsv4.goals, key=lambda g: g.ratio)
     worst_point = dsv4.points[dsv4.goals.index(worst)]
@@ -139,6 +140,12 @@ def page(
         "",
         "![Ratios](benchmarks/dsv4_ratio.png)",
         "",
+        "### Instructions per step (callgrind)",
+        "",
+        instructions_section
+        or "Not measured yet: run `python -m benchmarks.bench_instructions "
+        "--markdown docs/benchmarks/instructions.md` (needs valgrind), then this page.",
+        "",
         "## 3. Memory soak",
         "",
         "`python -m benchmarks.bench_soak`: every step builds fresh DSv4 metadata for a",
@@ -162,10 +169,17 @@ def page(
         "    python -m benchmarks.bench_hit          # one benchmark, printed",
         "    python -m benchmarks.bench_dsv4",
         "    python -m benchmarks.bench_soak",
+        "    python -m benchmarks.bench_instructions --markdown "
+        "docs/benchmarks/instructions.md",
         "    python scripts/gpu_bench.py             # on a machine with one GPU",
         "",
     ]
     return "\n".join(lines)
+
+
+def _instructions(path: Path) -> str:
+    """The instruction-count table of ``bench_instructions``, if it was made."""
+    return path.read_text().strip() if path.exists() else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         dsv4=dsv4,
         soak=soak,
         gpu_section=bench_gpu.section(out),
+        instructions_section=_instructions(figures / "instructions.md"),
     )
     (out / "benchmarks.md").write_text(text)
     progress(f"run_all: wrote {out / 'benchmarks.md'} and {figures}/*.png")

@@ -1,0 +1,97 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Instructions per DSv4 step, counted by valgrind's callgrind: a noise-free ratio.
+
+Run: ``python -m benchmarks.bench_instructions [--steps 20]`` (needs ``valgrind``;
+about 6 minutes on 2 cores). Wall-clock timings on shared machines swing by tens of
+percent between runs; instruction counts repeat exactly, so the ratio
+stepcache / hand-written is measured here too. Each cell runs the variant's steps in
+its own process (garbage collection off) and counts only the steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from benchmarks._timing import environment, progress
+
+VARIANTS = ("uncached", "handwritten", "stepcache")
+POINTS = ((8, 4), (61, 4), (8, 1024), (61, 1024))
+
+
+def count(variant: str, steps: int, layers: int, tokens: int) -> int:
+    """Instructions of ``steps`` steps of ``variant``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                f"--callgrind-out-file={Path(tmp) / 'cg.out'}",
+                sys.executable,
+                "-m",
+                "benchmarks._cg_step",
+                variant,
+                str(steps),
+                str(layers),
+                str(tokens),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if found is None:
+        raise RuntimeError(f"callgrind printed no count:\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--markdown", type=Path, help="also write the table here")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        print("bench_instructions: valgrind is not installed; nothing measured")
+        return
+    lines = [
+        f"`python -m benchmarks.bench_instructions --steps {args.steps}` on "
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; {environment()}.",
+        "Instructions per step (valgrind callgrind, the steps only, garbage collection",
+        "off); the same code and inputs give the same counts on every run.",
+        "",
+        "| layers | tokens | uncached instr/step | hand-written instr/step "
+        "| stepcache instr/step | stepcache / hand-written | uncached / stepcache |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for layers, tokens in POINTS:
+            progress(f"  counting {layers} layers, {tokens} tokens ...")
+            jobs = {
+                v: pool.submit(count, v, args.steps, layers, tokens) for v in VARIANTS
+            }
+            per = {v: jobs[v].result() / args.steps for v in VARIANTS}
+            lines.append(
+                f"| {layers} | {tokens} | {per['uncached']:,.0f} "
+                f"| {per['handwritten']:,.0f} | {per['stepcache']:,.0f} "
+                f"| {per['stepcache'] / per['handwritten']:.3f}x "
+                f"| {per['uncached'] / per['stepcache']:.2f}x |"
+            )
+    text = "\n".join(lines)
+    print(text)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
