@@ -46,6 +46,7 @@ from .dsv4_sim import (
     StepMetadata,
     StepResult,
     Variant,
+    build_step,
     make_step,
 )
 
@@ -158,35 +159,6 @@ def draft_layout(meta: StepMetadata) -> None:
     meta.query_start_loc = qsl.to(meta.query_start_loc.device)
     meta.query_start_loc_cpu = qsl
     meta.num_actual_tokens = graph_size(n) or n
-
-
-def build_step(
-    meta: StepMetadata, builders: Builders, variant: Variant, layers: Sequence[str]
-) -> StepResult:
-    """The metadata build of one step: :func:`~stepcache.integrations.dsv4_sim.run_step`
-    without its bookkeeping, for timing.
-
-    ``run_step`` counts the stepcache variant's request-index computations by reading
-    the step cache's stats, which would be timed as stepcache's cost; here
-    ``index_computations`` counts only the uncached and hand-written variants'
-    computations (0 for stepcache: read ``stepcache.stats()`` instead).
-    """
-    index_before = builders.index_computations
-    builds_before = builders.sparse_builds
-    mla_index = builders.build_sparse_mla(meta, variant)
-    compressor_index, positions = builders.build_compressor(meta, variant)
-    swa = builders.build_swa(meta, variant)
-    sparse = [
-        builders.layer_sparse_index(swa, kind, i, variant)
-        for i, kind in enumerate(layers)
-    ]
-    return StepResult(
-        indices=(mla_index, compressor_index, swa.token_to_req_indices),
-        positions=positions,
-        sparse=sparse,
-        index_computations=builders.index_computations - index_before,
-        sparse_builds=builders.sparse_builds - builds_before,
-    )
 
 
 def same_result(a: StepResult, b: StepResult) -> bool:

@@ -48,6 +48,7 @@ __all__ = [
     "StepResult",
     "SWAMetadata",
     "Variant",
+    "build_step",
     "make_step",
     "run_step",
 ]
@@ -313,6 +314,36 @@ def _positions(meta: StepMetadata, index: torch.Tensor) -> torch.Tensor:
     return torch.where(real, pos, 0)
 
 
+def build_step(
+    meta: StepMetadata,
+    builders: Builders,
+    variant: Variant,
+    layers: Sequence[str] = DSV4_LAYERS,
+) -> StepResult:
+    """The metadata build of one step, for timing: the three builders, then
+    ``layers`` (their kinds, in order).
+
+    ``index_computations`` counts the uncached and hand-written variants' computations
+    (0 for stepcache, whose count :func:`run_step` reads from the step's cache).
+    """
+    index_before = builders.index_computations
+    builds_before = builders.sparse_builds
+    mla_index = builders.build_sparse_mla(meta, variant)
+    compressor_index, positions = builders.build_compressor(meta, variant)
+    swa = builders.build_swa(meta, variant)
+    sparse = [
+        builders.layer_sparse_index(swa, kind, i, variant)
+        for i, kind in enumerate(layers)
+    ]
+    return StepResult(
+        indices=(mla_index, compressor_index, swa.token_to_req_indices),
+        positions=positions,
+        sparse=sparse,
+        index_computations=builders.index_computations - index_before,
+        sparse_builds=builders.sparse_builds - builds_before,
+    )
+
+
 def run_step(
     meta: StepMetadata,
     builders: Builders,
@@ -322,26 +353,12 @@ def run_step(
     """Run one step: the three builders, then ``layers`` (their kinds, in order)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS} (got {variant!r})")
-    index_before = builders.index_computations
-    builds_before = builders.sparse_builds
     misses_before = _index_misses(meta)
-    mla_index = builders.build_sparse_mla(meta, variant)
-    compressor_index, positions = builders.build_compressor(meta, variant)
-    swa = builders.build_swa(meta, variant)
-    sparse = [
-        builders.layer_sparse_index(swa, kind, i, variant)
-        for i, kind in enumerate(layers)
-    ]
-    computed = builders.index_computations - index_before
+    result = build_step(meta, builders, variant, layers)
     if variant == "stepcache":
         computed = _index_misses(meta) - misses_before
-    return StepResult(
-        indices=(mla_index, compressor_index, swa.token_to_req_indices),
-        positions=positions,
-        sparse=sparse,
-        index_computations=computed,
-        sparse_builds=builders.sparse_builds - builds_before,
-    )
+        result = dataclasses.replace(result, index_computations=computed)
+    return result
 
 
 def _index_misses(meta: StepMetadata) -> int:
