@@ -49,7 +49,6 @@ __all__ = [
     "call",
     "clear_debug_report",
     "debug_report",
-    "on_close",
     "on_hit",
 ]
 
@@ -792,8 +791,3 @@ def _miss(
     fn.insert(store, key, entry)
     fn._count(store, 0)
     return _guard(value, fn, key, info)
-
-
-def on_close(store: StepCache) -> None:
-    """Nothing to do eagerly: guarded values check their store's state when read."""
-    return None

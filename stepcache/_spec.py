@@ -63,7 +63,6 @@ class Attr:
         return f"Attr({self.name!r})"
 
 
-Ref = Arg | Attr
 Dim = int | None | Arg | Attr
 
 

@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from stepcache._errors import StaleCacheError, StepCacheError
+from stepcache._registry import name_of
+from stepcache._sizes import nbytes
 
 __all__ = [
     "ATTR",
@@ -132,32 +134,34 @@ class StepCache:
             self._closed = True
             self._e = {}
             self._kept = []
-        from stepcache import _debug
-
-        _debug.on_close(self)
+        # values handed out in debug mode check this flag themselves when read
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per-function counts for this store: entries, bytes, misses, bypasses,
         invalidations (hits are counted process-wide, see [`stats()`][stepcache.stats])."""
-        from stepcache._registry import name_of
-        from stepcache._sizes import nbytes
-
         out: dict[str, dict[str, int]] = {}
-        for fid in set(self._e) | set(self._counts):
-            slot = self._e.get(fid)
-            entries = (
-                []
-                if slot is None
-                else (list(slot.values()) if isinstance(slot, dict) else [slot])
-            )
-            misses, bypasses, invalidations = self._counts.get(fid, (0, 0, 0))
+        for fid in self._counts:
+            misses, bypasses, invalidations = self._counts[fid]
             out[name_of(fid)] = {
-                "entries": len(entries),
-                "bytes": sum(nbytes(e[0]) for e in entries),
+                "entries": 0,
+                "bytes": 0,
                 "misses": misses,
                 "bypasses": bypasses,
                 "invalidations": invalidations,
             }
+        for fid, entry in self.entries():
+            row = out.setdefault(
+                name_of(fid),
+                {
+                    "entries": 0,
+                    "bytes": 0,
+                    "misses": 0,
+                    "bypasses": 0,
+                    "invalidations": 0,
+                },
+            )
+            row["entries"] += 1
+            row["bytes"] += nbytes(entry[0])
         return out
 
     def __copy__(self) -> StepCache:
