@@ -5,11 +5,11 @@ Run: ``python -m benchmarks.bench_dsv4 [--quick]``. Each point (tokens, layers) 
 the engine-free DSv4 step of :mod:`stepcache.integrations.dsv4_sim` (three
 request-index consumers, then one sparse-index lookup per layer; timed through
 ``demo.build_step``, which is ``run_step`` without its stats bookkeeping) with the
-three variants interleaved: a run is ``steps`` consecutive steps of one variant, each on a
-fresh metadata object (built outside the timed region) and the variant's persistent
-buffers; the time per step of a run is the run's mean, and each point reports the
-median over ``repeats`` runs with min and max. Before timing, each point checks that
-the three variants produce the same values.
+three variants interleaved step by step: each of ``rounds`` rounds times one step of
+each variant, in a rotating order, each on a fresh metadata object (built outside the
+timed region) and the variant's persistent buffers, with the cycle collector paused;
+each point reports the median step time over the rounds with min and max. Before
+timing, each point checks that the three variants produce the same values.
 
 The batch of ``tokens`` tokens is decode-heavy, as a serving batch is: up to 256
 decode requests of one token each, and the rest in chunked-prefill requests of at most
@@ -82,8 +82,8 @@ class Point:
         }
 
 
-def measure_point(tokens: int, layers: int, steps: int, repeats: int) -> Point:
-    """Time one (tokens, layers) point, the variants interleaved run by run."""
+def measure_point(tokens: int, layers: int, rounds: int) -> Point:
+    """Time one (tokens, layers) point, the variants interleaved step by step."""
     kinds = demo.layer_kinds(layers)
     lens = batch_layout(tokens)
     builders = {
@@ -104,16 +104,25 @@ def measure_point(tokens: int, layers: int, steps: int, repeats: int) -> Point:
     del first
     runs: dict[dsv4_sim.Variant, list[float]] = {v: [] for v in dsv4_sim.VARIANTS}
     gc.collect()
-    for r in range(repeats):
-        order = dsv4_sim.VARIANTS[r % 3 :] + dsv4_sim.VARIANTS[: r % 3]
-        for v in order:
-            metas = [dsv4_sim.make_step(lens) for _ in range(steps)]
-            b = builders[v]
-            start = time.perf_counter_ns()
-            for meta in metas:
+    was_enabled = gc.isenabled()
+    gc.disable()  # a collection would land on whichever step runs at that moment
+    try:
+        for r in range(rounds):
+            # one step of each variant per round, in a rotating order, so that a
+            # change of the machine's load reaches the three variants alike
+            order = dsv4_sim.VARIANTS[r % 3 :] + dsv4_sim.VARIANTS[: r % 3]
+            metas = {v: dsv4_sim.make_step(lens) for v in order}
+            for v in order:
+                meta, b = metas[v], builders[v]
+                start = time.perf_counter_ns()
                 demo.build_step(meta, b, v, kinds)
-            runs[v].append((time.perf_counter_ns() - start) / steps)
+                runs[v].append(time.perf_counter_ns() - start)
             del metas
+            if r % 16 == 15:
+                gc.collect()
+    finally:
+        if was_enabled:
+            gc.enable()
     labels = {
         "uncached": "uncached",
         "handwritten": "hand-written",
@@ -128,8 +137,7 @@ def measure_point(tokens: int, layers: int, steps: int, repeats: int) -> Point:
 @attrs.frozen
 class Dsv4Results:
     points: list[Point]
-    steps: int
-    repeats: int
+    rounds: int
 
     @property
     def goals(self) -> list[GoalResult]:
@@ -141,8 +149,7 @@ class Dsv4Results:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "steps_per_run": self.steps,
-            "repeats": self.repeats,
+            "rounds": self.rounds,
             "points": [p.to_dict() for p in self.points],
             "goal": GOAL.limit,
             "goal_met_everywhere": self.goal_met,
@@ -152,15 +159,14 @@ class Dsv4Results:
 def run(
     tokens: Sequence[int] = TOKENS,
     layers: Sequence[int] = LAYERS,
-    steps: int = 10,
-    repeats: int = 11,
+    rounds: int = 101,
 ) -> Dsv4Results:
     points = []
     for n_layers in layers:
         for n_tokens in tokens:
             progress(f"bench_dsv4: {n_tokens:>5} tokens, {n_layers:>2} layers ...")
-            points.append(measure_point(n_tokens, n_layers, steps, repeats))
-    return Dsv4Results(points, steps, repeats)
+            points.append(measure_point(n_tokens, n_layers, rounds))
+    return Dsv4Results(points, rounds)
 
 
 def _ms(t: Timing) -> str:
@@ -223,15 +229,16 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None
     )
     parser.add_argument("--quick", action="store_true", help="a fast smoke run")
-    parser.add_argument("--steps", type=int, default=10, help="steps per run")
-    parser.add_argument("--repeats", type=int, default=11, help="runs per variant")
+    parser.add_argument(
+        "--rounds", type=int, default=101, help="timed steps per variant and point"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(f"Environment: {environment()}")
     if args.quick:
-        results = run(QUICK_TOKENS, QUICK_LAYERS, steps=2, repeats=2)
+        results = run(QUICK_TOKENS, QUICK_LAYERS, rounds=3)
     else:
-        results = run(steps=args.steps, repeats=args.repeats)
+        results = run(rounds=args.rounds)
     print(render(results))
 
 

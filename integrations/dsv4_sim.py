@@ -296,7 +296,7 @@ class Builders:
             return pair
         if variant == "stepcache":
             return sparse_index.sparse_index(
-                swa, kind, None, lambda: self.build_sparse_indices(swa, kind, layer)
+                swa, kind, None, self.build_sparse_indices, swa, kind, layer
             )
         raise ValueError(f"variant must be one of {VARIANTS} (got {variant!r})")
 

@@ -28,8 +28,8 @@ derives (its own compressed KV cache, for instance) belongs to that layer and is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 import torch
 
@@ -58,22 +58,12 @@ def layer_kind(swa_only: bool, compress_ratio: int) -> str:
     return "c128a" if compress_ratio == 128 else "c4a"
 
 
-def _key(
-    swa_metadata: object,
-    kind: str,
-    num_rows: int | None,
-    build: Callable[[], SparseIndexPair],
-) -> Hashable:
+@stepcache.step_cached(
+    key=("kind", "num_rows"),
     # C4A layers (and any kind this module does not know) read per-layer top-k
     # indices: building once for all of them would hand every layer the first
-    # layer's indices.
-    if kind not in CACHED_KINDS:
-        return stepcache.BYPASS
-    return (kind, num_rows)
-
-
-@stepcache.step_cached(
-    key=_key,
+    # layer's indices, so their calls bypass the cache
+    only={"kind": CACHED_KINDS},
     owner="swa_metadata",
     expect=(
         TensorSpec(dtype=torch.int32, ndim=2),
@@ -85,15 +75,17 @@ def sparse_index(
     swa_metadata: object,
     kind: str,
     num_rows: int | None,
-    build: Callable[[], SparseIndexPair],
+    build: Callable[..., SparseIndexPair],
+    *args: Any,
 ) -> SparseIndexPair:
-    """``build()``'s ``(sparse_indices, sparse_topk_lens)``, built once per step for
-    each ``(kind, num_rows)`` of the kinds in :data:`CACHED_KINDS`.
+    """``build(*args)``'s ``(sparse_indices, sparse_topk_lens)``, built once per step
+    for each ``(kind, num_rows)`` of the kinds in :data:`CACHED_KINDS`.
 
     ``swa_metadata`` is the step's SWA metadata object, which owns the entries: they
     live and die with it, and a copy of it never sees them (no dependency is declared,
     so an entry is bound to the object itself). ``num_rows`` is the row count the
     kernel call wants (``None``: the real tokens). Every other kind calls ``build()``
-    each time.
+    each time. ``args`` are passed to ``build`` and are not part of the key (a layer
+    index, say): they must not change what a cached kind builds.
     """
-    return build()
+    return build(*args)

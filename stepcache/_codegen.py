@@ -39,6 +39,8 @@ class Layout:
     deps: tuple[Dep, ...]
     #: re-check the versions of the result's tensors on every hit
     guard: bool = False
+    #: parameters whose value must be in a collection for the call to be cached
+    only: tuple[str, ...] = ()
 
 
 def _signature(params: Sequence[inspect.Parameter]) -> str:
@@ -110,40 +112,50 @@ def generate(layout: Layout) -> str:
     if key is not None:
         lookup += "[_sc_k]"
 
-    # Every dependency check runs inside the try, so a missing attribute or an odd
-    # comparison sends the call to the slow path, which raises a typed error.
-    body = [f"_sc_e = {lookup}"]
+    # Every check runs inside the try, so a missing attribute or an odd comparison sends
+    # the call to the slow path, which raises a typed error. The checks nest: the hit
+    # statement runs only when the entry, every dependency and the result guard match.
+    lines = [f"_sc_e = {lookup}"]
     indent = ""
     for i, dep in enumerate(layout.deps):
-        x = f"_sc_x{i}"
-        o, v = 2 + 2 * i, 3 + 2 * i
-        if i:
-            body.append(f"{indent}if _sc_ok:")
-            indent += "    "
-        body += [
-            f"{indent}{x} = {_dep_expr(dep, owner, direct)}",
-            f"{indent}_sc_o = _sc_e[{o}]",
-            f"{indent}_sc_v = _sc_e[{v}]",
-            f"{indent}_sc_ok = ({x} is _sc_o and (_sc_v.__class__ is not int or {x}._version == _sc_v))"
-            f" or (_sc_v is _sc_VAL and {x}.__class__ is _sc_o.__class__ and {x} == _sc_o)"
-            f" or (_sc_v is _sc_SNAP and _sc_snapshot({x}) == _sc_o)",
+        o, v = f"_sc_e[{2 + 2 * i}]", f"_sc_e[{3 + 2 * i}]"
+        lines += [
+            f"{indent}_sc_x = {_dep_expr(dep, owner, direct)}",
+            f"{indent}_sc_v = {v}",
+            f"{indent}if (_sc_x is {o} and (_sc_v.__class__ is not int"
+            " or _sc_x._version == _sc_v))"
+            f" or (_sc_v is _sc_VAL and _sc_x.__class__ is {o}.__class__"
+            f" and _sc_x == {o})"
+            f" or (_sc_v is _sc_SNAP and _sc_snapshot(_sc_x) == {o}):",
         ]
+        indent += "    "
     if not layout.deps:
-        body.append(f"_sc_ok = _sc_e[1]() is {owner}")
+        lines.append(f"if _sc_e[1]() is {owner}:")
+        indent += "    "
     if layout.guard:
         # A result that is a view into a persistent buffer goes stale when the buffer
         # is written again (its version counter, shared with the buffer, moves on).
+        # The entry holds the result's tensor and its version (or, for several
+        # tensors, a TensorVersions whose _version reads them all).
         g = 2 + 2 * len(layout.deps)
-        body += [
-            "if _sc_ok:",
-            f"    for _sc_t, _sc_tv in _sc_e[{g}]:",
-            "        if _sc_t._version != _sc_tv:",
-            "            _sc_ok = False",
-            "            break",
-        ]
-    checks = "".join(f"        {line}\n" for line in body)
+        lines.append(f"{indent}if _sc_e[{g}]._version == _sc_e[{g + 1}]:")
+        indent += "    "
+
+    def matched(hit: list[str]) -> str:
+        body = lines + [indent + h for h in hit]
+        return (
+            "        try:\n"
+            + "".join(f"            {line}\n" for line in body)
+            + "        except Exception:\n"
+            "            pass\n"
+        )
 
     keyof = _key_expr(layout, packed)
+    if layout.only:
+        outside = " or ".join(
+            f"{packed[n]} not in _sc_O_{i}" for i, n in enumerate(layout.only)
+        )
+        keyof = f"_sc_BYPASS if {outside} else {keyof}"
     dep_values = (
         "("
         + "".join(
@@ -157,6 +169,21 @@ def generate(layout: Layout) -> str:
     # failed lookup, no second key call), and a miss hands the key to the slow path.
     prologue = ""
     miss_call = f"_sc_miss({args_tuple})"
+    if layout.only:
+        # a call outside only= computes without caching; a value that cannot be
+        # looked up (unhashable) goes to the slow path, which raises a typed error
+        outside = " or ".join(
+            f"{direct[n]} not in _sc_O_{i}" for i, n in enumerate(layout.only)
+        )
+        prologue += (
+            "        try:\n"
+            f"            _sc_out = {outside}\n"
+            "        except Exception:\n"
+            f"            return _sc_miss({args_tuple})\n"
+            "        if _sc_out:\n"
+            "            _sc_bypasses += 1\n"
+            f"            return _sc_f({_call_args(params, direct)})\n"
+        )
     if key is not None:
         if layout.key == "callable":
             # the slow path calls the key function again and raises a typed error
@@ -168,11 +195,13 @@ def generate(layout: Layout) -> str:
             )
         else:
             prologue += f"        _sc_k = {key}\n"
-        prologue += (
-            "        if _sc_k is _sc_BYPASS:\n"
-            "            _sc_bypasses += 1\n"
-            f"            return _sc_f({_call_args(params, direct)})\n"
-        )
+        if not isinstance(layout.key, tuple) or len(layout.key) == 1:
+            # (a tuple built here is never BYPASS)
+            prologue += (
+                "        if _sc_k is _sc_BYPASS:\n"
+                "            _sc_bypasses += 1\n"
+                f"            return _sc_f({_call_args(params, direct)})\n"
+            )
         miss_call = f"_sc_miss({args_tuple}, _sc_k)"
 
     shared = [
@@ -189,6 +218,7 @@ def generate(layout: Layout) -> str:
         shared.append("_sc_key")
     if layout.deps:
         shared += ["_sc_VAL", "_sc_SNAP", "_sc_snapshot"]
+    shared += [f"_sc_O_{i}" for i in range(len(layout.only))]
     # Both code objects must close over the same cells, in the same (sorted) order, for
     # the __code__ swap: each names every shared cell in a branch that never runs.
     touch = f"        if False:\n            ({', '.join(shared)},)\n"
@@ -206,13 +236,8 @@ def generate(layout: Layout) -> str:
             "_sc_on_hit",
             "_sc_BYPASS",
             *defaults,
+            *(f"_sc_O_{i}" for i in range(len(layout.only))),
         ]
-    )
-    lookup_and_match = (
-        "        try:\n"
-        + "".join("    " + line for line in checks.splitlines(keepends=True))
-        + "        except Exception:\n"
-        "            _sc_ok = False\n"
     )
     return (
         f"def _sc_factory({factory_params}):\n"
@@ -223,17 +248,16 @@ def generate(layout: Layout) -> str:
         f"        nonlocal _sc_hits, _sc_bypasses\n"
         + touch
         + prologue
-        + lookup_and_match
-        + f"        if _sc_ok:\n"
-        f"            _sc_hits += 1\n"
-        f"            return _sc_e[0]\n"
-        f"        return {miss_call}\n"
+        + matched(["_sc_hits += 1", "return _sc_e[0]"])
+        + f"        return {miss_call}\n"
         f"\n"
         f"    def _checks({sig}):\n"
         f"        nonlocal _sc_hits, _sc_bypasses\n"
         + touch
         + prologue
-        + lookup_and_match
+        + "        _sc_ok = False\n"
+        # the debug checks run outside the try: their errors must reach the caller
+        + matched(["_sc_ok = True"])
         + f"        if _sc_ok:\n"
         f"            return _sc_on_hit(_sc_e, {args_tuple})\n"
         f"        return _sc_slow({args_tuple})\n"

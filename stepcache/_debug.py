@@ -221,6 +221,8 @@ class _Info:
     #: owner attributes read by the builder or key function but declared nowhere
     watched: dict[str, tuple[Any, Any]]
     store: weakref.ref[StepCache]
+    #: what hits hand out: the value with its tensors guarded (made once, at the miss)
+    handed: Any = None
 
 
 # -- recording which owner attributes a call reads ------------------------------------------
@@ -618,8 +620,10 @@ def _hit(
     if info is not None:
         for i in range(len(info.deep)):
             dep, x, before = fn.deps[i], deps[i], info.deep[i]
-            after = _fingerprint.deep(x)
-            if after != before:
+            if any(deps[j] is x and info.deep[j] == before for j in range(i)):
+                continue  # the same object as an earlier dependency, checked there
+            if not _fingerprint.deep_unchanged(x, before):
+                after = _fingerprint.deep(x)
                 raise _detect(
                     StaleCacheError,
                     "dependency-changed",
@@ -671,7 +675,7 @@ def _hit(
                 )
             for name in changed:
                 info.watched[name] = _fingerprint.fingerprint(getattr(owner, name))
-    if fn.expect is not None:
+    if fn.expect is not None and not _quick_ok(fn, value, a):
         try:
             validate(value, fn.expect, fn.resolver(a), "")
         except CacheValidationError as exc:
@@ -694,9 +698,19 @@ def _hit(
                 f"The key or depends_on misses an input. {_suggest(fn, info)}",
             )
     fn._hits_add(1)
-    if info is None or not info.versions:
+    if info is None or not info.versions or not _envs.STEPCACHE_DEBUG_GUARD:
         return value
-    return _guard(value, fn, key, info)
+    if info.handed is None:
+        info.handed = _guard(value, fn, key, info)
+    return info.handed
+
+
+def _quick_ok(fn: CachedFunction, value: Any, a: tuple[Any, ...]) -> bool:
+    """The compiled check of ``expect`` passes (if not, ``validate()`` decides)."""
+    try:
+        return fn.quick is not None and bool(fn.quick(value, a))
+    except Exception:
+        return False
 
 
 _MISSING = object()
@@ -767,7 +781,7 @@ def _miss(
                 "could never be reused. Fix: remove it from depends_on (validate an "
                 "output buffer with expect=TensorSpec(device=Arg(...)) instead).",
             )
-    if fn.expect is not None:
+    if fn.expect is not None and not _quick_ok(fn, value, a):
         try:
             validate(value, fn.expect, fn.resolver(a), "")
         except CacheValidationError as exc:
@@ -790,4 +804,5 @@ def _miss(
     entry = fn.make_entry(value, owner, fps) + (info,)
     fn.insert(store, key, entry)
     fn._count(store, 0)
-    return _guard(value, fn, key, info)
+    info.handed = _guard(value, fn, key, info)
+    return info.handed

@@ -7,13 +7,14 @@ import functools
 import inspect
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Container, Hashable, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
 from stepcache import _debug, _fingerprint, _registry, _store, _switches, _walk
 from stepcache._codegen import Dep, Layout, generate
 from stepcache._errors import CacheValidationError, StepCacheError
 from stepcache._spec import Arg, Attr, TensorSpec, validate
+from stepcache._speccheck import Quick, compile_check
 from stepcache._store import StepCache, store_for
 
 __all__ = ["BYPASS", "CachedFunction", "step_cached"]
@@ -97,6 +98,7 @@ class CachedFunction:
         expect: Expect,
         name: str | None,
         guard_result: bool = False,
+        only: Mapping[str, Container[Any]] | None = None,
     ) -> None:
         if not callable(fn) or isinstance(fn, (staticmethod, classmethod, property)):
             raise StepCacheError(
@@ -210,13 +212,29 @@ class CachedFunction:
                         f"{self.name}: expect refers to Arg({ref.name!r}), which is not "
                         f"a parameter (parameters: {', '.join(names)})"
                     )
+        #: the compiled check of expect: a value it passes needs no validate()
+        self.quick: Quick | None = (
+            None
+            if expect is None
+            else compile_check(
+                expect, {n: i for i, n in enumerate(names)}, self.owner_index, self.name
+            )
+        )
 
         if not isinstance(guard_result, bool):
             raise StepCacheError(
                 f"{self.name}: guard_result must be True or False (got {guard_result!r})"
             )
         self.guard = guard_result
-        layout = Layout(params, self.owner_name, layout_key, self.deps, guard_result)
+        self.only = self._check_only(only, names)
+        layout = Layout(
+            params,
+            self.owner_name,
+            layout_key,
+            self.deps,
+            guard_result,
+            tuple(self.only),
+        )
         self.source = generate(layout)
         ns: dict[str, Any] = {"__builtins__": __builtins__}
         exec(compile(self.source, f"<stepcache {self.name}>", "exec"), ns)
@@ -244,6 +262,7 @@ class CachedFunction:
             functools.partial(_debug.on_hit, self),
             BYPASS,
             *defaults,
+            *self.only.values(),
         )
         self.codes = {
             "fast": wrapper.__code__,
@@ -257,6 +276,31 @@ class CachedFunction:
         self.wrapper = wrapper
         _registry.register(self)
         self.use_code(_switches.code_name())
+
+    def _check_only(
+        self, only: Mapping[str, Container[Any]] | None, names: list[str]
+    ) -> dict[str, Container[Any]]:
+        if only is None:
+            return {}
+        if not isinstance(only, Mapping):
+            raise StepCacheError(
+                f"{self.name}: only= takes a mapping of parameter names to collections "
+                f"(got {only!r})"
+            )
+        for name, allowed in only.items():
+            if name not in names or name == self.owner_name:
+                raise StepCacheError(
+                    f"{self.name}: only= names {name!r}, which is not a parameter "
+                    f"besides the owner (parameters: {', '.join(names)})"
+                )
+            if isinstance(allowed, (str, bytes)) or not hasattr(
+                allowed, "__contains__"
+            ):
+                raise StepCacheError(
+                    f"{self.name}: only={{{name!r}: ...}} must be a collection of the "
+                    f"values to cache, such as a frozenset (got {allowed!r})"
+                )
+        return dict(only)
 
     # -- counters -----------------------------------------------------------------------
     @property
@@ -300,13 +344,14 @@ class CachedFunction:
         return f"step_cached function '{self.name}'"
 
     def key_of(self, a: tuple[Any, ...]) -> Any:
-        if not self.keyed:
+        if not self.keyed and not self.only:
             return None
         try:
             key = self.keyof(a)
         except Exception as exc:
+            what = "its key function" if self.key_fn is not None else "its only= test"
             raise StepCacheError(
-                f"{self.where()}: its key function raised {type(exc).__name__}: {exc}"
+                f"{self.where()}: {what} raised {type(exc).__name__}: {exc}"
             ) from exc
         return self.checked(key)
 
@@ -376,17 +421,17 @@ class CachedFunction:
         stored."""
         if not self.guard:
             return True
-        return all(t._version == v for t, v in entry[2 + 2 * len(self.deps)])
+        g = 2 + 2 * len(self.deps)
+        return bool(entry[g]._version == entry[g + 1])
 
     def make_entry(
         self, value: Any, owner: object, fps: list[tuple[Any, Any]]
     ) -> tuple[Any, ...]:
-        bind = None if self.deps else weakref.ref(owner)
-        flat: list[Any] = [value, bind]
-        for o, v in fps:
-            flat += (o, v)
+        flat: list[Any] = [value, None if fps else weakref.ref(owner)]
+        for fp in fps:
+            flat += fp
         if self.guard:
-            flat.append(tuple((t, t._version) for t in _walk.tensors(value)))
+            flat += _walk.result_guard(value)
         return tuple(flat)
 
     def insert(self, store: StepCache, key: Any, entry: tuple[Any, ...]) -> None:
@@ -411,7 +456,7 @@ class CachedFunction:
             return self.invoke(a)
         owner = a[self.owner_index]
         store = store_for(owner)
-        deps = self.dep_values(a, key)
+        deps = self.dep_values(a, key) if self.deps else ()
         existing = self.lookup(store, key)
         if existing is not None:
             if self.matches(existing, owner, deps):
@@ -421,15 +466,27 @@ class CachedFunction:
                 self._count(store, _INVALIDATION)
         fps = [_fingerprint.fingerprint(x) for x in deps]
         value = self.invoke(a)
-        if self.expect is not None:
-            try:
-                validate(value, self.expect, self.resolver(a), "")
-            except CacheValidationError as exc:
-                # the message names the function only when it is needed
-                raise CacheValidationError(f"{self.where(key)}{exc}") from None
+        self.check_expect(value, a, key)
         self.insert(store, key, self.make_entry(value, owner, fps))
         self._count(store, _MISS)
         return value
+
+    def check_expect(self, value: Any, a: tuple[Any, ...], key: Any) -> None:
+        """Raise :class:`CacheValidationError` unless ``value`` meets ``expect``."""
+        quick = self.quick
+        if quick is None:
+            return
+        try:
+            if quick(value, a):
+                return
+        except Exception:
+            pass  # validate() below names what is wrong
+        assert self.expect is not None
+        try:
+            validate(value, self.expect, self.resolver(a), "")
+        except CacheValidationError as exc:
+            # the message names the function only when it is needed
+            raise CacheValidationError(f"{self.where(key)}{exc}") from None
 
     def slow(self, a: tuple[Any, ...]) -> Any:
         """Disabled or debug mode."""
@@ -449,6 +506,7 @@ def step_cached(
     expect: Expect = None,
     name: str | None = None,
     guard_result: bool = False,
+    only: Mapping[str, Container[Any]] | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Cache a function's result in the step's metadata object that owns it.
 
@@ -484,6 +542,11 @@ def step_cached(
             value that is a view into a persistent buffer that later builds of the
             step may rewrite: such a write invalidates the entry instead of handing
             out the new rows as the old ones.
+        only: Cache only the calls whose named arguments are in the given collections
+            (`{"kind": frozenset({"swa_only", "c128a"})}`); any other call computes
+            without caching and counts as a bypass. The declarative form of a key
+            function that returns [`BYPASS`][stepcache.BYPASS], tested inline on
+            every call instead of calling a function.
 
     Returns:
         The decorator. The decorated function keeps its signature, for type checkers
@@ -530,7 +593,7 @@ def step_cached(
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
         wrapper: Callable[P, R] = CachedFunction(
-            fn, key, owner, depends_on, expect, name, guard_result
+            fn, key, owner, depends_on, expect, name, guard_result, only
         ).wrapper
         return wrapper
 

@@ -24,7 +24,16 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-__all__ = ["ID", "SNAP", "VAL", "deep", "describe", "fingerprint", "snapshot"]
+__all__ = [
+    "ID",
+    "SNAP",
+    "VAL",
+    "deep",
+    "deep_unchanged",
+    "describe",
+    "fingerprint",
+    "snapshot",
+]
 
 
 class _Kind:
@@ -83,8 +92,19 @@ def snapshot(x: Any) -> Any:
     return None
 
 
+#: exact classes compared by value, answered without the general tests below
+_VALUE_CLASSES: Final = frozenset(
+    {int, float, bool, str, bytes, type(None), torch.dtype, torch.device}
+)
+
+
 def fingerprint(x: Any) -> tuple[Any, Any]:
     """``(obj, kind_or_version)`` as stored in an entry for one dependency."""
+    cls = x.__class__
+    if cls is torch.Tensor:
+        return x, x._version
+    if cls in _VALUE_CLASSES:
+        return x, VAL
     if isinstance(x, torch.Tensor):
         return x, x._version
     if _is_value(x):
@@ -127,6 +147,26 @@ def deep(x: Any) -> Any:
     if snap is not None:
         return ("snapshot", snap)
     return ("object", id(x))
+
+
+def deep_unchanged(x: Any, before: Any) -> bool:
+    """``deep(x) == before``, reading as little as possible when nothing changed.
+
+    A tensor whose data pointer, shape and dtype are unchanged is still the small CPU
+    tensor (or not) it was, so only its contents are read again.
+    """
+    try:
+        if before[0] == "tensor" and isinstance(x, torch.Tensor):
+            if (
+                x.data_ptr() != before[3]
+                or x.dtype is not before[2]
+                or x.shape != before[1]
+            ):
+                return False
+            return before[4] is None or bool(x.tolist() == before[4])
+    except Exception:
+        pass  # an odd tensor: the general comparison decides
+    return bool(deep(x) == before)
 
 
 def describe(x: Any) -> str:

@@ -225,12 +225,14 @@ def _has_slot(cls: type) -> bool:
     return known
 
 
-def _read(owner: object) -> StepCache | None:
+def _read(owner: object, slotted: bool | None = None) -> StepCache | None:
     """The store the owner holds now, without creating one."""
     d = getattr(owner, "__dict__", None)
     if d is not None:
         store = d.get(ATTR)
-        if store is not None or not _has_slot(type(owner)):
+        if store is not None or not (
+            _has_slot(type(owner)) if slotted is None else slotted
+        ):
             return store if isinstance(store, StepCache) else None
     try:
         store = object.__getattribute__(owner, ATTR)
@@ -240,9 +242,9 @@ def _read(owner: object) -> StepCache | None:
     return store if isinstance(store, StepCache) else None
 
 
-def _write(owner: object, store: StepCache) -> None:
+def _write(owner: object, store: StepCache, slotted: bool | None = None) -> None:
     d = getattr(owner, "__dict__", None)
-    if d is not None and not _has_slot(type(owner)):
+    if d is not None and not (_has_slot(type(owner)) if slotted is None else slotted):
         d[ATTR] = store
         return
     try:
@@ -277,13 +279,21 @@ def store_for(owner: object) -> StepCache:
     those on every use, so sharing them is safe); entries bound to the original are not
     carried.
     """
-    store = _read(owner)
+    # the common case first: the owner's own store in its instance dict
+    d = getattr(owner, "__dict__", None)
+    store = d.get(ATTR) if d is not None else None
+    if store.__class__ is StepCache:
+        ref = store._owner_ref
+        if ref is not None and ref() is owner and not store._closed:
+            return store
+    slotted = _has_slot(type(owner))
+    store = _read(owner, slotted)
     if store is not None and store.belongs_to(owner):
         if store._closed:
             raise _closed_error(owner)
         return store
     with _create_lock:
-        current = _read(owner)
+        current = _read(owner, slotted)
         if current is not None and current.belongs_to(owner):
             if current._closed:
                 raise _closed_error(owner)
@@ -298,7 +308,7 @@ def store_for(owner: object) -> StepCache:
                         fresh._e[fid] = shared
                 elif slot[1] is None:
                     fresh._e[fid] = slot
-        _write(owner, fresh)
+        _write(owner, fresh, slotted)
         return fresh
 
 

@@ -39,7 +39,7 @@ def test_the_seed_hit_is_the_seed_prs_method() -> None:
 
 
 def test_dsv4_points_and_work() -> None:
-    results = bench_dsv4.run(tokens=(1, 5), layers=(3,), steps=1, repeats=1)
+    results = bench_dsv4.run(tokens=(1, 5), layers=(3,), rounds=2)
     assert [(p.tokens, p.layers) for p in results.points] == [(1, 3), (5, 3)]
     work = results.points[0].work
     # layers: swa_only, swa_only, c4a
@@ -67,7 +67,7 @@ def test_run_all_writes_the_page_and_plots(
 ) -> None:
     tiny: dict[str, Any] = {
         "hit": {"number": 20, "repeats": 1},
-        "dsv4": {"tokens": (1, 4), "layers": (3, 4), "steps": 1, "repeats": 1},
+        "dsv4": {"tokens": (1, 4), "layers": (3, 4), "rounds": 1},
         "soak": {"steps": 20, "warmup": 2},
     }
     monkeypatch.setattr(run_all, "QUICK", tiny)
