@@ -223,6 +223,10 @@ class _Info:
     store: weakref.ref[StepCache]
     #: what hits hand out: the value with its tensors guarded (made once, at the miss)
     handed: Any = None
+    #: the dependencies whose deep fingerprint a hit compares: not those compared by
+    #: value or snapshot (the lookup already found them equal), and not a repeat of
+    #: an earlier dependency's object (the lookup found it identical again)
+    deep_check: tuple[int, ...] = ()
 
 
 # -- recording which owner attributes a call reads ------------------------------------------
@@ -594,7 +598,7 @@ def on_hit(fn: CachedFunction, entry: tuple[Any, ...], a: tuple[Any, ...]) -> An
         fn.expect is None
         and (
             info.__class__ is not _Info
-            or not (info.deep or info.versions or info.watched)
+            or not (info.deep_check or info.versions or info.watched)
         )
         and _switches._debug == "checks"
     ):
@@ -618,10 +622,8 @@ def _hit(
     if info.__class__ is not _Info:
         info = None  # stored in production mode: nothing recorded to check against
     if info is not None:
-        for i in range(len(info.deep)):
+        for i in info.deep_check:
             dep, x, before = fn.deps[i], deps[i], info.deep[i]
-            if any(deps[j] is x and info.deep[j] == before for j in range(i)):
-                continue  # the same object as an earlier dependency, checked there
             if not _fingerprint.deep_unchanged(x, before):
                 after = _fingerprint.deep(x)
                 raise _detect(
@@ -795,11 +797,19 @@ def _miss(
         if attr is _MISSING or callable(attr) or name == "_stepcache":
             continue
         watched[name] = _fingerprint.fingerprint(attr)
+    deep_check = tuple(
+        i
+        for i, (x, (_, kind)) in enumerate(zip(deps, fps, strict=True))
+        if kind is not _fingerprint.VAL
+        and kind is not _fingerprint.SNAP
+        and not any(deps[j] is x for j in range(i))
+    )
     info = _Info(
         deep_before,
         [(t, t._version) for t in _walk.tensors(value)],
         watched,
         weakref.ref(store),
+        deep_check=deep_check,
     )
     entry = fn.make_entry(value, owner, fps) + (info,)
     fn.insert(store, key, entry)

@@ -28,6 +28,7 @@ __all__ = [
     "ID",
     "SNAP",
     "VAL",
+    "VALUE_CLASSES",
     "deep",
     "deep_unchanged",
     "describe",
@@ -93,7 +94,7 @@ def snapshot(x: Any) -> Any:
 
 
 #: exact classes compared by value, answered without the general tests below
-_VALUE_CLASSES: Final = frozenset(
+VALUE_CLASSES: Final = frozenset(
     {int, float, bool, str, bytes, type(None), torch.dtype, torch.device}
 )
 
@@ -103,7 +104,7 @@ def fingerprint(x: Any) -> tuple[Any, Any]:
     cls = x.__class__
     if cls is torch.Tensor:
         return x, x._version
-    if cls in _VALUE_CLASSES:
+    if cls in VALUE_CLASSES:
         return x, VAL
     if isinstance(x, torch.Tensor):
         return x, x._version

@@ -89,6 +89,11 @@ def _tensor_checks(src: _Source, v: str, spec: TensorSpec, n: int) -> None:
     if spec.ndim is not None and rank > spec.ndim:
         src.emit("return False  # a spec no tensor meets: validate() says why")
         return
+    if not dims and rank == 0:
+        # only the number of dims: .ndim, without building the shape
+        src.emit(f"if {v}.ndim != {spec.ndim}:")
+        src.emit("    return False")
+        return
     s = f"_s{n}"
     src.emit(f"{s} = {v}.shape")
     if spec.ndim is not None:

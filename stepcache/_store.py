@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import inspect
 import threading
-import types
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,8 +29,6 @@ ATTR = "_stepcache"
 _live: dict[int, weakref.ref[StepCache]] = {}
 #: guards every store's entries (inserts, clear, close); never the user's function
 LOCK = threading.Lock()
-#: classes by whether they declare a slot for the store (cache_field())
-_slotted: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 _side: dict[int, tuple[weakref.ref[Any], StepCache]] = {}
 _create_lock = threading.Lock()
 
@@ -85,9 +81,12 @@ class StepCache:
     def __init__(self, owner: object | None = None) -> None:
         #: function id -> entry (unkeyed functions) or {key: entry} (keyed functions)
         self._e: dict[int, Any] = {}
-        self._owner_ref: weakref.ref[Any] | None = (
-            None if owner is None else _weak(owner)
-        )
+        self._owner_ref: weakref.ref[Any] | None = None
+        if owner is not None:
+            try:
+                self._owner_ref = weakref.ref(owner)
+            except TypeError:
+                _weak(owner)  # raises the typed error
         #: id(owner) -> weak ref, for owners that share this store on purpose
         self._attached: dict[int, weakref.ref[Any]] = {}
         self._closed = False
@@ -216,59 +215,50 @@ def _weak(owner: object) -> weakref.ref[Any]:
         ) from None
 
 
-def _has_slot(cls: type) -> bool:
-    """Whether ``cls`` declares a slot for the store (a ``cache_field()``)."""
-    known = _slotted.get(cls)
-    if known is None:
-        found = inspect.getattr_static(cls, ATTR, None)
-        known = _slotted[cls] = isinstance(found, types.MemberDescriptorType)
-    return known
+def _read(owner: object) -> StepCache | None:
+    """The store the owner holds now, without creating one.
 
-
-def _read(owner: object, slotted: bool | None = None) -> StepCache | None:
-    """The store the owner holds now, without creating one."""
-    d = getattr(owner, "__dict__", None)
-    if d is not None:
-        store = d.get(ATTR)
-        if store is not None or not (
-            _has_slot(type(owner)) if slotted is None else slotted
-        ):
-            return store if isinstance(store, StepCache) else None
+    The attribute is read the generic way (a declared slot, or the instance's
+    attributes), never through ``owner.__dict__``: on CPython 3.11+ that would turn
+    the instance's inline attribute values into a dict object of its own.
+    """
     try:
-        store = object.__getattribute__(owner, ATTR)
-    except AttributeError:
+        store = getattr(owner, ATTR, None)
+    except Exception:  # an odd __getattr__
+        store = None
+    if store is None:
         hit = _side.get(id(owner))
         return hit[1] if hit is not None and hit[0]() is owner else None
     return store if isinstance(store, StepCache) else None
 
 
-def _write(owner: object, store: StepCache, slotted: bool | None = None) -> None:
-    d = getattr(owner, "__dict__", None)
-    if d is not None and not (_has_slot(type(owner)) if slotted is None else slotted):
-        d[ATTR] = store
-        return
+def _write(owner: object, store: StepCache) -> None:
     try:
+        # the instance's attributes or its declared slot, past any __setattr__ of
+        # the class (a frozen dataclass's, say): the store is not a field
         object.__setattr__(owner, ATTR, store)
         return
     except AttributeError:
-        pass
+        pass  # slotted without a slot for it: the side table
     key = id(owner)
-    ref = weakref.ref(owner, _SideDropper(key))
+    ref = weakref.ref(owner, _Dropper(_side, key))
     _side[key] = (ref, store)
 
 
-class _SideDropper:
-    """Weak-ref callback: forget a side-table store when its owner goes."""
+class _Dropper:
+    """Weak-ref callback: forget a table's row when its object goes (a side-table
+    store when its owner goes, a class's slot answer when the class goes)."""
 
-    __slots__ = ("key",)
+    __slots__ = ("key", "table")
 
-    def __init__(self, key: int) -> None:
+    def __init__(self, table: dict[int, tuple[Any, ...]], key: int) -> None:
+        self.table = table
         self.key = key
 
     def __call__(self, ref: weakref.ref[Any]) -> None:
-        hit = _side.get(self.key)
+        hit = self.table.get(self.key)
         if hit is not None and hit[0] is ref:
-            del _side[self.key]
+            del self.table[self.key]
 
 
 def store_for(owner: object) -> StepCache:
@@ -279,21 +269,34 @@ def store_for(owner: object) -> StepCache:
     those on every use, so sharing them is safe); entries bound to the original are not
     carried.
     """
-    # the common case first: the owner's own store in its instance dict
-    d = getattr(owner, "__dict__", None)
-    store = d.get(ATTR) if d is not None else None
+    # the common case first, written out: the owner's own store
+    try:
+        store = getattr(owner, ATTR, None)
+    except Exception:  # an odd __getattr__
+        store = None
     if store.__class__ is StepCache:
         ref = store._owner_ref
-        if ref is not None and ref() is owner and not store._closed:
-            return store
-    slotted = _has_slot(type(owner))
-    store = _read(owner, slotted)
+        if ref is not None and ref() is owner:
+            if store._closed:
+                raise _closed_error(owner)
+            return store  # type: ignore[no-any-return]
+    elif store is None and not _side:
+        # no store yet, and no side-table stores anywhere: the owner's first use
+        fresh = StepCache(owner)
+        with _create_lock:
+            if getattr(owner, ATTR, None) is None:
+                try:
+                    object.__setattr__(owner, ATTR, fresh)
+                    return fresh
+                except AttributeError:
+                    pass  # slotted without a slot for it: the general path below
+    store = _read(owner)
     if store is not None and store.belongs_to(owner):
         if store._closed:
             raise _closed_error(owner)
         return store
     with _create_lock:
-        current = _read(owner, slotted)
+        current = _read(owner)
         if current is not None and current.belongs_to(owner):
             if current._closed:
                 raise _closed_error(owner)
@@ -308,7 +311,7 @@ def store_for(owner: object) -> StepCache:
                         fresh._e[fid] = shared
                 elif slot[1] is None:
                     fresh._e[fid] = slot
-        _write(owner, fresh, slotted)
+        _write(owner, fresh)
         return fresh
 
 
