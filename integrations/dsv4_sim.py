@@ -195,9 +195,14 @@ class Builders:
         self, meta: StepMetadata, buffer: torch.Tensor
     ) -> torch.Tensor:
         # The seed PR's cache: the first caller fills the slot, every later caller of
-        # the object gets it, whatever happened to the layout since.
+        # the object gets it, whatever happened to the layout since; a hit checks the
+        # cached rows against the caller's buffer (the seed's three asserts).
         cached = meta._token_to_req_indices_cache
         if cached is not None:
+            if cached.device != buffer.device:
+                raise stepcache.CacheValidationError(
+                    f"cached: device {cached.device}, buffer on {buffer.device}"
+                )
             request_index.check_index_buffer(cached, meta.num_actual_tokens, "cached")
             return cached[: meta.num_actual_tokens]
         index = self._computed_index(meta, buffer)

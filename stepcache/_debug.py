@@ -227,6 +227,8 @@ class _Info:
     #: value or snapshot (the lookup already found them equal), and not a repeat of
     #: an earlier dependency's object (the lookup found it identical again)
     deep_check: tuple[int, ...] = ()
+    #: for each of deep_check, a numpy view of a small CPU tensor's contents (or None)
+    probes: tuple[Any, ...] = ()
 
 
 # -- recording which owner attributes a call reads ------------------------------------------
@@ -622,9 +624,9 @@ def _hit(
     if info.__class__ is not _Info:
         info = None  # stored in production mode: nothing recorded to check against
     if info is not None:
-        for i in info.deep_check:
+        for i, probe in zip(info.deep_check, info.probes, strict=True):
             dep, x, before = fn.deps[i], deps[i], info.deep[i]
-            if not _fingerprint.deep_unchanged(x, before):
+            if not _fingerprint.deep_unchanged(x, before, probe):
                 after = _fingerprint.deep(x)
                 raise _detect(
                     StaleCacheError,
@@ -638,7 +640,9 @@ def _hit(
                     "through data_ptr(), or an in-place change of a numpy array). "
                     "Fix: change it with torch in-place ops or assign a new object.",
                 )
-        for t, version in info.versions:
+        # (with guard_result the lookup compared these versions already: a written
+        # buffer is a recomputation there, not a detection here)
+        for t, version in () if fn.guard else info.versions:
             if t._version != version:
                 raise _detect(
                     StaleCacheError,
@@ -677,17 +681,23 @@ def _hit(
                 )
             for name in changed:
                 info.watched[name] = _fingerprint.fingerprint(getattr(owner, name))
-    if fn.expect is not None and not _quick_ok(fn, value, a):
+    quick = fn.quick
+    if quick is not None:
         try:
-            validate(value, fn.expect, fn.resolver(a), "")
-        except CacheValidationError as exc:
-            raise _detect(
-                CacheValidationError,
-                "validation",
-                fn,
-                key,
-                f"on a hit, the cached value no longer matches expect{exc}",
-            ) from None
+            valid = quick(value, a)
+        except Exception:
+            valid = False
+        if not valid:
+            try:
+                validate(value, fn.expect, fn.resolver(a), "")  # type: ignore[arg-type]
+            except CacheValidationError as exc:
+                raise _detect(
+                    CacheValidationError,
+                    "validation",
+                    fn,
+                    key,
+                    f"on a hit, the cached value no longer matches expect{exc}",
+                ) from None
     if _switches._debug == "verify":
         difference = _recompute(fn, a, value, info)
         if difference is not None:
@@ -810,6 +820,7 @@ def _miss(
         watched,
         weakref.ref(store),
         deep_check=deep_check,
+        probes=tuple(_fingerprint.content_probe(deps[i]) for i in deep_check),
     )
     entry = fn.make_entry(value, owner, fps) + (info,)
     fn.insert(store, key, entry)

@@ -29,6 +29,7 @@ __all__ = [
     "SNAP",
     "VAL",
     "VALUE_CLASSES",
+    "content_probe",
     "deep",
     "deep_unchanged",
     "describe",
@@ -150,11 +151,42 @@ def deep(x: Any) -> Any:
     return ("object", id(x))
 
 
-def deep_unchanged(x: Any, before: Any) -> bool:
+def content_probe(x: Any) -> tuple[np.ndarray, bytes] | None:
+    """A numpy view of a small CPU tensor's memory, and its bytes now (else None).
+
+    Reading the view again is the cheapest way to see a write that did not move the
+    version counter; :func:`deep_unchanged` uses it when it is given one.
+    """
+    try:
+        if (
+            isinstance(x, torch.Tensor)
+            and x.is_cpu
+            and x.layout is torch.strided
+            and x.numel() <= DEEP_CONTENT_LIMIT
+        ):
+            view = x.detach().numpy()
+            return view, view.tobytes()
+    except Exception:
+        pass  # a tensor numpy cannot view (conjugated, say): no probe
+    return None
+
+
+def deep_unchanged(
+    x: Any, before: Any, probe: tuple[np.ndarray, bytes] | None = None
+) -> bool:
     """``deep(x) == before``, reading as little as possible when nothing changed.
 
     A tensor whose data pointer, shape and dtype are unchanged is still the small CPU
-    tensor (or not) it was, so only its contents are read again.
+    tensor (or not) it was, so only its contents are read again: through ``probe``
+    (from :func:`content_probe` when ``before`` was taken) if given.
+
+    >>> t = torch.tensor([1, 2])
+    >>> before, probe = deep(t), content_probe(t)
+    >>> deep_unchanged(t, before, probe)
+    True
+    >>> t.numpy()[0] = 7  # a write that does not move the version counter
+    >>> deep_unchanged(t, before, probe), deep_unchanged(t, before)
+    (False, False)
     """
     try:
         if before[0] == "tensor" and isinstance(x, torch.Tensor):
@@ -164,7 +196,11 @@ def deep_unchanged(x: Any, before: Any) -> bool:
                 or x.shape != before[1]
             ):
                 return False
-            return before[4] is None or bool(x.tolist() == before[4])
+            if before[4] is None:
+                return True
+            if probe is not None:
+                return probe[0].tobytes() == probe[1]
+            return bool(x.tolist() == before[4])
     except Exception:
         pass  # an odd tensor: the general comparison decides
     return bool(deep(x) == before)
