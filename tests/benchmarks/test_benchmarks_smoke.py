@@ -17,7 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bench_dsv4, bench_gpu, bench_hit, bench_soak, run_all  # noqa: E402
+from benchmarks import (  # noqa: E402
+    bench_dsv4,
+    bench_gpu,
+    bench_hit,
+    bench_soak,
+    bench_stages,
+    run_all,
+)
 from benchmarks._seed import SeedMetadata  # noqa: E402
 
 
@@ -69,12 +76,14 @@ def test_run_all_writes_the_page_and_plots(
         "hit": {"number": 20, "repeats": 1},
         "dsv4": {"tokens": (1, 4), "layers": (3, 4), "rounds": 1},
         "soak": {"steps": 20, "warmup": 2},
+        "stages": {"layers": 3, "tokens": 2, "rounds": 1},
     }
     monkeypatch.setattr(run_all, "QUICK", tiny)
     assert run_all.main(["--quick", "--out", str(tmp_path)]) == 0
     page = (tmp_path / "benchmarks.md").read_text()
     assert "Quick smoke run" in page and "python -m benchmarks.run_all --quick" in page
     assert "The GPU numbers have not been measured yet" in page
+    assert "### Where the difference goes" in page and "layer 2 (c4a)" in page
     for name in ("hit_cost", "dsv4_build_time", "dsv4_ratio", "soak"):
         png = tmp_path / "benchmarks" / f"{name}.png"
         assert png.read_bytes()[:4] == b"\x89PNG"
@@ -156,3 +165,20 @@ def test_gpu_point_code_path_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None
     assert all(p.h2d == 0 and p.kernels == 6 for p in points)  # no CUDA copies on CPU
     data = {**_fake_gpu_data(), "points": [p.to_dict() for p in points]}
     assert bench_gpu.render(data).count("| 3 | 4 |") == 3
+
+
+def test_stages_time_every_builder_and_layer() -> None:
+    results = bench_stages.run(layers=4, tokens=3, rounds=2)
+    assert list(results.stages) == [
+        "sparse-MLA builder (request index)",
+        "compressor builder (request index)",
+        "sparse-SWA builder (request index)",
+        "layer 0 (swa_only)",
+        "layer 1 (swa_only)",
+        "layer 2 (c4a)",
+        "layer 3 (c128a)",
+    ]
+    assert all(h > 0 and s > 0 for h, s in results.stages.values())
+    table = bench_stages.render(results)
+    assert "**sum of the medians**" in table
+    assert results.to_dict()["median_ns"]["layer 2 (c4a)"]["stepcache"] > 0
