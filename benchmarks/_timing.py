@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import platform
 import statistics
 import sys
 import timeit
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -119,6 +120,26 @@ def time_cases(
 
 def _mode(case: Case) -> AbstractContextManager[Any]:
     return case.mode() if case.mode is not None else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[Callable[[int], None]]:
+    """Pause the cycle collector (a collection would land on whichever step runs at
+    that moment); the function it yields, called with the round number, collects
+    between rounds, every 16th."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+
+    def between_rounds(r: int) -> None:
+        if r % 16 == 15:
+            gc.collect()
+
+    try:
+        yield between_rounds
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def progress(message: str) -> None:

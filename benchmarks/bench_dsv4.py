@@ -20,7 +20,6 @@ layers, then C4A and C128A alternating (C4A layers are never cached).
 from __future__ import annotations
 
 import argparse
-import gc
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,7 +29,7 @@ import torch
 
 from benchmarks._report import Goal, GoalResult, goals_table, markdown_table
 from benchmarks._sim import demo, dsv4_sim
-from benchmarks._timing import Timing, environment, progress
+from benchmarks._timing import Timing, collector_paused, environment, progress
 
 TOKENS: tuple[int, ...] = (1, 4, 16, 64, 256, 1024, 4096)
 LAYERS: tuple[int, ...] = (8, 30, 61)
@@ -103,26 +102,18 @@ def measure_point(tokens: int, layers: int, rounds: int) -> Point:
     }
     del first
     runs: dict[dsv4_sim.Variant, list[float]] = {v: [] for v in dsv4_sim.VARIANTS}
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()  # a collection would land on whichever step runs at that moment
-    try:
+    with collector_paused() as between_rounds:
         for r in range(rounds):
             # one step of each variant per round, in a rotating order, so that a
             # change of the machine's load reaches the three variants alike
             order = dsv4_sim.VARIANTS[r % 3 :] + dsv4_sim.VARIANTS[: r % 3]
             metas = {v: dsv4_sim.make_step(lens) for v in order}
             for v in order:
-                meta, b = metas[v], builders[v]
                 start = time.perf_counter_ns()
-                demo.build_step(meta, b, v, kinds)
+                demo.build_step(metas[v], builders[v], v, kinds)
                 runs[v].append(time.perf_counter_ns() - start)
             del metas
-            if r % 16 == 15:
-                gc.collect()
-    finally:
-        if was_enabled:
-            gc.enable()
+            between_rounds(r)
     labels = {
         "uncached": "uncached",
         "handwritten": "hand-written",

@@ -13,7 +13,6 @@ lookup of each cached layer kind (a miss), the C4A layers (a bypass) and the hit
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import time
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 
 from benchmarks._report import markdown_table
 from benchmarks._sim import demo, dsv4_sim
-from benchmarks._timing import environment, progress
+from benchmarks._timing import collector_paused, environment, progress
 from benchmarks.bench_dsv4 import batch_layout
 
 VARIANTS: tuple[dsv4_sim.Variant, ...] = ("handwritten", "stepcache")
@@ -89,21 +88,14 @@ def run(layers: int = 8, tokens: int = 4, rounds: int = 401) -> StageResults:
         for _ in range(5):
             _one_step(builders[v], dsv4_sim.make_step(lens), v, kinds, samples[v])
         samples[v] = {label: [] for label in labels}
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused() as between_rounds:
         for r in range(rounds):
             order = VARIANTS if r % 2 else VARIANTS[::-1]
             metas = {v: dsv4_sim.make_step(lens) for v in order}
             for v in order:
                 _one_step(builders[v], metas[v], v, kinds, samples[v])
             del metas
-            if r % 16 == 15:
-                gc.collect()
-    finally:
-        if was_enabled:
-            gc.enable()
+            between_rounds(r)
     stages = {
         label: (
             statistics.median(samples["handwritten"][label]),

@@ -51,32 +51,38 @@ class _Source:
         self.lines.append("    " + line)
 
 
+def _item(
+    src: _Source,
+    item: Any,
+    local: str,
+    attr: str,
+    convert: Callable[[Any], Any] | None,
+) -> str:
+    """The expression of a spec item: a constant (``convert``-ed), or a reference
+    read into ``local``, where a tensor stands for its ``attr``."""
+    if isinstance(item, (Arg, Attr)):
+        src.emit(f"{local} = {src.ref(item)}")
+        src.emit(f"if isinstance({local}, _Tensor):")
+        src.emit(f"    {local} = {local}.{attr}")
+        return local
+    return src.const(item if convert is None else convert(item))
+
+
 def _tensor_checks(src: _Source, v: str, spec: TensorSpec, n: int) -> None:
     src.emit(f"if not isinstance({v}, _Tensor):")
     src.emit("    return False")
     if spec.device is not None:
+        want = _item(src, spec.device, f"_w{n}d", "device", torch.device)
         if isinstance(spec.device, (Arg, Attr)):
-            w = f"_w{n}d"
-            src.emit(f"{w} = {src.ref(spec.device)}")
-            # a tensor reference stands for its device; a torch.device is compared
-            # as given; anything else (a string) is left to validate()
-            src.emit(f"if isinstance({w}, _Tensor):")
-            src.emit(f"    {w} = {w}.device")
-            src.emit(f"if {w}.__class__ is not _device or {v}.device != {w}:")
-            src.emit("    return False")
+            # a torch.device is compared as given; anything else (a string) is left
+            # to validate()
+            src.emit(f"if {want}.__class__ is not _device or {v}.device != {want}:")
         else:
-            want = src.const(torch.device(spec.device))
             src.emit(f"if {v}.device != {want}:")
-            src.emit("    return False")
+        src.emit("    return False")
     if spec.dtype is not None:
-        if isinstance(spec.dtype, (Arg, Attr)):
-            w = f"_w{n}t"
-            src.emit(f"{w} = {src.ref(spec.dtype)}")
-            src.emit(f"if isinstance({w}, _Tensor):")
-            src.emit(f"    {w} = {w}.dtype")
-            src.emit(f"if {v}.dtype is not {w}:")
-        else:
-            src.emit(f"if {v}.dtype is not {src.const(spec.dtype)}:")
+        want = _item(src, spec.dtype, f"_w{n}t", "dtype", None)
+        src.emit(f"if {v}.dtype is not {want}:")
         src.emit("    return False")
     dims: list[tuple[int, Any, bool]] = []
     for sizes, exact in ((spec.shape, True), (spec.min_shape, False)):
