@@ -41,8 +41,6 @@ class Layout:
     guard: bool = False
     #: parameters whose value must be in a collection for the call to be cached
     only: tuple[str, ...] = ()
-    #: the function declares expect= (a miss checks the value)
-    expect: bool = False
 
 
 def _signature(params: Sequence[inspect.Parameter]) -> str:
@@ -109,7 +107,7 @@ def generate(layout: Layout) -> str:
     args_tuple = "(" + "".join(p.name + ", " for p in params) + ")"
     owner = layout.owner
 
-    lookup = "_sc_s._e[_sc_FID]"
+    lookup = f"{owner}._stepcache._e[_sc_FID]"
     key = _key_expr(layout, direct)
     if key is not None:
         lookup += "[_sc_k]"
@@ -117,7 +115,7 @@ def generate(layout: Layout) -> str:
     # Every check runs inside the try, so a missing attribute or an odd comparison sends
     # the call to the slow path, which raises a typed error. The checks nest: the hit
     # statement runs only when the entry, every dependency and the result guard match.
-    lines = [f"_sc_s = {owner}._stepcache", f"_sc_e = {lookup}"]
+    lines = [f"_sc_e = {lookup}"]
     indent = ""
     for i, dep in enumerate(layout.deps):
         o, v = f"_sc_e[{2 + 2 * i}]", f"_sc_e[{3 + 2 * i}]"
@@ -146,7 +144,6 @@ def generate(layout: Layout) -> str:
     def matched(hit: list[str]) -> str:
         body = lines + [indent + h for h in hit]
         return (
-            "        _sc_s = None\n"
             "        try:\n"
             + "".join(f"            {line}\n" for line in body)
             + "        except Exception:\n"
@@ -207,10 +204,7 @@ def generate(layout: Layout) -> str:
             )
         miss_call = f"_sc_miss({args_tuple}, _sc_k)"
 
-    miss = _miss_source(layout, direct, args_tuple, miss_call)
-
     shared = [
-        *_MISS_CELLS,
         "_sc_FID",
         "_sc_hits",
         "_sc_bypasses",
@@ -241,7 +235,6 @@ def generate(layout: Layout) -> str:
             "_sc_snapshot",
             "_sc_on_hit",
             "_sc_BYPASS",
-            *_MISS_CELLS,
             *defaults,
             *(f"_sc_O_{i}" for i in range(len(layout.only))),
         ]
@@ -256,8 +249,8 @@ def generate(layout: Layout) -> str:
         + touch
         + prologue
         + matched(["_sc_hits += 1", "return _sc_e[0]"])
-        + miss
-        + f"\n"
+        + f"        return {miss_call}\n"
+        f"\n"
         f"    def _checks({sig}):\n"
         f"        nonlocal _sc_hits, _sc_bypasses\n"
         + touch
@@ -297,110 +290,6 @@ def generate(layout: Layout) -> str:
         f"        _fast, _switched, _checks, _invoke, _keyof, _depvals, _counts_get, _hits_add\n"
         f"    )\n"
     )
-
-
-#: what the written-out miss needs, passed to the factory after _sc_BYPASS
-_MISS_CELLS = (
-    "_sc_own_store",
-    "_sc_SC",
-    "_sc_T",
-    "_sc_VC",
-    "_sc_quick",
-    "_sc_check",
-    "_sc_wref",
-    "_sc_rguard",
-    "_sc_LOCK",
-    "_sc_cf",
-)
-
-
-def _miss_source(
-    layout: Layout, direct: dict[str, str], args_tuple: str, miss_call: str
-) -> str:
-    """The production miss, written out for the common case: the owner's own open
-    store, no entry yet for the key, dependencies that are tensors or plain values.
-    Anything else goes to ``miss_call`` (the general path, which also raises the typed
-    errors)."""
-    owner = layout.owner
-    keyed = layout.key is not None
-    out = [
-        # the store the lookup read, if it is the owner's own and open
-        "if _sc_s.__class__ is not _sc_SC or _sc_s._closed"
-        f" or _sc_s._owner_ref is None or _sc_s._owner_ref() is not {owner}:",
-        f"    _sc_s = _sc_own_store({owner})",
-        "    if _sc_s is None:",
-        f"        return {miss_call}",
-        "_sc_slot = _sc_s._e.get(_sc_FID)",
-    ]
-    if keyed:
-        out += [
-            "try:",
-            "    if _sc_slot is not None and _sc_k in _sc_slot:",
-            f"        return {miss_call}",
-            "    hash(_sc_k)",
-            "except Exception:",
-            f"    return {miss_call}",
-        ]
-    else:
-        out += ["if _sc_slot is not None:", f"    return {miss_call}"]
-    flat = ["_sc_val"]
-    if layout.deps:
-        flat.append("None")
-        out.append("try:")
-        for i, dep in enumerate(layout.deps):
-            d, v = f"_sc_d{i}", f"_sc_v{i}"
-            out += [
-                f"    {d} = {_dep_expr(dep, owner, direct)}",
-                f"    if {d}.__class__ is _sc_T:",
-                f"        {v} = {d}._version",
-                f"    elif {d}.__class__ in _sc_VC:",
-                f"        {v} = _sc_VAL",
-                "    else:",
-                f"        return {miss_call}",
-            ]
-            flat += [d, v]
-        out += ["except AttributeError:", f"    return {miss_call}"]
-    else:
-        flat.append(f"_sc_wref({owner})")
-    out.append(f"_sc_val = _sc_f({_call_args(layout.params, direct)})")
-    if layout.expect:
-        out += [
-            "try:",
-            f"    _sc_good = _sc_quick(_sc_val, {args_tuple})",
-            "except Exception:",
-            "    _sc_good = False",
-            "if not _sc_good:",
-            f"    _sc_check(_sc_val, {args_tuple}, {'_sc_k' if keyed else 'None'})",
-        ]
-    out.append("_sc_ent = (" + ", ".join(flat) + ",)")
-    if layout.guard:
-        out += [
-            "if _sc_val.__class__ is _sc_T:",
-            "    _sc_ent += (_sc_val, _sc_val._version)",
-            "else:",
-            "    _sc_ent += _sc_rguard(_sc_val)",
-        ]
-    out += ["with _sc_LOCK:", "    if not _sc_s._closed:"]
-    if keyed:
-        out += [
-            "        _sc_slot = _sc_s._e.get(_sc_FID)",
-            "        if _sc_slot is None:",
-            "            _sc_s._e[_sc_FID] = {_sc_k: _sc_ent}",
-            "        else:",
-            "            _sc_slot[_sc_k] = _sc_ent",
-        ]
-    else:
-        out.append("        _sc_s._e[_sc_FID] = _sc_ent")
-    out += [
-        "_sc_cf.misses += 1",
-        "_sc_n = _sc_s._counts.get(_sc_FID)",
-        "if _sc_n is None:",
-        "    _sc_s._counts[_sc_FID] = [1, 0, 0]",
-        "else:",
-        "    _sc_n[0] += 1",
-        "return _sc_val",
-    ]
-    return "".join(f"        {line}\n" for line in out)
 
 
 def _index(params: Sequence[inspect.Parameter], name: str) -> int:

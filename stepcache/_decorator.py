@@ -261,7 +261,6 @@ class CachedFunction:
             self.deps,
             guard_result,
             tuple(self.only),
-            expect is not None,
         )
         self.source = generate(layout)
         ns: dict[str, Any] = {"__builtins__": __builtins__}
@@ -289,16 +288,6 @@ class CachedFunction:
             _fingerprint.snapshot,
             functools.partial(_debug.on_hit, self),
             BYPASS,
-            _store.own_store,
-            StepCache,
-            torch.Tensor,
-            _fingerprint.VALUE_CLASSES,
-            self.quick,
-            self.check_expect,
-            weakref.ref,
-            _walk.result_guard,
-            _store.LOCK,
-            self,
             *defaults,
             *self.only.values(),
         )

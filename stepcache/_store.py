@@ -315,36 +315,6 @@ def store_for(owner: object) -> StepCache:
         return fresh
 
 
-def own_store(owner: object) -> StepCache | None:
-    """The owner's own open store, created on its first use; ``None`` when anything
-    is out of the ordinary (a carried or attached store, a closed one, a side-table
-    owner), for :func:`store_for` to decide. The written-out miss calls it."""
-    try:
-        store = getattr(owner, ATTR, None)
-    except Exception:  # an odd __getattr__
-        return None
-    if store is None:
-        if _side:
-            return None
-        try:
-            fresh = StepCache(owner)
-        except StepCacheError:
-            return None  # no weak references: store_for raises the typed error
-        with _create_lock:
-            if getattr(owner, ATTR, None) is None:
-                try:
-                    object.__setattr__(owner, ATTR, fresh)
-                except AttributeError:
-                    return None
-                return fresh
-        return None
-    if store.__class__ is StepCache:
-        ref = store._owner_ref
-        if ref is not None and ref() is owner and not store._closed:
-            return store  # type: ignore[no-any-return]
-    return None
-
-
 def _closed_error(owner: object) -> StaleCacheError:
     return StaleCacheError(
         f"the step cache of this {type(owner).__qualname__} was closed (the step is "
