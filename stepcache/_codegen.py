@@ -124,9 +124,9 @@ def generate(layout: Layout) -> str:
             f"{indent}_sc_v = {v}",
             f"{indent}if (_sc_x is {o} and (_sc_v.__class__ is not int"
             " or _sc_x._version == _sc_v))"
-            f" or (_sc_v is _sc_VAL and _sc_x.__class__ is {o}.__class__"
+            f" or (_sc_v is _sc_X[3] and _sc_x.__class__ is {o}.__class__"
             f" and _sc_x == {o})"
-            f" or (_sc_v is _sc_SNAP and _sc_snapshot(_sc_x) == {o}):",
+            f" or (_sc_v is _sc_X[4] and _sc_X[5](_sc_x) == {o}):",
         ]
         indent += "    "
     if not layout.deps:
@@ -168,7 +168,7 @@ def generate(layout: Layout) -> str:
     # A keyed function computes its key once: a BYPASS key calls straight through (no
     # failed lookup, no second key call), and a miss hands the key to the slow path.
     prologue = ""
-    miss_call = f"_sc_miss({args_tuple})"
+    miss_call = f"_sc_X[0]({args_tuple})"
     if layout.only:
         # a call outside only= computes without caching; a value that cannot be
         # looked up (unhashable) goes to the slow path, which raises a typed error
@@ -179,7 +179,7 @@ def generate(layout: Layout) -> str:
             "        try:\n"
             f"            _sc_out = {outside}\n"
             "        except Exception:\n"
-            f"            return _sc_miss({args_tuple})\n"
+            f"            return _sc_X[0]({args_tuple})\n"
             "        if _sc_out:\n"
             "            _sc_bypasses += 1\n"
             f"            return _sc_f({_call_args(params, direct)})\n"
@@ -191,7 +191,7 @@ def generate(layout: Layout) -> str:
                 "        try:\n"
                 f"            _sc_k = {key}\n"
                 "        except Exception:\n"
-                f"            return _sc_miss({args_tuple})\n"
+                f"            return _sc_X[0]({args_tuple})\n"
             )
         else:
             prologue += f"        _sc_k = {key}\n"
@@ -202,7 +202,7 @@ def generate(layout: Layout) -> str:
                 "            _sc_bypasses += 1\n"
                 f"            return _sc_f({_call_args(params, direct)})\n"
             )
-        miss_call = f"_sc_miss({args_tuple}, _sc_k)"
+        miss_call = f"_sc_X[0]({args_tuple}, _sc_k)"
 
     shared = [
         "_sc_FID",
@@ -210,14 +210,10 @@ def generate(layout: Layout) -> str:
         "_sc_bypasses",
         "_sc_BYPASS",
         "_sc_f",
-        "_sc_miss",
-        "_sc_slow",
-        "_sc_on_hit",
+        "_sc_X",
     ]
     if layout.key == "callable":
         shared.append("_sc_key")
-    if layout.deps:
-        shared += ["_sc_VAL", "_sc_SNAP", "_sc_snapshot"]
     shared += [f"_sc_O_{i}" for i in range(len(layout.only))]
     # Both code objects must close over the same cells, in the same (sorted) order, for
     # the __code__ swap: each names every shared cell in a branch that never runs.
@@ -243,6 +239,9 @@ def generate(layout: Layout) -> str:
         f"def _sc_factory({factory_params}):\n"
         f"    _sc_hits = 0\n"
         f"    _sc_bypasses = 0\n"
+        # what only misses and odd values use, in one cell: every call of a closure
+        # copies each of its cells into its frame, so the hit path closes over few
+        f"    _sc_X = (_sc_miss, _sc_slow, _sc_on_hit, _sc_VAL, _sc_SNAP, _sc_snapshot)\n"
         f"\n"
         f"    def _fast({sig}):\n"
         f"        nonlocal _sc_hits, _sc_bypasses\n"
@@ -259,13 +258,13 @@ def generate(layout: Layout) -> str:
         # the debug checks run outside the try: their errors must reach the caller
         + matched(["_sc_ok = True"])
         + f"        if _sc_ok:\n"
-        f"            return _sc_on_hit(_sc_e, {args_tuple})\n"
-        f"        return _sc_slow({args_tuple})\n"
+        f"            return _sc_X[2](_sc_e, {args_tuple})\n"
+        f"        return _sc_X[1]({args_tuple})\n"
         f"\n"
         f"    def _switched({sig}):\n"
         f"        nonlocal _sc_hits, _sc_bypasses\n"
         + touch
-        + f"        return _sc_slow({args_tuple})\n"
+        + f"        return _sc_X[1]({args_tuple})\n"
         f"\n"
         f"    def _invoke(a):\n"
         f"        return _sc_f({_call_args(params, packed)})\n"
