@@ -238,8 +238,8 @@ def _write(owner: object, store: StepCache) -> None:
         # the class (a frozen dataclass's, say): the store is not a field
         object.__setattr__(owner, ATTR, store)
         return
-    except AttributeError:
-        pass  # slotted without a slot for it: the side table
+    except (AttributeError, TypeError):
+        pass  # slotted without a slot for it, or a class: the side table
     key = id(owner)
     ref = weakref.ref(owner, _Dropper(_side, key))
     _side[key] = (ref, store)
@@ -288,8 +288,8 @@ def store_for(owner: object) -> StepCache:
                 try:
                     object.__setattr__(owner, ATTR, fresh)
                     return fresh
-                except AttributeError:
-                    pass  # slotted without a slot for it: the general path below
+                except (AttributeError, TypeError):
+                    pass  # no attribute for it (slotted, a class): the general path
     store = _read(owner)
     if store is not None and store.belongs_to(owner):
         if store._closed:

@@ -121,3 +121,30 @@ def test_side_table_entry_goes_with_its_owner() -> None:
     key = id(owner)
     del owner
     assert key not in _store._side
+
+
+def test_a_class_or_a_module_can_own_entries() -> None:
+    import types
+
+    builds: list[str] = []
+
+    class Config:
+        @classmethod
+        @stepcache.step_cached()
+        def table(cls) -> str:
+            builds.append(cls.__name__)
+            return cls.__name__.lower()
+
+    # a class's namespace takes no new attributes: its store is in the side table
+    assert Config.table() == Config.table() == "config"
+    assert builds == ["Config"]
+    assert stepcache.cache_of(Config) is stepcache.cache_of(Config)
+
+    @stepcache.step_cached()
+    def name_of(mod: types.ModuleType) -> str:
+        builds.append(mod.__name__)
+        return mod.__name__
+
+    module = types.ModuleType("owner_module")
+    assert name_of(module) == name_of(module) == "owner_module"
+    assert builds == ["Config", "owner_module"]
