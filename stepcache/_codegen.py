@@ -195,8 +195,9 @@ def generate(layout: Layout) -> str:
             )
         else:
             prologue += f"        _sc_k = {key}\n"
-        if not isinstance(layout.key, tuple) or len(layout.key) == 1:
-            # (a tuple built here is never BYPASS)
+        if layout.key == "callable":
+            # (a parameter's value as the key is not tested here: the rare BYPASS
+            # passed as an argument bypasses through the slow path)
             prologue += (
                 "        if _sc_k is _sc_BYPASS:\n"
                 "            _sc_bypasses += 1\n"
@@ -204,19 +205,22 @@ def generate(layout: Layout) -> str:
             )
         miss_call = f"_sc_X[0]({args_tuple}, _sc_k)"
 
-    shared = [
-        "_sc_FID",
-        "_sc_hits",
-        "_sc_bypasses",
-        "_sc_BYPASS",
-        "_sc_f",
-        "_sc_X",
-    ]
+    # Every call of a closure copies each of its cells into its frame: the generated
+    # functions close over what their hit and bypass paths use, and no more.
+    bypasses = layout.key == "callable" or bool(layout.only)
+    shared = ["_sc_FID", "_sc_hits", "_sc_X"]
+    if bypasses:
+        shared += ["_sc_bypasses", "_sc_BYPASS", "_sc_f"]
     if layout.key == "callable":
         shared.append("_sc_key")
     shared += [f"_sc_O_{i}" for i in range(len(layout.only))]
     # Both code objects must close over the same cells, in the same (sorted) order, for
     # the __code__ swap: each names every shared cell in a branch that never runs.
+    declare = (
+        "        nonlocal _sc_hits, _sc_bypasses\n"
+        if bypasses
+        else "        nonlocal _sc_hits\n"
+    )
     touch = f"        if False:\n            ({', '.join(shared)},)\n"
     defaults = [f"_sc_D_{p.name}" for p in params if p.default is not P.empty]
     factory_params = ", ".join(
@@ -244,14 +248,14 @@ def generate(layout: Layout) -> str:
         f"    _sc_X = (_sc_miss, _sc_slow, _sc_on_hit, _sc_VAL, _sc_SNAP, _sc_snapshot)\n"
         f"\n"
         f"    def _fast({sig}):\n"
-        f"        nonlocal _sc_hits, _sc_bypasses\n"
+        + declare
         + touch
         + prologue
         + matched(["_sc_hits += 1", "return _sc_e[0]"])
         + f"        return {miss_call}\n"
         f"\n"
         f"    def _checks({sig}):\n"
-        f"        nonlocal _sc_hits, _sc_bypasses\n"
+        + declare
         + touch
         + prologue
         + "        _sc_ok = False\n"
@@ -262,7 +266,7 @@ def generate(layout: Layout) -> str:
         f"        return _sc_X[1]({args_tuple})\n"
         f"\n"
         f"    def _switched({sig}):\n"
-        f"        nonlocal _sc_hits, _sc_bypasses\n"
+        + declare
         + touch
         + f"        return _sc_X[1]({args_tuple})\n"
         f"\n"
