@@ -37,7 +37,7 @@ import torch
 
 from stepcache import _envs, _fingerprint, _switches, _walk
 from stepcache._errors import CacheValidationError, StaleCacheError
-from stepcache._spec import normalize_device, validate
+from stepcache._spec import normalize_device
 from stepcache._store import StepCache, store_for
 
 if TYPE_CHECKING:
@@ -681,23 +681,15 @@ def _hit(
                 )
             for name in changed:
                 info.watched[name] = _fingerprint.fingerprint(getattr(owner, name))
-    quick = fn.quick
-    if quick is not None:
-        try:
-            valid = quick(value, a)
-        except Exception:
-            valid = False
-        if not valid:
-            try:
-                validate(value, fn.expect, fn.resolver(a), "")  # type: ignore[arg-type]
-            except CacheValidationError as exc:
-                raise _detect(
-                    CacheValidationError,
-                    "validation",
-                    fn,
-                    key,
-                    f"on a hit, the cached value no longer matches expect{exc}",
-                ) from None
+    violation = fn.expect_violation(value, a)
+    if violation is not None:
+        raise _detect(
+            CacheValidationError,
+            "validation",
+            fn,
+            key,
+            f"on a hit, the cached value no longer matches expect{violation}",
+        )
     if _switches._debug == "verify":
         difference = _recompute(fn, a, value, info)
         if difference is not None:
@@ -715,14 +707,6 @@ def _hit(
     if info.handed is None:
         info.handed = _guard(value, fn, key, info)
     return info.handed
-
-
-def _quick_ok(fn: CachedFunction, value: Any, a: tuple[Any, ...]) -> bool:
-    """The compiled check of ``expect`` passes (if not, ``validate()`` decides)."""
-    try:
-        return fn.quick is not None and bool(fn.quick(value, a))
-    except Exception:
-        return False
 
 
 _MISSING = object()
@@ -793,13 +777,9 @@ def _miss(
                 "could never be reused. Fix: remove it from depends_on (validate an "
                 "output buffer with expect=TensorSpec(device=Arg(...)) instead).",
             )
-    if fn.expect is not None and not _quick_ok(fn, value, a):
-        try:
-            validate(value, fn.expect, fn.resolver(a), "")
-        except CacheValidationError as exc:
-            raise _detect(
-                CacheValidationError, "validation", fn, key, str(exc)[2:]
-            ) from None
+    violation = fn.expect_violation(value, a)
+    if violation is not None:
+        raise _detect(CacheValidationError, "validation", fn, key, violation[2:])
     declared = {d.name for d in fn.deps}
     watched: dict[str, tuple[Any, Any]] = {}
     for name in sorted(read - declared):

@@ -10,18 +10,12 @@ import weakref
 from collections.abc import Callable, Container, Hashable, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
-import torch
-
 from stepcache import _debug, _fingerprint, _registry, _store, _switches, _walk
 from stepcache._codegen import Dep, Layout, generate
 from stepcache._errors import CacheValidationError, StepCacheError
 from stepcache._spec import Arg, Attr, TensorSpec, validate
 from stepcache._speccheck import Quick, compile_check
 from stepcache._store import StepCache, store_for
-
-_Tensor = torch.Tensor
-_VAL = _fingerprint.VAL
-_VALUE_CLASSES = _fingerprint.VALUE_CLASSES
 
 __all__ = ["BYPASS", "CachedFunction", "step_cached"]
 
@@ -509,13 +503,7 @@ class CachedFunction:
                 self._count(store, _INVALIDATION)
             flat: list[Any] = [None, None]
             for x in deps:
-                cls = x.__class__
-                if cls is _Tensor:
-                    flat += (x, x._version)
-                elif cls in _VALUE_CLASSES:
-                    flat += (x, _VAL)
-                else:
-                    flat += _fingerprint.fingerprint(x)
+                flat += _fingerprint.fingerprint(x)
         else:
             if existing is not None:
                 if self.matches(existing, owner, ()):
@@ -530,20 +518,14 @@ class CachedFunction:
             value = self.fn(*a[:-1], *a[-1])
         else:
             value = self.invoke(a)
-        quick = self.quick
-        if quick is not None:
-            try:
-                valid = quick(value, a)
-            except Exception:
-                valid = False
-            if not valid:
-                self.check_expect(value, a, key)
+        if self.quick is not None:
+            violation = self.expect_violation(value, a)
+            if violation is not None:
+                # the message names the function only when it is needed
+                raise CacheValidationError(f"{self.where(key)}{violation}")
         flat[0] = value
         if self.guard:
-            if value.__class__ is _Tensor:
-                flat += (value, value._version)
-            else:
-                flat += _walk.result_guard(value)
+            flat += _walk.result_guard(value)
         entry = tuple(flat)
         with _store.LOCK:
             if not store._closed:
@@ -563,15 +545,24 @@ class CachedFunction:
             counts[_MISS] += 1
         return value
 
-    def check_expect(self, value: Any, a: tuple[Any, ...], key: Any) -> None:
-        """Raise :class:`CacheValidationError` unless ``value`` meets ``expect``."""
-        if self.expect is None:
-            return
+    def expect_violation(self, value: Any, a: tuple[Any, ...]) -> str | None:
+        """``None`` if ``value`` meets ``expect``; else what is wrong, as
+        :func:`validate` says it (``": result ..."``, without the function's name).
+
+        The compiled check answers for a valid value; ``validate()`` runs only when
+        it says no (it may say no to a valid value it does not know how to read)."""
+        if self.quick is None or self.expect is None:
+            return None
+        try:
+            if self.quick(value, a):
+                return None
+        except Exception:
+            pass
         try:
             validate(value, self.expect, self.resolver(a), "")
         except CacheValidationError as exc:
-            # the message names the function only when it is needed
-            raise CacheValidationError(f"{self.where(key)}{exc}") from None
+            return str(exc)
+        return None
 
     def slow(self, a: tuple[Any, ...]) -> Any:
         """Disabled or debug mode."""

@@ -269,50 +269,32 @@ def store_for(owner: object) -> StepCache:
     those on every use, so sharing them is safe); entries bound to the original are not
     carried.
     """
-    # the common case first, written out: the owner's own store
-    try:
-        store = getattr(owner, ATTR, None)
-    except Exception:  # an odd __getattr__
-        store = None
-    if store.__class__ is StepCache:
-        ref = store._owner_ref
-        if ref is not None and ref() is owner:
-            if store._closed:
-                raise _closed_error(owner)
-            return store  # type: ignore[no-any-return]
-    elif store is None and not _side:
-        # no store yet, and no side-table stores anywhere: the owner's first use
-        fresh = StepCache(owner)
-        with _create_lock:
-            if getattr(owner, ATTR, None) is None:
-                try:
-                    object.__setattr__(owner, ATTR, fresh)
-                    return fresh
-                except (AttributeError, TypeError):
-                    pass  # no attribute for it (slotted, a class): the general path
     store = _read(owner)
-    if store is not None and store.belongs_to(owner):
-        if store._closed:
-            raise _closed_error(owner)
-        return store
-    with _create_lock:
-        current = _read(owner)
-        if current is not None and current.belongs_to(owner):
-            if current._closed:
-                raise _closed_error(owner)
-            return current
-        fresh = StepCache(owner)
-        if current is not None and not current._closed:
-            fresh._kept = list(current._kept)
-            for fid, slot in list(current._e.items()):
-                if isinstance(slot, dict):
-                    shared = {k: e for k, e in list(slot.items()) if e[1] is None}
-                    if shared:
-                        fresh._e[fid] = shared
-                elif slot[1] is None:
-                    fresh._e[fid] = slot
-        _write(owner, fresh)
-        return fresh
+    if store is None or not store.belongs_to(owner):
+        with _create_lock:
+            store = _read(owner)
+            if store is None or not store.belongs_to(owner):
+                return _fresh_store(owner, store)
+    if store._closed:
+        raise _closed_error(owner)
+    return store
+
+
+def _fresh_store(owner: object, carried: StepCache | None) -> StepCache:
+    """A new store for ``owner``, seeded from a ``carried`` one (a copy's), written
+    into the owner (``_create_lock`` held)."""
+    fresh = StepCache(owner)
+    if carried is not None and not carried._closed:
+        fresh._kept = list(carried._kept)
+        for fid, slot in list(carried._e.items()):
+            if isinstance(slot, dict):
+                shared = {k: e for k, e in list(slot.items()) if e[1] is None}
+                if shared:
+                    fresh._e[fid] = shared
+            elif slot[1] is None:
+                fresh._e[fid] = slot
+    _write(owner, fresh)
+    return fresh
 
 
 def _closed_error(owner: object) -> StaleCacheError:
