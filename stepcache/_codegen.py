@@ -234,6 +234,7 @@ def generate(layout: Layout) -> str:
             "_sc_SNAP",
             "_sc_snapshot",
             "_sc_on_hit",
+            "_sc_lean",
             "_sc_BYPASS",
             *defaults,
             *(f"_sc_O_{i}" for i in range(len(layout.only))),
@@ -245,7 +246,9 @@ def generate(layout: Layout) -> str:
         f"    _sc_bypasses = 0\n"
         # what only misses and odd values use, in one cell: every call of a closure
         # copies each of its cells into its frame, so the hit path closes over few
-        f"    _sc_X = (_sc_miss, _sc_slow, _sc_on_hit, _sc_VAL, _sc_SNAP, _sc_snapshot)\n"
+        f"    _sc_X = (\n"
+        f"        _sc_miss, _sc_slow, _sc_on_hit, _sc_VAL, _sc_SNAP, _sc_snapshot, _sc_lean\n"
+        f"    )\n"
         f"\n"
         f"    def _fast({sig}):\n"
         + declare
@@ -261,8 +264,9 @@ def generate(layout: Layout) -> str:
         + "        _sc_ok = False\n"
         # the debug checks run outside the try: their errors must reach the caller
         + matched(["_sc_ok = True"])
-        + f"        if _sc_ok:\n"
-        f"            return _sc_X[2](_sc_e, {args_tuple})\n"
+        + "        if _sc_ok:\n"
+        + _lean_checks(layout, direct, args_tuple)
+        + f"            return _sc_X[2](_sc_e, {args_tuple})\n"
         f"        return _sc_X[1]({args_tuple})\n"
         f"\n"
         f"    def _switched({sig}):\n"
@@ -293,6 +297,53 @@ def generate(layout: Layout) -> str:
         f"        _fast, _switched, _checks, _invoke, _keyof, _depvals, _counts_get, _hits_add\n"
         f"    )\n"
     )
+
+
+def _lean_checks(layout: Layout, ref: dict[str, str], args_tuple: str) -> str:
+    """A checks-mode hit's usual work, inline: see ``stepcache._debug._lean_plan``.
+
+    ``_sc_X[6]`` is ``(the _switches module, the compiled expect check or None, the
+    _Info class)``. The entry's info holds the plan: rows of tensor dependencies to
+    compare (index, data pointer, dtype, shape, numpy view, bytes) and the result's
+    (tensor, version) pairs, or None when the hit needs ``_sc_X[2]`` (``stepcache._debug.on_hit``), which also runs whenever a
+    comparison here fails, to say what changed.
+    """
+    deps = "(" + "".join(_dep_expr(d, layout.owner, ref) + ", " for d in layout.deps)
+    compare = (
+        [
+            "                    if _sc_l[0]:",
+            f"                        _sc_d = {deps})",
+            "                        for _sc_j, _sc_p, _sc_t, _sc_s, _sc_w, _sc_r in _sc_l[0]:",
+            "                            _sc_x = _sc_d[_sc_j]",
+            "                            if (_sc_x.data_ptr() != _sc_p or _sc_x.dtype is not"
+            " _sc_t or _sc_x.shape != _sc_s or (_sc_w is not None and _sc_w.tobytes()"
+            " != _sc_r)):",
+            "                                _sc_ok = False",
+            "                                break",
+        ]
+        if layout.deps
+        else []
+    )
+    lines = [
+        "            try:",
+        "                _sc_T = _sc_X[6]",
+        "                _sc_i = _sc_e[-1]",
+        "                if _sc_i.__class__ is _sc_T[2] and _sc_i.lean is not None"
+        ' and _sc_T[0]._debug == "checks":',
+        "                    _sc_l = _sc_i.lean",
+        *compare,
+        "                    for _sc_x, _sc_v in _sc_l[1]:",
+        "                        if _sc_x._version != _sc_v:",
+        "                            _sc_ok = False",
+        "                            break",
+        "                    if _sc_ok and (_sc_T[1] is None"
+        f" or _sc_T[1](_sc_e[0], {args_tuple})):",
+        "                        _sc_hits += 1",
+        "                        return _sc_i.handed",
+        "            except Exception:",
+        "                pass",
+    ]
+    return "".join(line + "\n" for line in lines)
 
 
 def _index(params: Sequence[inspect.Parameter], name: str) -> int:

@@ -229,6 +229,11 @@ class _Info:
     deep_check: tuple[int, ...] = ()
     #: for each of deep_check, a numpy view of a small CPU tensor's contents (or None)
     probes: tuple[Any, ...] = ()
+    #: a checks-mode hit's whole work when there is nothing unusual to compare (see
+    #: :func:`_lean_plan`); ``None`` sends every hit through :func:`_hit`
+    lean: tuple[tuple[tuple[Any, ...], ...], list[tuple[torch.Tensor, int]]] | None = (
+        None
+    )
 
 
 # -- recording which owner attributes a call reads ------------------------------------------
@@ -594,7 +599,8 @@ def call(fn: CachedFunction, a: tuple[Any, ...]) -> Any:
 
 
 def on_hit(fn: CachedFunction, entry: tuple[Any, ...], a: tuple[Any, ...]) -> Any:
-    """Checks mode, from the generated code: the fast lookup matched ``entry``."""
+    """Checks mode, from the generated code: the fast lookup matched ``entry``, and the
+    generated lean checks (:func:`_lean_plan`) did not answer."""
     info = entry[-1]
     if (
         fn.expect is None
@@ -606,9 +612,40 @@ def on_hit(fn: CachedFunction, entry: tuple[Any, ...], a: tuple[Any, ...]) -> An
     ):
         fn._hits_add(1)  # nothing recorded that could have gone stale
         return entry[0]
+    return _hit_again(fn, a, entry)
+
+
+def _hit_again(fn: CachedFunction, a: tuple[Any, ...], entry: tuple[Any, ...]) -> Any:
     key = fn.keyof(a) if fn.keyed else None
     deps = fn.depvals(a) if fn.deps else ()
     return _hit(fn, a, key, a[fn.owner_index], deps, entry)
+
+
+def _lean_plan(
+    fn: CachedFunction, info: _Info
+) -> tuple[tuple[tuple[Any, ...], ...], list[tuple[torch.Tensor, int]]] | None:
+    """What a checks-mode hit of this entry compares, or ``None`` if it needs _hit.
+
+    First, one row per dependency of ``info.deep_check`` that is a tensor: its index,
+    data pointer, dtype, shape and, for a small CPU tensor, the numpy view and bytes
+    of its contents (a dependency of another kind keeps its identity, which the
+    lookup compared). Then the (tensor, version) pairs of the result to compare (the
+    list ``info.versions`` itself, or none with ``guard_result``). ``None`` when the
+    hit has more to do: owner attributes to watch, or a dependency that
+    :func:`_fingerprint.deep_unchanged` compares in full.
+    """
+    if info.watched:
+        return None
+    rows = []
+    for i, probe in zip(info.deep_check, info.probes, strict=True):
+        before = info.deep[i]
+        if before[0] == "tensor" and (probe is not None or before[4] is None):
+            view, raw = probe if probe is not None else (None, None)
+            rows.append((i, before[3], before[2], before[1], view, raw))
+        elif before[0] != "object":
+            return None
+    # with guard_result the lookup compared the result's versions already
+    return tuple(rows), [] if fn.guard else info.versions
 
 
 def _hit(
@@ -806,4 +843,5 @@ def _miss(
     fn.insert(store, key, entry)
     fn._count(store, 0)
     info.handed = _guard(value, fn, key, info)
+    info.lean = _lean_plan(fn, info)
     return info.handed

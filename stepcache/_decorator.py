@@ -281,6 +281,7 @@ class CachedFunction:
             _fingerprint.SNAP,
             _fingerprint.snapshot,
             functools.partial(_debug.on_hit, self),
+            (_switches, self.quick, _debug._Info),
             BYPASS,
             *defaults,
             *self.only.values(),
