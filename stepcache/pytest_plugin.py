@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """pytest plugin: run any test suite in stepcache debug mode, and print cache stats.
 
-Registered through the ``pytest11`` entry point, so it is present wherever stepcache is
-installed, and does nothing unless asked:
+Its ``pytest11`` entry point, the module ``stepcache_pytest``, is loaded wherever
+stepcache is installed; it declares the options, the marker and the fixture, and
+registers this module only when a session uses one of them (so a session that does not
+imports neither stepcache nor torch). Nothing happens unless asked:
 
 * ``pytest --stepcache-debug`` (``checks``) or ``--stepcache-debug=verify`` runs every
   test in debug mode. A detection fails the test during which it happened, even when
@@ -36,7 +38,6 @@ from stepcache import Detection
 __all__ = ["DebugHandle"]
 
 MODES: Final = ("off", "checks", "verify")
-_OPTION: Final = "--stepcache-debug"
 _CLEAR_AT: Final = 5_000
 _STAT_FIELDS: Final = ("hits", "misses", "bypasses", "invalidations")
 
@@ -105,60 +106,18 @@ class DebugHandle:
         return taken
 
 
-# -- options and set-up ------------------------------------------------------------------
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("stepcache", "stepcache (per-step caches)")
-    group.addoption(
-        _OPTION,
-        nargs="?",
-        const="checks",
-        default=None,
-        metavar="MODE",
-        dest="stepcache_debug",
-        help="run every test in stepcache debug mode: checks (the default) or verify "
-        "(also recompute every hit); a detection fails its test",
-    )
-    group.addoption(
-        "--stepcache-stats",
-        action="store_true",
-        default=False,
-        dest="stepcache_stats",
-        help="print stepcache's per-function hit/miss table at the end of the session",
-    )
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(
-    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
-) -> None:
-    """Let ``--stepcache-debug`` stand before a path: ``--stepcache-debug tests/``
-    means checks mode on ``tests/``, not mode ``tests/``."""
-    changed = False
-    for i, arg in enumerate(args[:-1]):
-        if arg == _OPTION and args[i + 1] not in MODES[1:]:
-            args[i] = f"{_OPTION}=checks"
-            changed = True
-    if changed:
-        early_config.known_args_namespace = parser.parse_known_args(
-            args, namespace=early_config.known_args_namespace
-        )
-
-
+# -- set-up ------------------------------------------------------------------------------
+# (The options, the marker and the fixture are declared by the entry-point module,
+# stepcache_pytest, which registers this module when a session needs it.)
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "stepcache_debug(mode='checks'): run this test in stepcache debug mode "
-        "(checks, verify; off exempts it from --stepcache-debug); a detection fails it",
+    state = _Session(
+        mode=config.getoption("stepcache_debug", None),
+        stats=bool(config.getoption("stepcache_stats", False)),
     )
-    mode = config.getoption("stepcache_debug", None)
-    if mode is not None and mode not in MODES[1:]:
-        raise pytest.UsageError(
-            f"{_OPTION} takes checks or verify (got {mode!r}); write "
-            f"{_OPTION}=verify, or {_OPTION} alone for checks"
-        )
-    config.stash[_SESSION] = _Session(
-        mode=mode, stats=bool(config.getoption("stepcache_stats", False))
-    )
+    # registered after the session started (for a marked test), this module gets no
+    # pytest_sessionstart: the report's state now is where it starts following it
+    state.seen = stepcache.debug_report().detections
+    config.stash[_SESSION] = state
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -178,10 +137,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 # -- the fixture and the per-test mode ----------------------------------------------------
-@pytest.fixture
-def stepcache_debug(request: pytest.FixtureRequest) -> DebugHandle:
-    """Run this test in stepcache debug mode (``checks``, or the marker's mode) and
-    get a handle on its detections; ``take()`` accepts them."""
+def debug_handle(request: pytest.FixtureRequest) -> DebugHandle:
+    """The ``stepcache_debug`` fixture's value (the fixture is declared by
+    ``stepcache_pytest``): this test's handle on its debug mode and detections."""
     state = request.config.stash[_SESSION]
     test: _Test | None = request.node.stash.get(_TEST, None)
     if test is None or test.mode == "off":

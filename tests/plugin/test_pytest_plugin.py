@@ -339,3 +339,40 @@ def test_the_entry_point_registers_the_plugin(suite: pytest.Pytester) -> None:
     disabled = suite.runpytest_subprocess("-p", "no:stepcache", "--stepcache-debug")
     assert disabled.ret == pytest.ExitCode.USAGE_ERROR
     assert "unrecognized arguments: --stepcache-debug" in disabled.stderr.str()
+
+
+def test_a_session_that_does_not_use_it_imports_neither_stepcache_nor_torch(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import sys
+
+        def test_nothing_loaded():
+            assert "stepcache_pytest" in sys.modules  # the entry point is loaded
+            assert "stepcache" not in sys.modules
+            assert "torch" not in sys.modules
+        """
+    )
+    pytester.runpytest_subprocess().assert_outcomes(passed=1)
+
+
+def test_a_marked_test_in_a_fresh_process_registers_the_plugin(
+    suite: pytest.Pytester,
+) -> None:
+    suite.makepyfile(
+        """
+        import pytest
+        from helpers import swallowed
+
+        @pytest.mark.stepcache_debug
+        def test_marked():
+            swallowed()
+
+        def test_unmarked():
+            swallowed()
+        """
+    )
+    result = suite.runpytest_subprocess()
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["*test_marked*dependency-changed*"])
