@@ -41,6 +41,8 @@ class Layout:
     guard: bool = False
     #: parameters whose value must be in a collection for the call to be cached
     only: tuple[str, ...] = ()
+    #: the function validates its result (expect=): the miss runs the compiled check
+    expect: bool = False
 
 
 def _signature(params: Sequence[inspect.Parameter]) -> str:
@@ -228,7 +230,7 @@ def generate(layout: Layout) -> str:
             "_sc_FID",
             "_sc_f",
             "_sc_key",
-            "_sc_miss",
+            "_sc_M",
             "_sc_slow",
             "_sc_VAL",
             "_sc_SNAP",
@@ -242,12 +244,14 @@ def generate(layout: Layout) -> str:
     )
     return (
         f"def _sc_factory({factory_params}):\n"
-        f"    _sc_hits = 0\n"
-        f"    _sc_bypasses = 0\n"
+        "    _sc_hits = 0\n"
+        "    _sc_bypasses = 0\n"
+        # the miss is a closure of its own: its cells are not copied into the hit path
+        + _miss_source(layout, packed)
         # what only misses and odd values use, in one cell: every call of a closure
         # copies each of its cells into its frame, so the hit path closes over few
-        f"    _sc_X = (\n"
-        f"        _sc_miss, _sc_slow, _sc_on_hit, _sc_VAL, _sc_SNAP, _sc_snapshot, _sc_lean\n"
+        + "    _sc_X = (\n"
+        f"        _miss, _sc_slow, _sc_on_hit, _sc_VAL, _sc_SNAP, _sc_snapshot, _sc_lean\n"
         f"    )\n"
         f"\n"
         f"    def _fast({sig}):\n"
@@ -294,8 +298,133 @@ def generate(layout: Layout) -> str:
         f"            _sc_hits = _sc_bypasses = 0\n"
         f"\n"
         f"    return (\n"
-        f"        _fast, _switched, _checks, _invoke, _keyof, _depvals, _counts_get, _hits_add\n"
+        f"        _fast, _switched, _checks, _invoke, _keyof, _depvals, _counts_get,\n"
+        f"        _hits_add, _miss,\n"
         f"    )\n"
+    )
+
+
+#: what the generated miss uses, in the order of the factory's ``_sc_M`` tuple
+MISS_HELPERS: tuple[str, ...] = (
+    "_sc_cf",  # the CachedFunction: its rare paths (settle, reject, bypass, errors)
+    "_sc_NO_KEY",
+    "_sc_store_for",
+    "_sc_first_store_for",
+    "_sc_StepCache",
+    "_sc_LOCK",
+    "_sc_Tensor",
+    "_sc_VC",  # fingerprint's value classes
+    "_sc_fp",  # fingerprint()
+    "_sc_rguard",  # result_guard()
+    "_sc_wref",  # weakref.ref
+    "_sc_quick",  # the compiled expect check, or None
+    "_sc_ATTR",  # the store's attribute name
+)
+
+
+def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
+    """Source of ``_miss(a, key)``: a production call the fast code could not answer.
+
+    Everything a miss usually does is written out here for this one function: find
+    the owner's store, fingerprint each dependency, call the function, run the
+    compiled ``expect`` check, guard the result, insert the entry, count. The rare
+    cases go to the CachedFunction (``_sc_cf``): an entry that is already there
+    (``settle``), a value ``expect`` may reject (``reject``), a bypass, a store that
+    is not the owner's own open one (``store_for``), a missing dependency (its typed
+    error). A miss runs once per owner and step, between the builders' tensor work,
+    where every Python call and object touched costs microseconds.
+    """
+    params = layout.params
+    owner_i = _index(params, layout.owner)
+    keyed = layout.key is not None
+    out = ["    def _miss(a, _sc_k=_sc_NO_KEY):"]
+    add = out.append
+    if keyed or layout.only:
+        add("        if _sc_k is _sc_NO_KEY:")
+        add("            _sc_k = _sc_cf.key_of(a)")
+        if keyed:
+            add("        elif _sc_k is not None and _sc_k is not _sc_BYPASS:")
+            add("            try:")
+            add("                hash(_sc_k)")
+            add("            except TypeError:")
+            add("                _sc_cf.checked(_sc_k)")
+        add("        if _sc_k is _sc_BYPASS:")
+        add("            return _sc_cf.bypass(a)")
+    else:
+        add("        _sc_k = None")
+    add(f"        _sc_o = a[{owner_i}]")
+    add("        try:")
+    add("            _sc_s = getattr(_sc_o, _sc_ATTR, None)")
+    add("        except Exception:")
+    add("            _sc_s = None")
+    add("        if _sc_s is None:")
+    add("            _sc_s = _sc_first_store_for(_sc_o)")
+    add(
+        "        elif _sc_s.__class__ is not _sc_StepCache or _sc_s._closed"
+        " or _sc_s._owner_ref is None or _sc_s._owner_ref() is not _sc_o:"
+    )
+    add("            _sc_s = _sc_store_for(_sc_o)")
+    add("        _sc_slot = _sc_s._e.get(_sc_FID)")
+    if keyed:
+        add("        _sc_old = None if _sc_slot is None else _sc_slot.get(_sc_k)")
+    else:
+        add("        _sc_old = _sc_slot")
+    add("        if _sc_old is not None and _sc_cf.settle(_sc_old, a, _sc_k, _sc_s):")
+    add("            return _sc_old[0]")
+    n = len(layout.deps)
+    xs = [f"_sc_x{i}" for i in range(n)]
+    if n:
+        add("        try:")
+        for x, dep in zip(xs, layout.deps, strict=True):
+            add(f"            {x} = {_dep_expr(dep, f'a[{owner_i}]', packed)}")
+        add("        except AttributeError:")
+        add(f"            {', '.join(xs)}, = _sc_cf.dep_values(a, _sc_k)")
+        for i, x in enumerate(xs):
+            # fingerprint()'s two common cases inline
+            add(
+                f"        {x}, _sc_v{i} = ({x}, {x}._version) if {x}.__class__ is"
+                f" _sc_Tensor else ({x}, _sc_VAL) if {x}.__class__ in _sc_VC"
+                f" else _sc_fp({x})"
+            )
+    add(f"        _sc_val = _sc_f({_call_args(params, packed)})")
+    if layout.expect:
+        add("        try:")
+        add("            _sc_ok = _sc_quick(_sc_val, a)")
+        add("        except Exception:")
+        add("            _sc_ok = False")
+        add("        if not _sc_ok:")
+        add("            _sc_cf.reject(_sc_val, a, _sc_k)")
+    parts = ["_sc_val", "None" if n else "_sc_wref(_sc_o)"]
+    for i, x in enumerate(xs):
+        parts += [x, f"_sc_v{i}"]
+    if layout.guard:
+        add("        if _sc_val.__class__ is _sc_Tensor:")
+        add("            _sc_g, _sc_gv = _sc_val, _sc_val._version")
+        add("        else:")
+        add("            _sc_g, _sc_gv = _sc_rguard(_sc_val)")
+        parts += ["_sc_g", "_sc_gv"]
+    add(f"        _sc_new = ({', '.join(parts)})")
+    add("        with _sc_LOCK:")
+    add("            if not _sc_s._closed:")
+    if keyed:
+        add("                _sc_slot = _sc_s._e.get(_sc_FID)")
+        add("                if _sc_slot is None:")
+        add("                    _sc_s._e[_sc_FID] = {_sc_k: _sc_new}")
+        add("                else:")
+        add("                    _sc_slot[_sc_k] = _sc_new")
+    else:
+        add("                _sc_s._e[_sc_FID] = _sc_new")
+    add("        _sc_cf.misses += 1")
+    add("        _sc_c = _sc_s._counts.get(_sc_FID)")
+    add("        if _sc_c is None:")
+    add("            _sc_s._counts[_sc_FID] = [1, 0, 0]")
+    add("        else:")
+    add("            _sc_c[0] += 1")
+    add("        return _sc_val")
+    return (
+        f"    ({', '.join(MISS_HELPERS)},) = _sc_M\n"
+        + "".join(line + "\n" for line in out)
+        + "\n"
     )
 
 

@@ -10,6 +10,8 @@ import weakref
 from collections.abc import Callable, Container, Hashable, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
+import torch
+
 from stepcache import _debug, _fingerprint, _registry, _store, _switches, _walk
 from stepcache._codegen import Dep, Layout, generate
 from stepcache._errors import CacheValidationError, StepCacheError
@@ -144,28 +146,6 @@ class CachedFunction:
                 f"(parameters: {', '.join(names)})"
             )
         self.owner_index = names.index(self.owner_name)
-        #: every parameter is positional, the last may be *args: a packed call is
-        #: fn(*a), or fn(*a[:-1], *a[-1])
-        self.star_last = bool(params) and (
-            params[-1].kind is inspect.Parameter.VAR_POSITIONAL
-            and all(
-                p.kind
-                in (
-                    inspect.Parameter.POSITIONAL_ONLY,
-                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                )
-                for p in params[:-1]
-            )
-        )
-        self.positional = all(
-            p.kind
-            in (
-                inspect.Parameter.POSITIONAL_ONLY,
-                inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            )
-            for p in params
-        )
-
         layout_key: tuple[str, ...] | str | None
         self.key_fn: Callable[..., Hashable] | None = None
         if key is None:
@@ -255,6 +235,7 @@ class CachedFunction:
             self.deps,
             guard_result,
             tuple(self.only),
+            expect is not None,
         )
         self.source = generate(layout)
         ns: dict[str, Any] = {"__builtins__": __builtins__}
@@ -271,11 +252,26 @@ class CachedFunction:
             self.depvals,
             self._counts_get,
             self._hits_add,
+            self.miss,
         ) = ns["_sc_factory"](
             self.fid,
             fn,
             self.key_fn,
-            self.miss,
+            (
+                self,
+                _NO_KEY,
+                store_for,
+                _store.first_store_for,
+                StepCache,
+                _store.LOCK,
+                torch.Tensor,
+                _fingerprint.VALUE_CLASSES,
+                _fingerprint.fingerprint,
+                _walk.result_guard,
+                weakref.ref,
+                self.quick,
+                _store.ATTR,
+            ),
             self.slow,
             _fingerprint.VAL,
             _fingerprint.SNAP,
@@ -469,82 +465,35 @@ class CachedFunction:
                 store._e[self.fid] = entry
 
     # -- the slow paths -----------------------------------------------------------------
-    def miss(self, a: tuple[Any, ...], key: Any = _NO_KEY) -> Any:
-        """Production: a call the fast code could not answer (with the key it
-        computed, if it has one).
-
-        The steps of :meth:`lookup`, :meth:`make_entry`, :meth:`insert` and
-        :meth:`_count` are written out here: a miss runs once per owner and step,
-        between the builders' tensor work, where every Python call costs.
-        """
-        if key is _NO_KEY:
-            key = self.key_of(a) if self.keyed or self.only else None
-        elif key is not None and key is not BYPASS:
-            try:
-                hash(key)
-            except TypeError:
-                self.checked(key)  # raises the typed error
-        if key is BYPASS:
-            self._count(None, _BYPASS_COUNT)
-            return self.invoke(a)
+    # -- the generated miss's rare paths -------------------------------------------------
+    # (``self.miss``, the production miss, is generated for each function: see
+    # ``_codegen._miss_source``)
+    def settle(
+        self, entry: tuple[Any, ...], a: tuple[Any, ...], key: Any, store: StepCache
+    ) -> bool:
+        """A miss found ``entry`` already there: True (a hit, counted) if it still
+        matches; else count the invalidation (the miss goes on to recompute)."""
         owner = a[self.owner_index]
-        store = store_for(owner)
-        fid = self.fid
-        slot = store._e.get(fid)
-        existing = (None if slot is None else slot.get(key)) if self.keyed else slot
-        if self.deps:
-            try:
-                deps = self.depvals(a)
-            except AttributeError:
-                deps = self.dep_values(a, key)  # raises the typed error
-            if existing is not None:
-                if self.matches(existing, owner, deps):
-                    self.count_hit()
-                    return existing[0]
-                self._count(store, _INVALIDATION)
-            flat: list[Any] = [None, None]
-            for x in deps:
-                flat += _fingerprint.fingerprint(x)
-        else:
-            if existing is not None:
-                if self.matches(existing, owner, ()):
-                    self.count_hit()
-                    return existing[0]
-                if not self.result_unchanged(existing):
-                    self._count(store, _INVALIDATION)
-            flat = [None, weakref.ref(owner)]
-        if self.positional:
-            value = self.fn(*a)
-        elif self.star_last:
-            value = self.fn(*a[:-1], *a[-1])
-        else:
-            value = self.invoke(a)
-        if self.quick is not None:
-            violation = self.expect_violation(value, a)
-            if violation is not None:
-                # the message names the function only when it is needed
-                raise CacheValidationError(f"{self.where(key)}{violation}")
-        flat[0] = value
-        if self.guard:
-            flat += _walk.result_guard(value)
-        entry = tuple(flat)
-        with _store.LOCK:
-            if not store._closed:
-                if self.keyed:
-                    slot = store._e.get(fid)
-                    if slot is None:
-                        store._e[fid] = {key: entry}
-                    else:
-                        slot[key] = entry
-                else:
-                    store._e[fid] = entry
-        self.misses += 1
-        counts = store._counts.get(fid)
-        if counts is None:
-            store._counts[fid] = [1, 0, 0]
-        else:
-            counts[_MISS] += 1
-        return value
+        deps = self.dep_values(a, key) if self.deps else ()
+        if self.matches(entry, owner, deps):
+            self.count_hit()
+            return True
+        if self.deps or not self.result_unchanged(entry):
+            self._count(store, _INVALIDATION)
+        return False
+
+    def reject(self, value: Any, a: tuple[Any, ...], key: Any) -> None:
+        """The compiled check did not pass ``value``: raise what ``validate()`` finds
+        wrong (nothing, if the check could not read a valid value)."""
+        violation = self.expect_violation(value, a)
+        if violation is not None:
+            # the message names the function only when it is needed
+            raise CacheValidationError(f"{self.where(key)}{violation}")
+
+    def bypass(self, a: tuple[Any, ...]) -> Any:
+        """A call the key (or ``only=``) leaves out of the cache."""
+        self._count(None, _BYPASS_COUNT)
+        return self.invoke(a)
 
     def expect_violation(self, value: Any, a: tuple[Any, ...]) -> str | None:
         """``None`` if ``value`` meets ``expect``; else what is wrong, as

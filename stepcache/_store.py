@@ -25,8 +25,9 @@ __all__ = [
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
 
-#: id -> weak reference of every live store (a store removes itself in ``__del__``)
-_live: dict[int, weakref.ref[StepCache]] = {}
+#: every store alive, as weak references; a dead one's reference removes itself (the
+#: callback is the dict's own pop, so no Python code runs when a store dies)
+_live: dict[weakref.ref[StepCache], None] = {}
 #: guards every store's entries (inserts, clear, close); never the user's function
 LOCK = threading.Lock()
 _side: dict[int, tuple[weakref.ref[Any], StepCache]] = {}
@@ -94,11 +95,7 @@ class StepCache:
         self._counts: dict[int, list[int]] = {}
         #: objects that must live as long as the step (pinned staging for async copies)
         self._kept: list[Any] = []
-        _live[id(self)] = weakref.ref(self)
-
-    def __del__(self) -> None:
-        # runs as the store is freed, before its id can be reused
-        _live.pop(id(self), None)
+        _live[weakref.ref(self, _live.pop)] = None
 
     # -- the public surface -------------------------------------------------------------
     @property
@@ -280,6 +277,25 @@ def store_for(owner: object) -> StepCache:
     return store
 
 
+def first_store_for(owner: object) -> StepCache:
+    """:func:`store_for` for an owner whose attribute holds no store: its first miss
+    of the step, usually. The common case (an owner that takes the attribute) is
+    written out; anything else goes through :func:`store_for`."""
+    with _create_lock:
+        try:
+            free = getattr(owner, ATTR, None) is None and id(owner) not in _side
+        except Exception:  # an odd __getattr__
+            free = False
+        if free:
+            store = StepCache(owner)
+            try:
+                object.__setattr__(owner, ATTR, store)
+                return store
+            except (AttributeError, TypeError):
+                pass  # slotted, or a class: store_for() uses the side table
+    return store_for(owner)
+
+
 def _fresh_store(owner: object, carried: StepCache | None) -> StepCache:
     """A new store for ``owner``, seeded from a ``carried`` one (a copy's), written
     into the owner (``_create_lock`` held)."""
@@ -379,7 +395,7 @@ def attach(owner: object, cache: StepCache) -> StepCache:
 
 def live_caches() -> list[StepCache]:
     """Every store still alive in this process."""
-    stores = (ref() for ref in list(_live.values()))
+    stores = (ref() for ref in list(_live))
     return [store for store in stores if store is not None]
 
 
