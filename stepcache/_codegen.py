@@ -434,8 +434,9 @@ def _lean_checks(layout: Layout, ref: dict[str, str], args_tuple: str) -> str:
     ``_sc_X[6]`` is ``(the _switches module, the compiled expect check or None, the
     _Info class)``. The entry's info holds the plan: rows of tensor dependencies to
     compare (index, data pointer, dtype, shape, numpy view, bytes) and the result's
-    (tensor, version) pairs, or None when the hit needs ``_sc_X[2]`` (``stepcache._debug.on_hit``), which also runs whenever a
-    comparison here fails, to say what changed.
+    (tensor, version) pairs, or None when the hit needs ``_sc_X[2]``
+    (``stepcache._debug.on_hit``), which also runs whenever a comparison here fails,
+    to say what changed.
     """
     deps = "(" + "".join(_dep_expr(d, layout.owner, ref) + ", " for d in layout.deps)
     compare = (

@@ -466,8 +466,8 @@ class CachedFunction:
 
     # -- the slow paths -----------------------------------------------------------------
     # -- the generated miss's rare paths -------------------------------------------------
-    # (``self.miss``, the production miss, is generated for each function: see
-    # ``_codegen._miss_source``)
+    # (``self.miss(a, key)``, the production miss, is generated for each function
+    # beside its hit: see ``_codegen._miss_source``)
     def settle(
         self, entry: tuple[Any, ...], a: tuple[Any, ...], key: Any, store: StepCache
     ) -> bool:
