@@ -75,7 +75,10 @@ def _one_step(
 def run(layers: int = 8, tokens: int = 4, rounds: int = 401) -> StageResults:
     kinds = tuple(demo.layer_kinds(layers))
     lens = batch_layout(tokens)
-    builders = {v: dsv4_sim.Builders(max_tokens=max(tokens, 1)) for v in VARIANTS}
+    # one set of builders (the same persistent buffers) for both variants, as in
+    # bench_dsv4: the buffers' placement alone moves a build by several percent
+    shared = dsv4_sim.Builders(max_tokens=max(tokens, 1))
+    builders = {v: shared for v in VARIANTS}
     labels = [
         "sparse-MLA builder (request index)",
         "compressor builder (request index)",

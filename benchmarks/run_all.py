@@ -158,8 +158,8 @@ def page(
         "",
         f"`python -m benchmarks.bench_stages --layers {stages.layers} --tokens "
         f"{stages.tokens}`: the same step, each stage timed on its own, median over",
-        f"{stages.rounds} rounds (the two variants alternating, the cycle collector",
-        "paused). Nearly all of stepcache's extra time is in its three misses per step",
+        f"{stages.rounds} rounds (the two variants alternating, with the same builders,",
+        "the cycle collector paused). Nearly all of stepcache's extra time is in its three misses per step",
         "(the first request-index call, and the first lookup of each cached layer kind;",
         "the first one of each metadata object also creates its store), each a few",
         "dozen microseconds here: the bookkeeping of a miss (find or create the store,",
