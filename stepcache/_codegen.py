@@ -309,7 +309,6 @@ MISS_HELPERS: tuple[str, ...] = (
     "_sc_cf",  # the CachedFunction: its rare paths (settle, reject, bypass, errors)
     "_sc_NO_KEY",
     "_sc_store_for",
-    "_sc_first_store_for",
     "_sc_StepCache",
     "_sc_LOCK",
     "_sc_Tensor",
@@ -330,7 +329,7 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
     compiled ``expect`` check, guard the result, insert the entry, count. The rare
     cases go to the CachedFunction (``_sc_cf``): an entry that is already there
     (``settle``), a value ``expect`` may reject (``reject``), a bypass, a store that
-    is not the owner's own open one (``store_for``), a missing dependency (its typed
+    is not the owner's own open one, or none yet (``store_for``), a missing dependency (its typed
     error). A miss runs once per owner and step, between the builders' tensor work,
     where every Python call and object touched costs microseconds.
     """
@@ -357,10 +356,8 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
     add("            _sc_s = getattr(_sc_o, _sc_ATTR, None)")
     add("        except Exception:")
     add("            _sc_s = None")
-    add("        if _sc_s is None:")
-    add("            _sc_s = _sc_first_store_for(_sc_o)")
     add(
-        "        elif _sc_s.__class__ is not _sc_StepCache or _sc_s._closed"
+        "        if _sc_s.__class__ is not _sc_StepCache or _sc_s._closed"
         " or _sc_s._owner_ref is None or _sc_s._owner_ref() is not _sc_o:"
     )
     add("            _sc_s = _sc_store_for(_sc_o)")
@@ -431,8 +428,8 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
 def _lean_checks(layout: Layout, ref: dict[str, str], args_tuple: str) -> str:
     """A checks-mode hit's usual work, inline: see ``stepcache._debug._lean_plan``.
 
-    ``_sc_X[6]`` is ``(the _switches module, the compiled expect check or None, the
-    _Info class)``. The entry's info holds the plan: rows of tensor dependencies to
+    ``_sc_X[6]`` is ``(the _switches module, the compiled expect check, the _Info
+    class)``; the check is called only for a function with ``expect``. The entry's info holds the plan: rows of tensor dependencies to
     compare (index, data pointer, dtype, shape, numpy view, bytes) and the result's
     (tensor, version) pairs, or None when the hit needs ``_sc_X[2]``
     (``stepcache._debug.on_hit``), which also runs whenever a comparison here fails,
@@ -466,8 +463,11 @@ def _lean_checks(layout: Layout, ref: dict[str, str], args_tuple: str) -> str:
         "                        if _sc_x._version != _sc_v:",
         "                            _sc_ok = False",
         "                            break",
-        "                    if _sc_ok and (_sc_T[1] is None"
-        f" or _sc_T[1](_sc_e[0], {args_tuple})):",
+        (
+            f"                    if _sc_ok and _sc_T[1](_sc_e[0], {args_tuple}):"
+            if layout.expect
+            else "                    if _sc_ok:"
+        ),
         "                        _sc_hits += 1",
         "                        return _sc_i.handed",
         "            except Exception:",

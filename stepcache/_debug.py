@@ -601,21 +601,13 @@ def call(fn: CachedFunction, a: tuple[Any, ...]) -> Any:
 def on_hit(fn: CachedFunction, entry: tuple[Any, ...], a: tuple[Any, ...]) -> Any:
     """Checks mode, from the generated code: the fast lookup matched ``entry``, and the
     generated lean checks (:func:`_lean_plan`) did not answer."""
-    info = entry[-1]
     if (
-        fn.expect is None
-        and (
-            info.__class__ is not _Info
-            or not (info.deep_check or info.versions or info.watched)
-        )
+        entry[-1].__class__ is not _Info
+        and fn.expect is None
         and _switches._debug == "checks"
     ):
-        fn._hits_add(1)  # nothing recorded that could have gone stale
+        fn._hits_add(1)  # stored in production mode: nothing recorded to check
         return entry[0]
-    return _hit_again(fn, a, entry)
-
-
-def _hit_again(fn: CachedFunction, a: tuple[Any, ...], entry: tuple[Any, ...]) -> Any:
     key = fn.keyof(a) if fn.keyed else None
     deps = fn.depvals(a) if fn.deps else ()
     return _hit(fn, a, key, a[fn.owner_index], deps, entry)

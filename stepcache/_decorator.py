@@ -261,7 +261,6 @@ class CachedFunction:
                 self,
                 _NO_KEY,
                 store_for,
-                _store.first_store_for,
                 StepCache,
                 _store.LOCK,
                 torch.Tensor,

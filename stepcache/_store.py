@@ -238,24 +238,22 @@ def _write(owner: object, store: StepCache) -> None:
     except (AttributeError, TypeError):
         pass  # slotted without a slot for it, or a class: the side table
     key = id(owner)
-    ref = weakref.ref(owner, _Dropper(_side, key))
+    ref = weakref.ref(owner, _SideDropper(key))
     _side[key] = (ref, store)
 
 
-class _Dropper:
-    """Weak-ref callback: forget a table's row when its object goes (a side-table
-    store when its owner goes, a class's slot answer when the class goes)."""
+class _SideDropper:
+    """Weak-ref callback: forget a side-table store when its owner goes."""
 
-    __slots__ = ("key", "table")
+    __slots__ = ("key",)
 
-    def __init__(self, table: dict[int, tuple[Any, ...]], key: int) -> None:
-        self.table = table
+    def __init__(self, key: int) -> None:
         self.key = key
 
     def __call__(self, ref: weakref.ref[Any]) -> None:
-        hit = self.table.get(self.key)
+        hit = _side.get(self.key)
         if hit is not None and hit[0] is ref:
-            del self.table[self.key]
+            del _side[self.key]
 
 
 def store_for(owner: object) -> StepCache:
@@ -275,25 +273,6 @@ def store_for(owner: object) -> StepCache:
     if store._closed:
         raise _closed_error(owner)
     return store
-
-
-def first_store_for(owner: object) -> StepCache:
-    """:func:`store_for` for an owner whose attribute holds no store: its first miss
-    of the step, usually. The common case (an owner that takes the attribute) is
-    written out; anything else goes through :func:`store_for`."""
-    with _create_lock:
-        try:
-            free = getattr(owner, ATTR, None) is None and id(owner) not in _side
-        except Exception:  # an odd __getattr__
-            free = False
-        if free:
-            store = StepCache(owner)
-            try:
-                object.__setattr__(owner, ATTR, store)
-                return store
-            except (AttributeError, TypeError):
-                pass  # slotted, or a class: store_for() uses the side table
-    return store_for(owner)
 
 
 def _fresh_store(owner: object, carried: StepCache | None) -> StepCache:

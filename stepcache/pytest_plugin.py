@@ -34,10 +34,10 @@ import pytest
 
 import stepcache
 from stepcache import Detection
+from stepcache_pytest import MARKER, MODES
 
 __all__ = ["DebugHandle"]
 
-MODES: Final = ("off", "checks", "verify")
 _CLEAR_AT: Final = 5_000
 _STAT_FIELDS: Final = ("hits", "misses", "bypasses", "invalidations")
 
@@ -154,7 +154,7 @@ def debug_handle(request: pytest.FixtureRequest) -> DebugHandle:
 
 
 def _mode_of(item: pytest.Item, state: _Session) -> str | None:
-    marker = item.get_closest_marker("stepcache_debug")
+    marker = item.get_closest_marker(MARKER)
     if marker is not None:
         mode = marker.kwargs.get("mode", marker.args[0] if marker.args else "checks")
         if mode not in MODES:
@@ -165,7 +165,7 @@ def _mode_of(item: pytest.Item, state: _Session) -> str | None:
         return str(mode)
     if state.mode is not None:
         return state.mode
-    if "stepcache_debug" in getattr(item, "fixturenames", ()):
+    if MARKER in getattr(item, "fixturenames", ()):
         return "checks"
     return None
 

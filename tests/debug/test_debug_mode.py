@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -57,13 +56,6 @@ class Meta:
 def make(lens: list[int], pad: int = 0) -> Meta:
     qsl = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32)
     return Meta(qsl, int(qsl[-1]) + pad)
-
-
-@pytest.fixture
-def checks() -> Iterator[None]:
-    stepcache.clear_debug_report()
-    with stepcache.debug("checks"):
-        yield
 
 
 def test_expect_is_validated_on_every_hit_in_checks_mode(checks: None) -> None:

@@ -5,7 +5,6 @@ obscurely) in production mode, and raises the right typed error in debug mode.""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -72,20 +71,6 @@ def per_device(md: Meta, device: str) -> torch.Tensor:
 def step(lens: list[int], pad: int = 0) -> Meta:
     qsl = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32)
     return Meta(qsl, int(qsl[-1]) + pad)
-
-
-@pytest.fixture
-def checks() -> Iterator[None]:
-    stepcache.clear_debug_report()
-    with stepcache.debug("checks"):
-        yield
-
-
-@pytest.fixture
-def verify() -> Iterator[None]:
-    stepcache.clear_debug_report()
-    with stepcache.debug("verify"):
-        yield
 
 
 def _last_kind() -> str:

@@ -8,7 +8,7 @@ check's message.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -41,13 +41,6 @@ class Meta:
 
 def make() -> Meta:
     return Meta(torch.arange(6), torch.zeros(100_000), 4)
-
-
-@pytest.fixture
-def checks() -> Iterator[None]:
-    stepcache.clear_debug_report()
-    with stepcache.debug("checks"):
-        yield
 
 
 def _info(md: Meta) -> _Info:
