@@ -309,8 +309,8 @@ MISS_HELPERS: tuple[str, ...] = (
     "_sc_cf",  # the CachedFunction: its rare paths (settle, reject, bypass, errors)
     "_sc_NO_KEY",
     "_sc_store_for",
+    "_sc_fresh",  # fresh_store(): the first store of an owner
     "_sc_StepCache",
-    "_sc_LOCK",
     "_sc_Tensor",
     "_sc_VC",  # fingerprint's value classes
     "_sc_fp",  # fingerprint()
@@ -356,8 +356,10 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
     add("            _sc_s = getattr(_sc_o, _sc_ATTR, None)")
     add("        except Exception:")
     add("            _sc_s = None")
+    add("        if _sc_s is None:")
+    add("            _sc_s = _sc_fresh(_sc_o)")
     add(
-        "        if _sc_s.__class__ is not _sc_StepCache or _sc_s._closed"
+        "        elif _sc_s.__class__ is not _sc_StepCache or _sc_s._closed"
         " or _sc_s._owner_ref is None or _sc_s._owner_ref() is not _sc_o:"
     )
     add("            _sc_s = _sc_store_for(_sc_o)")
@@ -401,16 +403,16 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
         add("            _sc_g, _sc_gv = _sc_rguard(_sc_val)")
         parts += ["_sc_g", "_sc_gv"]
     add(f"        _sc_new = ({', '.join(parts)})")
-    add("        with _sc_LOCK:")
-    add("            if not _sc_s._closed:")
+    # no lock: each write is one dict operation; a store closed meanwhile is emptied
     if keyed:
-        add("                _sc_slot = _sc_s._e.get(_sc_FID)")
-        add("                if _sc_slot is None:")
-        add("                    _sc_s._e[_sc_FID] = {_sc_k: _sc_new}")
-        add("                else:")
-        add("                    _sc_slot[_sc_k] = _sc_new")
+        add("        _sc_slot = _sc_s._e.get(_sc_FID)")
+        add("        if _sc_slot is None:")
+        add("            _sc_slot = _sc_s._e.setdefault(_sc_FID, {})")
+        add("        _sc_slot[_sc_k] = _sc_new")
     else:
-        add("                _sc_s._e[_sc_FID] = _sc_new")
+        add("        _sc_s._e[_sc_FID] = _sc_new")
+    add("        if _sc_s._closed:")
+    add("            _sc_s._e = {}")
     add("        _sc_cf.misses += 1")
     add("        _sc_c = _sc_s._counts.get(_sc_FID)")
     add("        if _sc_c is None:")

@@ -261,8 +261,8 @@ class CachedFunction:
                 self,
                 _NO_KEY,
                 store_for,
+                _store.fresh_store,
                 StepCache,
-                _store.LOCK,
                 torch.Tensor,
                 _fingerprint.VALUE_CLASSES,
                 _fingerprint.fingerprint,
@@ -452,16 +452,17 @@ class CachedFunction:
         return tuple(flat)
 
     def insert(self, store: StepCache, key: Any, entry: tuple[Any, ...]) -> None:
-        with _store.LOCK:
-            if store._closed:
-                return
-            if self.keyed:
-                slot = store._e.get(self.fid)
-                if slot is None:
-                    slot = store._e[self.fid] = {}
-                slot[key] = entry
-            else:
-                store._e[self.fid] = entry
+        # No lock (as in the generated miss): each write is one dict operation, and a
+        # store closed meanwhile, by another thread, is emptied again.
+        if self.keyed:
+            slot = store._e.get(self.fid)
+            if slot is None:
+                slot = store._e.setdefault(self.fid, {})
+            slot[key] = entry
+        else:
+            store._e[self.fid] = entry
+        if store._closed:
+            store._e = {}
 
     # -- the slow paths -----------------------------------------------------------------
     # -- the generated miss's rare paths -------------------------------------------------

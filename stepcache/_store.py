@@ -28,8 +28,7 @@ ATTR = "_stepcache"
 #: every store alive, as weak references; a dead one's reference removes itself (the
 #: callback is the dict's own pop, so no Python code runs when a store dies)
 _live: dict[weakref.ref[StepCache], None] = {}
-#: guards every store's entries (inserts, clear, close); never the user's function
-LOCK = threading.Lock()
+_live_pop = _live.pop
 _side: dict[int, tuple[weakref.ref[Any], StepCache]] = {}
 _create_lock = threading.Lock()
 
@@ -88,14 +87,16 @@ class StepCache:
                 self._owner_ref = weakref.ref(owner)
             except TypeError:
                 _weak(owner)  # raises the typed error
-        #: id(owner) -> weak ref, for owners that share this store on purpose
-        self._attached: dict[int, weakref.ref[Any]] = {}
+        #: id(owner) -> weak ref, for owners that share this store on purpose (made
+        #: by the first attach())
+        self._attached: dict[int, weakref.ref[Any]] | None = None
         self._closed = False
         #: function id -> [misses, bypasses, invalidations] seen through this store
         self._counts: dict[int, list[int]] = {}
-        #: objects that must live as long as the step (pinned staging for async copies)
-        self._kept: list[Any] = []
-        _live[weakref.ref(self, _live.pop)] = None
+        #: objects that must live as long as the step (pinned staging for async
+        #: copies; made by the first keep_alive())
+        self._kept: list[Any] | None = None
+        _live[weakref.ref(self, _live_pop)] = None
 
     # -- the public surface -------------------------------------------------------------
     @property
@@ -116,20 +117,22 @@ class StepCache:
             raise StaleCacheError(
                 "keep_alive() on a closed StepCache (its step is over)"
             )
-        self._kept.append(obj)
+        if self._kept is None:
+            self._kept = [obj]
+        else:
+            self._kept.append(obj)
 
     def clear(self) -> None:
         """Drop every entry (and kept object); the store stays open for the same owner."""
-        with LOCK:
-            self._e = {}
-            self._kept = []
+        self._e = {}
+        self._kept = None
 
     def close(self) -> None:
         """End the step: drop every entry and refuse any later use."""
-        with LOCK:
-            self._closed = True
-            self._e = {}
-            self._kept = []
+        # the flag first: a miss that inserts meanwhile sees it and empties the store
+        self._closed = True
+        self._e = {}
+        self._kept = None
         # values handed out in debug mode check this flag themselves when read
 
     def stats(self) -> dict[str, dict[str, int]]:
@@ -180,6 +183,8 @@ class StepCache:
         ref = self._owner_ref
         if ref is not None and ref() is owner:
             return True
+        if self._attached is None:
+            return False
         member = self._attached.get(id(owner))
         return member is not None and member() is owner
 
@@ -275,12 +280,32 @@ def store_for(owner: object) -> StepCache:
     return store
 
 
+def fresh_store(owner: object) -> StepCache:
+    """A new store for an owner that holds none (its ``_stepcache`` attribute is
+    missing or None): the first call of a step on a new metadata object.
+
+    No lock is taken: two threads making the first call on one owner at once may
+    each create a store, and the one written last stays (the other's entries are
+    computed again on their next use). An owner that keeps its store in the side
+    table (a slotted class without the slot) goes the locked way of `store_for()`.
+    """
+    if _side:
+        return store_for(owner)
+    store = StepCache(owner)
+    try:
+        object.__setattr__(owner, ATTR, store)
+    except (AttributeError, TypeError):
+        return store_for(owner)
+    return store
+
+
 def _fresh_store(owner: object, carried: StepCache | None) -> StepCache:
     """A new store for ``owner``, seeded from a ``carried`` one (a copy's), written
     into the owner (``_create_lock`` held)."""
     fresh = StepCache(owner)
     if carried is not None and not carried._closed:
-        fresh._kept = list(carried._kept)
+        if carried._kept is not None:
+            fresh._kept = list(carried._kept)
         for fid, slot in list(carried._e.items()):
             if isinstance(slot, dict):
                 shared = {k: e for k, e in list(slot.items()) if e[1] is None}
@@ -367,6 +392,8 @@ def attach(owner: object, cache: StepCache) -> StepCache:
         raise StaleCacheError("attach(): that StepCache is closed (its step is over)")
     with _create_lock:
         if not cache.belongs_to(owner):
+            if cache._attached is None:
+                cache._attached = {}
             cache._attached[id(owner)] = _weak(owner)
         _write(owner, cache)
     return cache

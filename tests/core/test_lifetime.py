@@ -13,6 +13,7 @@ import torch
 
 import stepcache
 from stepcache import StaleCacheError, step_cached
+from stepcache._store import live_caches
 
 
 @pytest.fixture
@@ -102,3 +103,43 @@ def test_live_bytes_follow_live_entries(no_gc: None) -> None:
     del m
     assert stepcache.stats()["Meta.pair"].live_entries == 0
     assert stepcache.stats()["Meta.pair"].live_bytes == 0
+
+
+class Closing:
+    """Its cached functions close the owner's store while they compute, as another
+    thread ending the step would."""
+
+    def __init__(self) -> None:
+        self.qsl = torch.tensor([0, 1])
+
+    @step_cached(depends_on=("qsl",))
+    def index(self) -> torch.Tensor:
+        stepcache.cache_of(self).close()
+        return self.qsl.clone()
+
+    @step_cached(key="kind")
+    def pair(self, kind: str) -> torch.Tensor:
+        stepcache.cache_of(self).close()
+        return torch.zeros(2)
+
+
+@pytest.mark.parametrize("call", [Closing.index, lambda o: Closing.pair(o, "a")])
+def test_a_store_closed_during_a_miss_keeps_nothing(call: object) -> None:
+    owner = Closing()
+    store = stepcache.cache_of(owner)
+    assert callable(call)
+    value = call(owner)
+    assert isinstance(value, torch.Tensor)  # the caller still gets its value
+    assert store.closed and len(store) == 0 and list(store.entries()) == []
+    with pytest.raises(StaleCacheError, match="closed"):
+        call(owner)
+
+
+def test_a_fresh_owner_gets_its_store_on_the_first_call() -> None:
+    m = Meta(torch.tensor([0, 2]), 2)
+    assert "_stepcache" not in vars(m)
+    first = m.index()
+    store = vars(m)["_stepcache"]
+    assert isinstance(store, stepcache.StepCache) and store in live_caches()
+    assert stepcache.cache_of(m) is store and len(store) == 1
+    assert m.index() is first

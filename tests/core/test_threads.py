@@ -71,3 +71,30 @@ def test_one_owner_from_many_threads_is_never_corrupted() -> None:
     assert sorted(k for _, (_, k) in ((f, e[0]) for f, e in store.entries())) == list(
         range(16)
     )
+
+
+def test_first_calls_on_fresh_owners_from_many_threads() -> None:
+    # no lock on a fresh owner's first call: every thread still gets its own owner's
+    # values, and each owner ends with one store holding every key
+    owners = [Meta(i) for i in range(32)]
+    errors: list[str] = []
+    barrier = threading.Barrier(4)
+    threads = [
+        threading.Thread(
+            target=_hammer,
+            args=(
+                barrier,
+                [(o, (k + i) % 4) for o in owners for k in range(4)],
+                errors,
+            ),
+        )
+        for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for owner in owners:
+        store = stepcache.cache_of(owner)
+        assert sorted(e[0][1] for _, e in store.entries()) == [0, 1, 2, 3]
