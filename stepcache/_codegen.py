@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import attrs
 
+from stepcache._store import ATTR
+
 __all__ = ["Dep", "Layout", "generate"]
 
 P = inspect.Parameter
@@ -109,10 +111,19 @@ def generate(layout: Layout) -> str:
     args_tuple = "(" + "".join(p.name + ", " for p in params) + ")"
     owner = layout.owner
 
-    lookup = f"{owner}._stepcache._e[_sc_FID]"
     key = _key_expr(layout, direct)
-    if key is not None:
-        lookup += "[_sc_k]"
+    if key is None and layout.deps:
+        # A function with dependencies (a step's first call on a new metadata object,
+        # typically) looks its entry up without raising when the owner has no store
+        # or no entry yet: a caught exception costs tens of microseconds with the
+        # CPU's caches cold, as they are at a step's first call; a getattr() call and
+        # a get() cost a few dozen nanoseconds on a hit, small beside its dependency
+        # checks. The missing entry (``_sc_X[8]``) fails every check.
+        lookup = f"getattr({owner}, {ATTR!r}, _sc_X[7])._e.get(_sc_FID, _sc_X[8])"
+    else:
+        lookup = f"{owner}.{ATTR}._e[_sc_FID]"
+        if key is not None:
+            lookup += "[_sc_k]"
 
     # Every check runs inside the try, so a missing attribute or an odd comparison sends
     # the call to the slow path, which raises a typed error. The checks nest: the hit
@@ -251,7 +262,8 @@ def generate(layout: Layout) -> str:
         # what only misses and odd values use, in one cell: every call of a closure
         # copies each of its cells into its frame, so the hit path closes over few
         + "    _sc_X = (\n"
-        f"        _miss, _sc_slow, _sc_on_hit, _sc_VAL, _sc_SNAP, _sc_snapshot, _sc_lean\n"
+        f"        _miss, _sc_slow, _sc_on_hit, _sc_VAL, _sc_SNAP, _sc_snapshot, _sc_lean,\n"
+        f"        _sc_NO_STORE, (_sc_NO_STORE,) * {_entry_length(layout)},\n"
         f"    )\n"
         f"\n"
         f"    def _fast({sig}):\n"
@@ -318,6 +330,7 @@ MISS_HELPERS: tuple[str, ...] = (
     "_sc_wref",  # weakref.ref
     "_sc_quick",  # the compiled expect check, or None
     "_sc_ATTR",  # the store's attribute name
+    "_sc_NO_STORE",  # what a hit reads for an owner with no store (no entries)
 )
 
 
@@ -476,6 +489,12 @@ def _lean_checks(layout: Layout, ref: dict[str, str], args_tuple: str) -> str:
         "                pass",
     ]
     return "".join(line + "\n" for line in lines)
+
+
+def _entry_length(layout: Layout) -> int:
+    """Items in a production entry: value, owner ref, two per dependency, the guard's
+    two."""
+    return 2 + 2 * len(layout.deps) + (2 if layout.guard else 0)
 
 
 def _index(params: Sequence[inspect.Parameter], name: str) -> int:

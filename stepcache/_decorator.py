@@ -270,6 +270,7 @@ class CachedFunction:
                 weakref.ref,
                 self.quick,
                 _store.ATTR,
+                _store.NO_STORE,
             ),
             self.slow,
             _fingerprint.VAL,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from stepcache._errors import StaleCacheError, StepCacheError
@@ -202,6 +203,23 @@ class StepCache:
                     yield fid, entry
             else:
                 yield fid, slot
+
+
+class _NoStore:
+    """What the hit of a function with dependencies reads for an owner that has no
+    store yet: no entries, and none can be added."""
+
+    __slots__ = ("_e",)
+
+    def __init__(self) -> None:
+        self._e: Mapping[int, Any] = MappingProxyType({})
+
+    def __repr__(self) -> str:
+        return "<no StepCache>"
+
+
+#: the one `_NoStore`
+NO_STORE = _NoStore()
 
 
 def _weak(owner: object) -> weakref.ref[Any]:
