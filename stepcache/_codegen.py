@@ -321,7 +321,6 @@ MISS_HELPERS: tuple[str, ...] = (
     "_sc_cf",  # the CachedFunction: its rare paths (settle, reject, bypass, errors)
     "_sc_NO_KEY",
     "_sc_store_for",
-    "_sc_fresh",  # fresh_store(): the first store of an owner
     "_sc_StepCache",
     "_sc_Tensor",
     "_sc_VC",  # fingerprint's value classes
@@ -329,8 +328,8 @@ MISS_HELPERS: tuple[str, ...] = (
     "_sc_rguard",  # result_guard()
     "_sc_wref",  # weakref.ref
     "_sc_quick",  # the compiled expect check, or None
-    "_sc_ATTR",  # the store's attribute name
-    "_sc_NO_STORE",  # what a hit reads for an owner with no store (no entries)
+    # not the miss's: what the raise-free hit lookup reads for an owner with no store
+    "_sc_NO_STORE",
 )
 
 
@@ -342,8 +341,8 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
     compiled ``expect`` check, guard the result, insert the entry, count. The rare
     cases go to the CachedFunction (``_sc_cf``): an entry that is already there
     (``settle``), a value ``expect`` may reject (``reject``), a bypass, a store that
-    is not the owner's own open one, or none yet (``store_for``), a missing dependency (its typed
-    error). A miss runs once per owner and step, between the builders' tensor work,
+    is not the owner's own open one, or none yet (``store_for``), a missing
+    dependency (its typed error). A miss runs once per owner and step, between the builders' tensor work,
     where every Python call and object touched costs microseconds.
     """
     params = layout.params
@@ -366,13 +365,11 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
         add("        _sc_k = None")
     add(f"        _sc_o = a[{owner_i}]")
     add("        try:")
-    add("            _sc_s = getattr(_sc_o, _sc_ATTR, None)")
+    add(f"            _sc_s = getattr(_sc_o, {ATTR!r}, None)")
     add("        except Exception:")
     add("            _sc_s = None")
-    add("        if _sc_s is None:")
-    add("            _sc_s = _sc_fresh(_sc_o)")
     add(
-        "        elif _sc_s.__class__ is not _sc_StepCache or _sc_s._closed"
+        "        if _sc_s.__class__ is not _sc_StepCache or _sc_s._closed"
         " or _sc_s._owner_ref is None or _sc_s._owner_ref() is not _sc_o:"
     )
     add("            _sc_s = _sc_store_for(_sc_o)")

@@ -31,7 +31,7 @@ ATTR = "_stepcache"
 _live: dict[weakref.ref[StepCache], None] = {}
 _live_pop = _live.pop
 _side: dict[int, tuple[weakref.ref[Any], StepCache]] = {}
-_create_lock = threading.Lock()
+_attach_lock = threading.Lock()
 
 
 class StepCache:
@@ -286,40 +286,23 @@ def store_for(owner: object) -> StepCache:
     store, seeded with the entries that declare dependencies (the hit path re-checks
     those on every use, so sharing them is safe); entries bound to the original are not
     carried.
+
+    No lock is taken (a lock's first use in a step costs microseconds with cold
+    caches): two threads making the first call on one owner at once may each create a
+    store, and the one written last stays (the other's entries are computed again on
+    their next use).
     """
     store = _read(owner)
     if store is None or not store.belongs_to(owner):
-        with _create_lock:
-            store = _read(owner)
-            if store is None or not store.belongs_to(owner):
-                return _fresh_store(owner, store)
+        return _fresh_store(owner, store)
     if store._closed:
         raise _closed_error(owner)
     return store
 
 
-def fresh_store(owner: object) -> StepCache:
-    """A new store for an owner that holds none (its ``_stepcache`` attribute is
-    missing or None): the first call of a step on a new metadata object.
-
-    No lock is taken: two threads making the first call on one owner at once may
-    each create a store, and the one written last stays (the other's entries are
-    computed again on their next use). An owner that keeps its store in the side
-    table (a slotted class without the slot) goes the locked way of `store_for()`.
-    """
-    if _side:
-        return store_for(owner)
-    store = StepCache(owner)
-    try:
-        object.__setattr__(owner, ATTR, store)
-    except (AttributeError, TypeError):
-        return store_for(owner)
-    return store
-
-
 def _fresh_store(owner: object, carried: StepCache | None) -> StepCache:
     """A new store for ``owner``, seeded from a ``carried`` one (a copy's), written
-    into the owner (``_create_lock`` held)."""
+    into the owner."""
     fresh = StepCache(owner)
     if carried is not None and not carried._closed:
         if carried._kept is not None:
@@ -408,7 +391,7 @@ def attach(owner: object, cache: StepCache) -> StepCache:
         )
     if cache._closed:
         raise StaleCacheError("attach(): that StepCache is closed (its step is over)")
-    with _create_lock:
+    with _attach_lock:
         if not cache.belongs_to(owner):
             if cache._attached is None:
                 cache._attached = {}
