@@ -112,18 +112,21 @@ def generate(layout: Layout) -> str:
     owner = layout.owner
 
     key = _key_expr(layout, direct)
-    if key is None and layout.deps:
-        # A function with dependencies (a step's first call on a new metadata object,
-        # typically) looks its entry up without raising when the owner has no store
-        # or no entry yet: a caught exception costs tens of microseconds with the
-        # CPU's caches cold, as they are at a step's first call; a getattr() call and
-        # a get() cost a few dozen nanoseconds on a hit, small beside its dependency
-        # checks. The missing entry (``_sc_X[8]``) fails every check.
-        lookup = f"getattr({owner}, {ATTR!r}, _sc_X[7])._e.get(_sc_FID, _sc_X[8])"
-    else:
-        lookup = f"{owner}.{ATTR}._e[_sc_FID]"
-        if key is not None:
-            lookup += "[_sc_k]"
+    # A plain attribute read and subscripts, the cheapest lookup. An owner with no
+    # store yet (a step's first call on a new metadata object) reads its class's
+    # placeholder store (``_store._place``), whose lookups find an entry that fails
+    # every check (``_tables``) instead of raising: a caught exception costs about ten
+    # microseconds with the CPU's caches cold. A function with dependencies (the first
+    # call on a store that another function made, typically) also finds that entry
+    # where its store has none (``_sc_X[7]``): a get() costs a few nanoseconds more
+    # than a subscript, small beside its dependency checks. A keyed or bound function
+    # keeps the subscript, and a missing entry in a real store raises (the hit is what
+    # they are measured by).
+    lookup = f"{owner}.{ATTR}._e[_sc_FID]"
+    if key is not None:
+        lookup += "[_sc_k]"
+    elif layout.deps:
+        lookup = f"{owner}.{ATTR}._e.get(_sc_FID, _sc_X[7])"
 
     # Every check runs inside the try, so a missing attribute or an odd comparison sends
     # the call to the slow path, which raises a typed error. The checks nest: the hit
@@ -263,7 +266,7 @@ def generate(layout: Layout) -> str:
         # copies each of its cells into its frame, so the hit path closes over few
         + "    _sc_X = (\n"
         f"        _miss, _sc_slow, _sc_on_hit, _sc_VAL, _sc_SNAP, _sc_snapshot, _sc_lean,\n"
-        f"        _sc_NO_STORE, (_sc_NO_STORE,) * {_entry_length(layout)},\n"
+        f"        _sc_ABSENT,\n"
         f"    )\n"
         f"\n"
         f"    def _fast({sig}):\n"
@@ -321,6 +324,8 @@ MISS_HELPERS: tuple[str, ...] = (
     "_sc_cf",  # the CachedFunction: its rare paths (settle, reject, bypass, errors)
     "_sc_NO_KEY",
     "_sc_store_for",
+    "_sc_new_store",  # store_for() for an owner that holds no store
+    "_sc_NO_STORE",  # what an owner with no store reads (its class's placeholder)
     "_sc_StepCache",
     "_sc_Tensor",
     "_sc_VC",  # fingerprint's value classes
@@ -328,8 +333,8 @@ MISS_HELPERS: tuple[str, ...] = (
     "_sc_rguard",  # result_guard()
     "_sc_wref",  # weakref.ref
     "_sc_quick",  # the compiled expect check, or None
-    # not the miss's: what the raise-free hit lookup reads for an owner with no store
-    "_sc_NO_STORE",
+    # not the miss's: the entry a hit finds where its store has none
+    "_sc_ABSENT",
 )
 
 
@@ -372,7 +377,11 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
         "        if _sc_s.__class__ is not _sc_StepCache or _sc_s._closed"
         " or _sc_s._owner_ref is None or _sc_s._owner_ref() is not _sc_o:"
     )
-    add("            _sc_s = _sc_store_for(_sc_o)")
+    # an owner with no store yet (a step's new metadata object) takes the short way
+    add(
+        "            _sc_s = _sc_new_store(_sc_o, _sc_s) if _sc_s is None"
+        " or _sc_s is _sc_NO_STORE else _sc_store_for(_sc_o)"
+    )
     add("        _sc_slot = _sc_s._e.get(_sc_FID)")
     if keyed:
         add("        _sc_old = None if _sc_slot is None else _sc_slot.get(_sc_k)")
@@ -422,7 +431,7 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
     else:
         add("        _sc_s._e[_sc_FID] = _sc_new")
     add("        if _sc_s._closed:")
-    add("            _sc_s._e = {}")
+    add("            _sc_s.clear()")
     add("        _sc_cf.misses += 1")
     add("        _sc_c = _sc_s._counts.get(_sc_FID)")
     add("        if _sc_c is None:")
@@ -486,12 +495,6 @@ def _lean_checks(layout: Layout, ref: dict[str, str], args_tuple: str) -> str:
         "                pass",
     ]
     return "".join(line + "\n" for line in lines)
-
-
-def _entry_length(layout: Layout) -> int:
-    """Items in a production entry: value, owner ref, two per dependency, the guard's
-    two."""
-    return 2 + 2 * len(layout.deps) + (2 if layout.guard else 0)
 
 
 def _index(params: Sequence[inspect.Parameter], name: str) -> int:

@@ -18,6 +18,7 @@ from stepcache._errors import CacheValidationError, StepCacheError
 from stepcache._spec import Arg, Attr, TensorSpec, validate
 from stepcache._speccheck import Quick, compile_check
 from stepcache._store import StepCache, store_for
+from stepcache._tables import ABSENT, KEYED
 
 __all__ = ["BYPASS", "CachedFunction", "step_cached"]
 
@@ -171,6 +172,10 @@ class CachedFunction:
                 f"parameter names (got {key!r})"
             )
         self.keyed = layout_key is not None
+        if self.keyed:
+            # its entries in a store are a {key: entry} dict: in the placeholder
+            # store, the empty slot (see _tables)
+            KEYED.add(self.fid)
         self.key_names: tuple[str, ...] = (
             layout_key if isinstance(layout_key, tuple) else ()
         )
@@ -261,6 +266,8 @@ class CachedFunction:
                 self,
                 _NO_KEY,
                 store_for,
+                _store.new_store,
+                _store.NO_STORE,
                 StepCache,
                 torch.Tensor,
                 _fingerprint.VALUE_CLASSES,
@@ -268,7 +275,7 @@ class CachedFunction:
                 _walk.result_guard,
                 weakref.ref,
                 self.quick,
-                _store.NO_STORE,
+                ABSENT,
             ),
             self.slow,
             _fingerprint.VAL,
@@ -461,7 +468,7 @@ class CachedFunction:
         else:
             store._e[self.fid] = entry
         if store._closed:
-            store._e = {}
+            store.clear()
 
     # -- the slow paths -----------------------------------------------------------------
     # -- the generated miss's rare paths -------------------------------------------------

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from types import MappingProxyType
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 from stepcache._errors import StaleCacheError, StepCacheError
 from stepcache._registry import name_of
 from stepcache._sizes import nbytes
+from stepcache._tables import EMPTY_ENTRIES
 
 __all__ = [
     "ATTR",
@@ -32,6 +34,10 @@ _live: dict[weakref.ref[StepCache], None] = {}
 _live_pop = _live.pop
 _side: dict[int, tuple[weakref.ref[Any], StepCache]] = {}
 _attach_lock = threading.Lock()
+_object_setattr = object.__setattr__
+_UNSET = object()
+# new_store() writes the attribute by this literal name
+assert ATTR == "_stepcache"
 
 
 class StepCache:
@@ -205,21 +211,13 @@ class StepCache:
                 yield fid, slot
 
 
-class _NoStore:
-    """What the hit of a function with dependencies reads for an owner that has no
-    store yet: no entries, and none can be added."""
-
-    __slots__ = ("_e",)
-
-    def __init__(self) -> None:
-        self._e: Mapping[int, Any] = MappingProxyType({})
-
-    def __repr__(self) -> str:
-        return "<no StepCache>"
-
-
-#: the one `_NoStore`
-NO_STORE = _NoStore()
+#: What a hit reads for an owner that has no store yet: no entries, and none can be
+#: added. It is the class attribute ``_stepcache`` of the owners' classes (see
+#: `_place`), so that the hit's plain attribute read finds it instead of raising. A
+#: ``SimpleNamespace``, not a class of our own: CPython specializes an instance
+#: attribute read only when a same-named class attribute is of an immutable (builtin)
+#: type, and the hit reads ``owner._stepcache`` on every call.
+NO_STORE = SimpleNamespace(_e=EMPTY_ENTRIES)
 
 
 def _weak(owner: object) -> weakref.ref[Any]:
@@ -246,7 +244,7 @@ def _read(owner: object) -> StepCache | None:
         store = getattr(owner, ATTR, None)
     except Exception:  # an odd __getattr__
         store = None
-    if store is None:
+    if store is None or store is NO_STORE:
         hit = _side.get(id(owner))
         return hit[1] if hit is not None and hit[0]() is owner else None
     return store if isinstance(store, StepCache) else None
@@ -257,9 +255,11 @@ def _write(owner: object, store: StepCache) -> None:
         # the instance's attributes or its declared slot, past any __setattr__ of
         # the class (a frozen dataclass's, say): the store is not a field
         object.__setattr__(owner, ATTR, store)
-        return
     except (AttributeError, TypeError):
         pass  # slotted without a slot for it, or a class: the side table
+    else:
+        _place(type(owner))
+        return
     key = id(owner)
     ref = weakref.ref(owner, _SideDropper(key))
     _side[key] = (ref, store)
@@ -298,6 +298,47 @@ def store_for(owner: object) -> StepCache:
     if store._closed:
         raise _closed_error(owner)
     return store
+
+
+def new_store(owner: object, found: object) -> StepCache:
+    """``store_for(owner)`` for an owner whose store attribute read ``found``, None or
+    the placeholder: the first miss on a step's new metadata object. The same store,
+    made with fewer calls: this runs once per owner and step, with the CPU's caches
+    cold, where every Python call and C wrapper costs a microsecond or more.
+    """
+    if _side:  # a slotted owner's store may be in the side table
+        return store_for(owner)
+    store = StepCache(owner)
+    cls = type(owner)
+    if cls.__setattr__ is _object_setattr:
+        try:
+            # a plain attribute store (no class __setattr__ to get past): cheaper
+            # than calling object.__setattr__
+            owner._stepcache = store  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            pass  # slotted without a slot for it: _write's side table
+        else:
+            if found is None:
+                _place(cls)
+            return store
+    _write(owner, store)
+    return store
+
+
+def _place(cls: type) -> None:
+    """Make the placeholder store the class attribute ``_stepcache`` of ``cls``, whose
+    instances keep their stores in their own attributes.
+
+    A hit reads ``owner._stepcache`` and subscripts its entries: on a new owner of such
+    a class the read finds the placeholder, whose lookups find nothing, where it would
+    otherwise raise ``AttributeError`` (costly with cold CPU caches, at every step's
+    first call). A class that has the attribute already (a declared slot, a field's
+    default, a base class's placeholder) or refuses class attributes is left as it is.
+    """
+    if getattr(cls, ATTR, _UNSET) is _UNSET:
+        # a builtin type, or a metaclass's __setattr__, may refuse
+        with contextlib.suppress(Exception):
+            setattr(cls, ATTR, NO_STORE)
 
 
 def _fresh_store(owner: object, carried: StepCache | None) -> StepCache:

@@ -1,38 +1,58 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A step's first call on a new metadata object: no exception raised inside stepcache
-for a function with dependencies (a caught exception is costly with cold CPU caches),
-and the placeholder it reads for a store-less owner never holds an entry."""
+"""A step's first call on a new metadata object raises no exception inside stepcache
+(a caught exception is costly with cold CPU caches): the owner's class holds a
+placeholder store, and the entry dicts answer a missing function or key with an entry
+that fails every check. The placeholders never hold an entry, and classes that keep
+their stores elsewhere are left alone."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+import attrs
+import pytest
 import torch
 
 import stepcache
 from stepcache import step_cached
 from stepcache._store import NO_STORE
+from stepcache._tables import ABSENT, EMPTY_ENTRIES, EMPTY_SLOT
 
 
-class Meta:
-    def __init__(self, n: int) -> None:
-        self.qsl = torch.tensor([0, n])
-        self.n = n
+def _make_class() -> type:
+    """A fresh class each time: the placeholder is set on a class's first store."""
 
-    @step_cached(depends_on=("qsl", "n"))
-    def index(self) -> torch.Tensor:
-        return torch.zeros(self.n, dtype=torch.int32)
+    class Meta:
+        def __init__(self, n: int) -> None:
+            self.qsl = torch.tensor([0, n])
+            self.n = n
 
-    @step_cached(depends_on=("qsl",))
-    def other(self) -> int:
-        return int(self.qsl[-1])
+        @step_cached(depends_on=("qsl", "n"))
+        def index(self) -> torch.Tensor:
+            return torch.zeros(self.n, dtype=torch.int32)
 
-    @step_cached(key="k")
-    def keyed(self, k: int) -> int:
-        return k
+        @step_cached(depends_on=("qsl",))
+        def other(self) -> int:
+            return int(self.qsl[-1])
+
+        @step_cached(key="k")
+        def keyed(self, k: int) -> int:
+            return k + self.n
+
+        @step_cached(key="k", depends_on=("qsl",))
+        def keyed_deps(self, k: int) -> int:
+            return k * int(self.qsl[-1])
+
+        @step_cached()
+        def plain(self) -> int:
+            return self.n
+
+    return Meta
 
 
 def _raised_in_stepcache(call: Callable[[], Any]) -> list[str]:
@@ -56,33 +76,143 @@ def _raised_in_stepcache(call: Callable[[], Any]) -> list[str]:
     return raised
 
 
-def _owners() -> Iterator[Meta]:
+@pytest.mark.parametrize("first", ["index", "other", "keyed", "keyed_deps", "plain"])
+def test_first_calls_on_new_owners_raise_nothing_inside(first: str) -> None:
+    meta = _make_class()
+    meta(0).plain()  # the class's first store sets its placeholder
+    assert meta.__dict__["_stepcache"] is NO_STORE
     for n in (1, 3, 7):
-        yield Meta(n)
+        m = meta(n)
+        args = (9,) if first.startswith("keyed") else ()
+        call = functools.partial(getattr(m, first), *args)
+        assert _raised_in_stepcache(call) == []  # no store yet
+        # functions with dependencies: a store, with or without an entry for them
+        assert _raised_in_stepcache(m.index) == []
+        assert _raised_in_stepcache(m.other) == []
+        # hits
+        for again in (m.index, m.other, call):
+            assert _raised_in_stepcache(again) == []
+        want = getattr(meta(n), first)(*args)
+        assert torch.equal(torch.as_tensor(call()), torch.as_tensor(want))
 
 
-def test_a_first_call_with_dependencies_raises_nothing_inside() -> None:
-    for m in _owners():
-        assert _raised_in_stepcache(m.index) == []  # no store yet
-        assert _raised_in_stepcache(m.other) == []  # a store, no entry for it
-        assert _raised_in_stepcache(m.index) == []  # a hit
+def test_keyed_and_bound_functions_raise_on_a_store_without_their_entry() -> None:
+    # they keep the plain dict subscript on real stores (their hit cost, the
+    # lru_cache goal): a missing key in a store costs one caught KeyError. This
+    # test fails, and should be updated, if that changes.
+    meta = _make_class()
+    m = meta(2)
+    m.index()
+    assert _raised_in_stepcache(lambda: m.keyed(1)) != []  # no slot yet
+    assert _raised_in_stepcache(lambda: m.keyed(2)) != []  # a slot, not this key
+    assert _raised_in_stepcache(m.plain) != []
+    assert (m.keyed(1), m.keyed(2), m.plain()) == (3, 4, 2)
+    assert _raised_in_stepcache(lambda: m.keyed(1)) == []
 
 
-def test_a_keyed_first_call_still_takes_the_exception_path() -> None:
-    # keyed hits keep the cheaper attribute lookup (the lru_cache goal); this test
-    # fails, and should be updated, if that changes
-    m = Meta(2)
-    assert _raised_in_stepcache(lambda: m.keyed(1)) != []
-    assert m.keyed(1) == 1
-
-
-def test_the_placeholder_store_never_holds_an_entry() -> None:
-    owners = list(_owners())
+def test_the_placeholders_never_hold_an_entry() -> None:
+    meta = _make_class()
+    owners = [meta(n) for n in (1, 2, 3)]
     for m in owners:
         m.index()
-        m.other()
+        m.keyed(1)
         m.qsl = torch.tensor([0, m.n])
         m.index()
-    assert len(NO_STORE._e) == 0
+        m.keyed(2)
+    assert len(NO_STORE._e) == 0 and len(EMPTY_SLOT) == 0
     assert all(stepcache.cache_of(m) is not NO_STORE for m in owners)
-    assert all(len(stepcache.cache_of(m)) == 2 for m in owners)
+    assert all(len(stepcache.cache_of(m)) == 3 for m in owners)
+    for table in (EMPTY_ENTRIES, EMPTY_SLOT):
+        with pytest.raises(TypeError, match="read-only"):
+            table[1] = ABSENT
+        with pytest.raises(TypeError, match="read-only"):
+            table.setdefault(1, ABSENT)
+        with pytest.raises(TypeError, match="read-only"):
+            table.update({1: ABSENT})
+        assert len(table) == 0
+
+
+def test_a_fresh_owner_of_a_placed_class_gets_a_store_of_its_own() -> None:
+    meta = _make_class()
+    first, second = meta(1), meta(2)
+    first.index()
+    assert "_stepcache" not in vars(second)
+    store = stepcache.cache_of(second)
+    assert isinstance(store, stepcache.StepCache) and store is not NO_STORE
+    assert vars(second)["_stepcache"] is store
+    assert stepcache.cache_of(first) is not store
+
+
+def test_a_frozen_dataclass_gets_the_placeholder() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Frozen:
+        n: int
+
+        @step_cached(key="k")
+        def f(self, k: int) -> int:
+            return self.n + k
+
+    Frozen(0).f(0)
+    assert Frozen.__dict__["_stepcache"] is NO_STORE
+    m = Frozen(4)
+    assert _raised_in_stepcache(lambda: m.f(1)) == []
+    assert m.f(1) == 5 and dataclasses.replace(m, n=6).f(1) == 7
+
+
+def test_classes_that_keep_their_stores_elsewhere_are_left_alone() -> None:
+    @attrs.define
+    class WithField:
+        n: int
+        _stepcache: stepcache.StepCache | None = stepcache.cache_field()
+
+        @step_cached()
+        def f(self) -> int:
+            return self.n
+
+    @attrs.define(weakref_slot=True)
+    class SideTable:
+        n: int
+
+        @step_cached()
+        def f(self) -> int:
+            return self.n
+
+    class Declared:
+        _stepcache = None  # the class's own attribute, not stepcache's placeholder
+
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        @step_cached()
+        def f(self) -> int:
+            return self.n
+
+    for cls in (WithField, SideTable, Declared):
+        for n in (1, 2):
+            m = cls(n)
+            assert m.f() == n and m.f() == n
+            assert (
+                stepcache.cache_of(m).stats()[cls.f.__stepcache__.name]["misses"] == 1
+            )
+    assert vars(WithField).get("_stepcache") is not NO_STORE
+    assert "_stepcache" not in vars(SideTable)
+    assert Declared.__dict__["_stepcache"] is None
+
+
+def test_an_owner_whose_class_refuses_class_attributes_still_works() -> None:
+    class Strict(type):
+        def __setattr__(cls, name: str, value: Any) -> None:
+            raise AttributeError(f"{cls.__name__} is closed to new attributes")
+
+    class Owner(metaclass=Strict):
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        @step_cached(key="k")
+        def f(self, k: int) -> int:
+            return self.n * k
+
+    for n in (1, 2, 3):
+        m = Owner(n)
+        assert m.f(2) == 2 * n and m.f(2) == 2 * n
+    assert "_stepcache" not in vars(Owner)
