@@ -125,7 +125,7 @@ def plot_dsv4_ratio(results: Dsv4Results, path: Path) -> Path:
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [str(n) for n in ticks])
         ax.set_xlabel("tokens in the batch")
-        ax.set_ylabel("ratio of medians")
+        ax.set_ylabel("median of the per-step ratios")
         ax.grid(True, alpha=0.3)
         ax.legend()
     return _save(fig, path)

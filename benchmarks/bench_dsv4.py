@@ -6,12 +6,17 @@ the engine-free DSv4 step of :mod:`stepcache.integrations.dsv4_sim` (three
 request-index consumers, then one sparse-index lookup per layer; timed through
 ``demo.build_step``, which is ``run_step`` without its stats bookkeeping) with the
 three variants interleaved step by step: each of ``rounds`` rounds times one step of
-each variant, in a rotating order, each on a fresh metadata object (built outside the
-timed region), all with the same builders and persistent buffers, with the cycle
-collector paused; each point reports the median step time over the rounds with min
-and max. The hand-written build is timed twice per round, as a control: the ratio of
-its two medians shows how far apart identical builds land on the machine. Before
-timing, each point checks that the three variants produce the same values.
+each variant, in a random order (seeded), each on a fresh metadata object (built
+outside the timed region), all with the same builders and persistent buffers, with
+the cycle collector paused. Each point reports the median step time over the rounds
+with min and max, and compares two variants by the median over the rounds of their
+ratio within a round (paired: the two steps ran a few milliseconds apart, so a
+change of the machine's speed between rounds cancels out). The order is random
+because a step's time depends on the step before it (what it left in the caches): in
+a fixed rotation each variant would always follow the same one. The hand-written
+build is timed twice per round, as a control: its ratio to itself shows how far apart
+identical builds land on the machine. Before timing, each point checks that the three
+variants produce the same values.
 
 The batch of ``tokens`` tokens is decode-heavy, as a serving batch is: up to 256
 decode requests of one token each, and the rest in chunked-prefill requests of at most
@@ -22,6 +27,8 @@ layers, then C4A and C128A alternating (C4A layers are never cached).
 from __future__ import annotations
 
 import argparse
+import random
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -69,8 +76,16 @@ class Point:
     timings: dict[str, Timing]
     #: request-index computations and sparse-index builds per step, by variant
     work: dict[str, tuple[int, int]]
+    #: nanoseconds of each round's step, by variant (the rounds in order)
+    runs: dict[str, tuple[float, ...]] = attrs.field(repr=False, factory=dict)
 
     def ratio(self, a: str, b: str) -> float:
+        """``a`` over ``b``: the median over the rounds of the ratio of their steps in
+        one round (the ratio of the two medians if the rounds were not kept)."""
+        if a in self.runs and b in self.runs:
+            return statistics.median(
+                x / y for x, y in zip(self.runs[a], self.runs[b], strict=True)
+            )
         return self.timings[a].ratio_to(self.timings[b])
 
     @property
@@ -84,6 +99,11 @@ class Point:
             "tokens": self.tokens,
             "layers": self.layers,
             "ns_per_step": {v: t.to_dict() for v, t in self.timings.items()},
+            "paired_ratios": {
+                "stepcache/hand-written": self.ratio("stepcache", "hand-written"),
+                "uncached/stepcache": self.ratio("uncached", "stepcache"),
+                "control/hand-written": self.noise,
+            },
             "work_per_step": {
                 v: {"index_computations": w[0], "sparse_builds": w[1]}
                 for v, w in self.work.items()
@@ -122,12 +142,14 @@ def measure_point(tokens: int, layers: int, rounds: int) -> Point:
         (CONTROL, "handwritten"),
     ]
     runs: dict[str, list[float]] = {label: [] for label, _ in timed}
+    # one step of each variant per round, in a random order: a step runs faster or
+    # slower depending on the step before it, and a fixed rotation would give each
+    # variant always the same predecessor (measured: up to 2% between two identical
+    # hand-written builds)
+    rng = random.Random(f"dsv4 {tokens} tokens {layers} layers")
     with collector_paused() as between_rounds:
         for r in range(rounds):
-            # one step of each variant per round, in a rotating order, so that a
-            # change of the machine's load reaches the variants alike
-            i = r % len(timed)
-            order = timed[i:] + timed[:i]
+            order = rng.sample(timed, len(timed))
             metas = {label: dsv4_sim.make_step(lens) for label, _ in order}
             for label, v in order:
                 start = time.perf_counter_ns()
@@ -142,7 +164,11 @@ def measure_point(tokens: int, layers: int, rounds: int) -> Point:
     }
     timings = {label: Timing.of(label, runs[label]) for label, _ in timed}
     return Point(
-        tokens, layers, timings, {labels[v]: work[v] for v in dsv4_sim.VARIANTS}
+        tokens,
+        layers,
+        timings,
+        {labels[v]: work[v] for v in dsv4_sim.VARIANTS},
+        {label: tuple(runs[label]) for label, _ in timed},
     )
 
 
@@ -222,9 +248,11 @@ def render(results: Dsv4Results) -> str:
         [
             markdown_table(header, rows, "rrrrrrrcr"),
             f"Goal stepcache <= {GOAL.limit}x hand-written met at {met} of "
-            f"{len(results.points)} points. The control column times the hand-written "
-            "build a second time in each round: its distance from 1.000x is how far "
-            f"apart two identical builds land here (largest: {noise:.3f}x).",
+            f"{len(results.points)} points. The ratios are medians over the rounds of "
+            "the ratio of the two steps in one round. The control column times the "
+            "hand-written build a second time in each round: its distance from 1.000x "
+            "is how far apart two identical builds land here (largest: "
+            f"{noise:.3f}x).",
             f"Work per step at {results.points[-1].layers} layers:",
             markdown_table(
                 ["variant", "request-index computations", "sparse-index builds"],
