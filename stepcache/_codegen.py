@@ -116,15 +116,15 @@ def generate(layout: Layout) -> str:
     # store yet (a step's first call on a new metadata object) reads its class's
     # placeholder store (``_store._place``), whose lookups find an entry that fails
     # every check (``_tables``) instead of raising: a caught exception costs about ten
-    # microseconds with the CPU's caches cold. A function with dependencies also finds
-    # that entry (``_sc_X[7]``) where a real store has none, and so does a keyed one
-    # where its slot lacks the key (a step's second cached layer kind): a get() costs
-    # 10-20 nanoseconds more than a subscript. A keyed function's slot and a bound
-    # function's entry are subscripted: a store that another function made raises
-    # there (a KeyError, caught).
+    # microseconds with the CPU's caches cold. A function with dependencies (the first
+    # call on a store that another function made, typically) also finds that entry
+    # where its store has none (``_sc_X[7]``): a get() costs a few nanoseconds more
+    # than a subscript, small beside its dependency checks. A keyed or bound function
+    # keeps the subscript, and a missing entry in a real store raises (the hit is what
+    # they are measured by).
     lookup = f"{owner}.{ATTR}._e[_sc_FID]"
     if key is not None:
-        lookup += ".get(_sc_k, _sc_X[7])"
+        lookup += "[_sc_k]"
     elif layout.deps:
         lookup = f"{owner}.{ATTR}._e.get(_sc_FID, _sc_X[7])"
 
