@@ -250,15 +250,25 @@ def _read(owner: object) -> StepCache | None:
     return store if isinstance(store, StepCache) else None
 
 
-def _write(owner: object, store: StepCache) -> None:
+def _write(owner: object, store: StepCache, placed: bool = False) -> None:
+    """Keep ``store`` in ``owner`` (its attributes, its declared slot, or the side
+    table), and give the owner's class the placeholder unless it is known to have it
+    (``placed``)."""
+    cls = type(owner)
     try:
-        # the instance's attributes or its declared slot, past any __setattr__ of
-        # the class (a frozen dataclass's, say): the store is not a field
-        object.__setattr__(owner, ATTR, store)
+        if cls.__setattr__ is _object_setattr:
+            # a plain attribute store: cheaper than calling object.__setattr__ (a
+            # C wrapper costs microseconds with the caches cold, at a step's first call)
+            owner._stepcache = store  # type: ignore[attr-defined]
+        else:
+            # past the class's __setattr__ (a frozen dataclass's, say): the store is
+            # not a field
+            object.__setattr__(owner, ATTR, store)
     except (AttributeError, TypeError):
         pass  # slotted without a slot for it, or a class: the side table
     else:
-        _place(type(owner))
+        if not placed:
+            _place(cls)
         return
     key = id(owner)
     ref = weakref.ref(owner, _SideDropper(key))
@@ -303,25 +313,14 @@ def store_for(owner: object) -> StepCache:
 def new_store(owner: object, found: object) -> StepCache:
     """``store_for(owner)`` for an owner whose store attribute read ``found``, None or
     the placeholder: the first miss on a step's new metadata object. The same store,
-    made with fewer calls: this runs once per owner and step, with the CPU's caches
-    cold, where every Python call and C wrapper costs a microsecond or more.
+    made without reading the attribute again or looking for a store to seed from: this
+    runs once per owner and step, with the CPU's caches cold, where every Python call
+    costs a microsecond or more.
     """
     if _side:  # a slotted owner's store may be in the side table
         return store_for(owner)
     store = StepCache(owner)
-    cls = type(owner)
-    if cls.__setattr__ is _object_setattr:
-        try:
-            # a plain attribute store (no class __setattr__ to get past): cheaper
-            # than calling object.__setattr__
-            owner._stepcache = store  # type: ignore[attr-defined]
-        except (AttributeError, TypeError):
-            pass  # slotted without a slot for it: _write's side table
-        else:
-            if found is None:
-                _place(cls)
-            return store
-    _write(owner, store)
+    _write(owner, store, placed=found is NO_STORE)
     return store
 
 
