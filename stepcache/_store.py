@@ -36,7 +36,7 @@ _side: dict[int, tuple[weakref.ref[Any], StepCache]] = {}
 _attach_lock = threading.Lock()
 _object_setattr = object.__setattr__
 _UNSET = object()
-# new_store() writes the attribute by this literal name
+# _write() stores the attribute by this literal name
 assert ATTR == "_stepcache"
 
 
