@@ -324,8 +324,6 @@ MISS_HELPERS: tuple[str, ...] = (
     "_sc_cf",  # the CachedFunction: its rare paths (settle, reject, bypass, errors)
     "_sc_NO_KEY",
     "_sc_store_for",
-    "_sc_new_store",  # store_for() for an owner that holds no store
-    "_sc_NO_STORE",  # what an owner with no store reads (its class's placeholder)
     "_sc_StepCache",
     "_sc_Tensor",
     "_sc_VC",  # fingerprint's value classes
@@ -347,8 +345,9 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
     cases go to the CachedFunction (``_sc_cf``): an entry that is already there
     (``settle``), a value ``expect`` may reject (``reject``), a bypass, a store that
     is not the owner's own open one, or none yet (``store_for``), a missing
-    dependency (its typed error). A miss runs once per owner and step, between the builders' tensor work,
-    where every Python call and object touched costs microseconds.
+    dependency (its typed error). A miss runs once per owner and step, between the
+    builders' tensor work, where every Python call and object touched costs
+    microseconds.
     """
     params = layout.params
     owner_i = _index(params, layout.owner)
@@ -377,11 +376,8 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
         "        if _sc_s.__class__ is not _sc_StepCache or _sc_s._closed"
         " or _sc_s._owner_ref is None or _sc_s._owner_ref() is not _sc_o:"
     )
-    # an owner with no store yet (a step's new metadata object) takes the short way
-    add(
-        "            _sc_s = _sc_new_store(_sc_o, _sc_s) if _sc_s is None"
-        " or _sc_s is _sc_NO_STORE else _sc_store_for(_sc_o)"
-    )
+    # what was read is passed on, not read again
+    add("            _sc_s = _sc_store_for(_sc_o, _sc_s)")
     add("        _sc_slot = _sc_s._e.get(_sc_FID)")
     if keyed:
         add("        _sc_old = None if _sc_slot is None else _sc_slot.get(_sc_k)")

@@ -12,7 +12,7 @@ from typing import Any, Final, ParamSpec, TypeVar
 
 import torch
 
-from stepcache import _debug, _fingerprint, _registry, _store, _switches, _walk
+from stepcache import _debug, _fingerprint, _registry, _switches, _walk
 from stepcache._codegen import Dep, Layout, generate
 from stepcache._errors import CacheValidationError, StepCacheError
 from stepcache._spec import Arg, Attr, TensorSpec, validate
@@ -266,8 +266,6 @@ class CachedFunction:
                 self,
                 _NO_KEY,
                 store_for,
-                _store.new_store,
-                _store.NO_STORE,
                 StepCache,
                 torch.Tensor,
                 _fingerprint.VALUE_CLASSES,

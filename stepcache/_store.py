@@ -289,39 +289,33 @@ class _SideDropper:
             del _side[self.key]
 
 
-def store_for(owner: object) -> StepCache:
+def store_for(owner: object, found: object = _UNSET) -> StepCache:
     """The owner's own open store, created on first use.
 
-    A store carried over by ``copy.copy`` belongs to the original: the copy gets a fresh
-    store, seeded with the entries that declare dependencies (the hit path re-checks
-    those on every use, so sharing them is safe); entries bound to the original are not
-    carried.
+    ``found`` is what the owner's store attribute read, if the caller (the generated
+    miss) has read it: it is not read again. A store carried over by ``copy.copy``
+    belongs to the original: the copy gets a fresh store, seeded with the entries that
+    declare dependencies (the hit path re-checks those on every use, so sharing them
+    is safe); entries bound to the original are not carried.
 
     No lock is taken (a lock's first use in a step costs microseconds with cold
     caches): two threads making the first call on one owner at once may each create a
     store, and the one written last stays (the other's entries are computed again on
     their next use).
     """
-    store = _read(owner)
-    if store is None or not store.belongs_to(owner):
-        return _fresh_store(owner, store)
-    if store._closed:
-        raise _closed_error(owner)
-    return store
-
-
-def new_store(owner: object, found: object) -> StepCache:
-    """``store_for(owner)`` for an owner whose store attribute read ``found``, None or
-    the placeholder: the first miss on a step's new metadata object. The same store,
-    made without reading the attribute again or looking for a store to seed from: this
-    runs once per owner and step, with the CPU's caches cold, where every Python call
-    costs a microsecond or more.
-    """
-    if _side:  # a slotted owner's store may be in the side table
-        return store_for(owner)
-    store = StepCache(owner)
-    _write(owner, store, placed=found is NO_STORE)
-    return store
+    if found is _UNSET or _side:  # a slotted owner's store may be in the side table
+        store = _read(owner)
+    else:
+        store = found if isinstance(found, StepCache) else None
+    if store is not None and store.belongs_to(owner):
+        if store._closed:
+            raise _closed_error(owner)
+        return store
+    fresh = StepCache(owner)
+    if store is not None and not store._closed:
+        _seed(fresh, store)
+    _write(owner, fresh, placed=found is NO_STORE)
+    return fresh
 
 
 def _place(cls: type) -> None:
@@ -340,22 +334,18 @@ def _place(cls: type) -> None:
             setattr(cls, ATTR, NO_STORE)
 
 
-def _fresh_store(owner: object, carried: StepCache | None) -> StepCache:
-    """A new store for ``owner``, seeded from a ``carried`` one (a copy's), written
-    into the owner."""
-    fresh = StepCache(owner)
-    if carried is not None and not carried._closed:
-        if carried._kept is not None:
-            fresh._kept = list(carried._kept)
-        for fid, slot in list(carried._e.items()):
-            if isinstance(slot, dict):
-                shared = {k: e for k, e in list(slot.items()) if e[1] is None}
-                if shared:
-                    fresh._e[fid] = shared
-            elif slot[1] is None:
-                fresh._e[fid] = slot
-    _write(owner, fresh)
-    return fresh
+def _seed(fresh: StepCache, carried: StepCache) -> None:
+    """Give a copy's ``fresh`` store the entries of the ``carried`` one (the
+    original's) that declare dependencies, and its kept objects."""
+    if carried._kept is not None:
+        fresh._kept = list(carried._kept)
+    for fid, slot in list(carried._e.items()):
+        if isinstance(slot, dict):
+            shared = {k: e for k, e in list(slot.items()) if e[1] is None}
+            if shared:
+                fresh._e[fid] = shared
+        elif slot[1] is None:
+            fresh._e[fid] = slot
 
 
 def _closed_error(owner: object) -> StaleCacheError:
