@@ -77,16 +77,14 @@ class Point:
     #: request-index computations and sparse-index builds per step, by variant
     work: dict[str, tuple[int, int]]
     #: nanoseconds of each round's step, by variant (the rounds in order)
-    runs: dict[str, tuple[float, ...]] = attrs.field(repr=False, factory=dict)
+    runs: dict[str, tuple[float, ...]] = attrs.field(repr=False)
 
     def ratio(self, a: str, b: str) -> float:
         """``a`` over ``b``: the median over the rounds of the ratio of their steps in
-        one round (the ratio of the two medians if the rounds were not kept)."""
-        if a in self.runs and b in self.runs:
-            return statistics.median(
-                x / y for x, y in zip(self.runs[a], self.runs[b], strict=True)
-            )
-        return self.timings[a].ratio_to(self.timings[b])
+        one round."""
+        return statistics.median(
+            x / y for x, y in zip(self.runs[a], self.runs[b], strict=True)
+        )
 
     @property
     def noise(self) -> float:

@@ -50,23 +50,27 @@ def _read_only(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
     )
 
 
-class _FrozenSlot(dict[Any, Any]):
-    """The slot a keyed function finds in the placeholder: empty, and stays so."""
+class _ReadOnly(dict[Any, Any]):
+    """An empty dict that stays empty."""
 
     __slots__ = ()
     __setitem__ = __delitem__ = setdefault = update = __ior__ = _read_only
     pop = popitem = clear = _read_only
+
+
+class _FrozenSlot(_ReadOnly):
+    """The slot a keyed function finds in the placeholder."""
+
+    __slots__ = ()
 
     def __missing__(self, key: Any) -> tuple[Any, ...]:
         return ABSENT
 
 
-class _FrozenEntries(dict[int, Any]):
-    """The placeholder store's entries: empty, and stay so."""
+class _FrozenEntries(_ReadOnly):
+    """The placeholder store's entries."""
 
     __slots__ = ()
-    __setitem__ = __delitem__ = setdefault = update = __ior__ = _read_only
-    pop = popitem = clear = _read_only
 
     def __missing__(self, fid: int) -> Any:
         return EMPTY_SLOT if fid in KEYED else ABSENT
