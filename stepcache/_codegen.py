@@ -43,8 +43,11 @@ class Layout:
     guard: bool = False
     #: parameters whose value must be in a collection for the call to be cached
     only: tuple[str, ...] = ()
-    #: the function validates its result (expect=): the miss runs the compiled check
+    #: the function validates its result (expect=)
     expect: bool = False
+    #: the compiled expect check, as lines the miss runs inline (see
+    #: ``_speccheck.inline_check``)
+    check: tuple[str, ...] = ()
 
 
 def _signature(params: Sequence[inspect.Parameter]) -> str:
@@ -330,9 +333,13 @@ MISS_HELPERS: tuple[str, ...] = (
     "_sc_fp",  # fingerprint()
     "_sc_rguard",  # result_guard()
     "_sc_wref",  # weakref.ref
-    "_sc_quick",  # the compiled expect check, or None
+    "_sc_QC",  # the constants of the inline expect check
+    "_sc_device",  # torch.device
     # not the miss's: the entry a hit finds where its store has none
     "_sc_ABSENT",
+    "_sc_new_store",  # new_store(): a new owner's first store
+    "_sc_NO_STORE",  # the placeholder store
+    "_sc_side",  # the side table of slotted owners' stores (empty: none there)
 )
 
 
@@ -369,11 +376,14 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
         add("        _sc_k = None")
     add(f"        _sc_o = a[{owner_i}]")
     add("        try:")
-    add(f"            _sc_s = getattr(_sc_o, {ATTR!r}, None)")
+    add(f"            _sc_s = _sc_o.{ATTR}")
     add("        except Exception:")
     add("            _sc_s = None")
+    # a new owner whose class has the placeholder: its first store, made short
+    add("        if _sc_s is _sc_NO_STORE and not _sc_side:")
+    add("            _sc_s = _sc_new_store(_sc_o)")
     add(
-        "        if _sc_s.__class__ is not _sc_StepCache or _sc_s._closed"
+        "        elif _sc_s.__class__ is not _sc_StepCache or _sc_s._closed"
         " or _sc_s._owner_ref is None or _sc_s._owner_ref() is not _sc_o:"
     )
     # what was read is passed on, not read again
@@ -401,9 +411,12 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
                 f" else _sc_fp({x})"
             )
     add(f"        _sc_val = _sc_f({_call_args(params, packed)})")
-    if layout.expect:
+    if layout.check:
+        add("        _sc_ok = False")
         add("        try:")
-        add("            _sc_ok = _sc_quick(_sc_val, a)")
+        add("            while True:")
+        for line in layout.check:
+            add("                " + line)
         add("        except Exception:")
         add("            _sc_ok = False")
         add("        if not _sc_ok:")

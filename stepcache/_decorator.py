@@ -12,13 +12,21 @@ from typing import Any, Final, ParamSpec, TypeVar
 
 import torch
 
-from stepcache import _debug, _fingerprint, _registry, _switches, _walk
+from stepcache import (
+    _debug,
+    _fingerprint,
+    _registry,
+    _store,
+    _switches,
+    _tables,
+    _walk,
+)
 from stepcache._codegen import Dep, Layout, generate
 from stepcache._errors import CacheValidationError, StepCacheError
 from stepcache._spec import Arg, Attr, TensorSpec, validate
-from stepcache._speccheck import Quick, compile_check
+from stepcache._speccheck import Quick, compile_check, inline_check
 from stepcache._store import StepCache, store_for
-from stepcache._tables import ABSENT, KEYED
+from stepcache._tables import ABSENT
 
 __all__ = ["BYPASS", "CachedFunction", "step_cached"]
 
@@ -172,10 +180,9 @@ class CachedFunction:
                 f"parameter names (got {key!r})"
             )
         self.keyed = layout_key is not None
-        if self.keyed:
-            # its entries in a store are a {key: entry} dict: in the placeholder
-            # store, the empty slot (see _tables)
-            KEYED.add(self.fid)
+        # its entries in a store are a {key: entry} dict if it is keyed: in the
+        # placeholder store, the empty slot (see _tables)
+        _tables.register(self.fid, self.keyed)
         self.key_names: tuple[str, ...] = (
             layout_key if isinstance(layout_key, tuple) else ()
         )
@@ -219,12 +226,16 @@ class CachedFunction:
                         f"a parameter (parameters: {', '.join(names)})"
                     )
         #: the compiled check of expect: a value it passes needs no validate()
+        index_of = {n: i for i, n in enumerate(names)}
         self.quick: Quick | None = (
             None
             if expect is None
-            else compile_check(
-                expect, {n: i for i, n in enumerate(names)}, self.owner_index, self.name
-            )
+            else compile_check(expect, index_of, self.owner_index, self.name)
+        )
+        check, check_consts = (
+            ((), ())
+            if expect is None
+            else inline_check(expect, index_of, self.owner_index)
         )
 
         if not isinstance(guard_result, bool):
@@ -241,6 +252,7 @@ class CachedFunction:
             guard_result,
             tuple(self.only),
             expect is not None,
+            check,
         )
         self.source = generate(layout)
         ns: dict[str, Any] = {"__builtins__": __builtins__}
@@ -272,8 +284,12 @@ class CachedFunction:
                 _fingerprint.fingerprint,
                 _walk.result_guard,
                 weakref.ref,
-                self.quick,
+                check_consts,
+                torch.device,
                 ABSENT,
+                _store.new_store,
+                _store.NO_STORE,
+                _store._side,
             ),
             self.slow,
             _fingerprint.VAL,

