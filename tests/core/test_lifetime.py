@@ -143,3 +143,59 @@ def test_a_fresh_owner_gets_its_store_on_the_first_call() -> None:
     assert isinstance(store, stepcache.StepCache) and store in live_caches()
     assert stepcache.cache_of(m) is store and len(store) == 1
     assert m.index() is first
+
+
+_TRACKING_SCRIPT = """
+import gc
+import torch
+import stepcache
+from stepcache import _store
+
+class Meta:
+    def __init__(self, n):
+        self.qsl = torch.arange(n + 1)
+
+    @stepcache.step_cached(depends_on=("qsl",), name="t.rows")
+    def rows(self):
+        return self.qsl.diff()
+
+early = [Meta(n) for n in (1, 2, 3)]
+for m in early:
+    m.rows()
+dead = Meta(4)
+dead.rows()
+del dead
+# not tracked yet: no store registered itself
+assert not _store._tracking and len(_store._live) == 0
+# the first call finds the live stores by scanning the heap, and only those
+found = _store.live_caches()
+assert _store._tracking
+assert {id(s) for s in found} == {id(stepcache.cache_of(m)) for m in early}, found
+assert stepcache.stats()["t.rows"].live_entries == 3
+del found
+# from now on a new store registers itself, and leaves when its owner goes
+late = Meta(5)
+late.rows()
+assert len(_store.live_caches()) == 4
+assert stepcache.stats()["t.rows"].live_entries == 4
+del early[0], late
+assert len(_store.live_caches()) == 2
+assert stepcache.stats()["t.rows"].live_entries == 2
+print("ok")
+"""
+
+
+def test_stores_are_tracked_from_the_first_live_caches_call() -> None:
+    # a fresh interpreter: whether stores are tracked is process-wide, and this one's
+    # tests have long asked for stats()
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _TRACKING_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("ok")
