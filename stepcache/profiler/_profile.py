@@ -228,8 +228,10 @@ class Profile:
             t2 = clock()
             report.not_restored = self._restore()
             report.setup_ns += clock() - t2
+            # closing the last step is analysis, after the block's wall time
+            t3 = clock()
             self._recorder.finish()
-            report._finish(clock)
+            report._finish(clock, t3)
         finally:
             self._restore()
             with _active_lock:
