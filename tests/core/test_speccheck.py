@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import stepcache
 from stepcache import Arg, Attr, CacheValidationError, TensorSpec
 from stepcache._spec import validate
-from stepcache._speccheck import compile_check
+from stepcache._speccheck import compile_check, inline_check
 
 DTYPES = [torch.int32, torch.int64, torch.float32]
 
@@ -121,6 +121,53 @@ def test_fast_check_passes_plain_valid_values(
         assert quick(value, a)
     else:
         assert not quick(value, a)
+
+
+def _inline_as_function(spec: Any, index_of: dict[str, int]) -> Any:
+    """The lines of `inline_check` in the frame the generated miss gives them."""
+    lines, consts = inline_check(spec, index_of, 0)
+    body = "".join(f"            {line}\n" for line in lines)
+    src = (
+        "def check(_sc_val, a):\n"
+        "    _sc_ok = False\n"
+        "    try:\n"
+        "        while True:\n"
+        f"{body}"
+        "    except Exception:\n"
+        "        _sc_ok = False\n"
+        "    return _sc_ok\n"
+    )
+    ns: dict[str, Any] = {
+        "_sc_QC": consts,
+        "_sc_Tensor": torch.Tensor,
+        "_sc_device": torch.device,
+    }
+    exec(compile(src, "<inline check>", "exec"), ns)
+    return ns["check"]
+
+
+def _answer(check: Any, value: Any, a: tuple[Any, ...]) -> bool:
+    try:
+        return bool(check(value, a))
+    except Exception:
+        return False  # the decorator then runs validate(), as for a False
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    spec=st.one_of(specs, st.lists(st.one_of(st.none(), specs), max_size=3).map(tuple)),
+    value=st.one_of(values, st.lists(values, max_size=3).map(tuple)),
+    ref=refs,
+)
+def test_the_check_written_into_the_miss_answers_as_the_compiled_one(
+    spec: Any, value: Any, ref: Any
+) -> None:
+    index_of = {"owner": 0, "ref": 1}
+    a = (Owner(), ref)
+    inline = _inline_as_function(spec, index_of)
+    assert _answer(inline, value, a) == _answer(
+        compile_check(spec, index_of, 0), value, a
+    )
 
 
 def test_tuple_spec_checks_each_item_and_the_length() -> None:
