@@ -4,19 +4,19 @@
 A hit looks its entry up by subscripting (``owner._stepcache._e[fid]``, then
 ``[key]`` for a keyed function), the cheapest lookup there is. An owner with no store
 yet (a step's new metadata object) reads the placeholder store of its class
-(``_store.NO_STORE``), whose entries are :data:`EMPTY_ENTRIES`: a missing function
-finds :data:`EMPTY_SLOT` if it is keyed, :data:`ABSENT` if not, and any key of the
-empty slot finds :data:`ABSENT`. Nothing raises: a caught exception costs about ten
+(``_store.NO_STORE``), whose entries are :data:`EMPTY_ENTRIES`: every decorated
+function is registered there (`register`), a keyed one with :data:`EMPTY_SLOT`, any
+other with :data:`ABSENT`, and any key of the empty slot finds :data:`ABSENT`.
+Nothing raises: a caught exception costs about ten
 microseconds with the CPU's caches cold, as they are at a step's first call. A real
 store's dicts stay plain ``dict``: CPython specializes a subscript of a plain dict
 only, and a subclass would cost every hit tens of nanoseconds.
 
->>> EMPTY_ENTRIES[7] is ABSENT
+>>> register(-7, keyed=False); register(-8, keyed=True)
+>>> EMPTY_ENTRIES[-7] is ABSENT
 True
->>> KEYED.add(-8)
 >>> EMPTY_ENTRIES[-8] is EMPTY_SLOT, EMPTY_SLOT["any key"] is ABSENT
 (True, True)
->>> KEYED.discard(-8)
 >>> EMPTY_SLOT["any key"] = ABSENT
 Traceback (most recent call last):
   ...
@@ -27,11 +27,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-__all__ = ["ABSENT", "EMPTY_ENTRIES", "EMPTY_SLOT", "KEYED", "register"]
-
-#: function ids of the keyed functions: their value in a store's entries is a dict
-#: ``{key: entry}``
-KEYED: set[int] = set()
+__all__ = ["ABSENT", "EMPTY_ENTRIES", "EMPTY_SLOT", "register"]
 
 #: never a dependency's value, fingerprint or a result: compares unequal to them all
 _NOTHING = object()
@@ -51,7 +47,7 @@ def _read_only(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
 
 
 class _ReadOnly(dict[Any, Any]):
-    """An empty dict that stays empty."""
+    """A dict that no store operation writes to (only `register`, past it)."""
 
     __slots__ = ()
     __setitem__ = __delitem__ = setdefault = update = __ior__ = _read_only
@@ -75,7 +71,9 @@ class _FrozenEntries(_ReadOnly):
     __slots__ = ()
 
     def __missing__(self, fid: int) -> Any:
-        return EMPTY_SLOT if fid in KEYED else ABSENT
+        # not registered (cannot happen for a decorated function): a keyed hit
+        # then fails on ABSENT[key] with a TypeError, which it catches
+        return ABSENT
 
 
 EMPTY_SLOT: dict[Any, Any] = _FrozenSlot()
@@ -85,6 +83,4 @@ EMPTY_ENTRIES: dict[int, Any] = _FrozenEntries()
 def register(fid: int, keyed: bool) -> None:
     """Give the placeholder store the entry of a new decorated function: the empty slot
     if it is keyed, :data:`ABSENT` if not."""
-    if keyed:
-        KEYED.add(fid)
     dict.__setitem__(EMPTY_ENTRIES, fid, EMPTY_SLOT if keyed else ABSENT)
