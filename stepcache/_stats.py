@@ -174,6 +174,11 @@ def stats(*, include_idle: bool = False) -> StatsTable:
     `include_idle=True` adds the others. Hits are counted without a lock (the hit path
     takes none), so with several threads the hit count is a close estimate.
 
+    The live entries are counted in the stores alive now. Stores are registered for
+    this from the first call on: that call finds the stores alive by one pass over the
+    garbage collector's objects (a store frozen by `gc.freeze()` before it is not
+    seen), and from then on every new store registers itself.
+
     Examples:
         >>> import stepcache
         >>> class Meta:
