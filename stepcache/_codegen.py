@@ -43,10 +43,8 @@ class Layout:
     guard: bool = False
     #: parameters whose value must be in a collection for the call to be cached
     only: tuple[str, ...] = ()
-    #: the function validates its result (expect=)
-    expect: bool = False
-    #: the compiled expect check, as lines the miss runs inline (see
-    #: ``_speccheck.inline_check``)
+    #: the compiled check of the function's ``expect=`` (none: empty), as lines the
+    #: miss runs inline (see ``_speccheck.inline_check``)
     check: tuple[str, ...] = ()
 
 
@@ -495,7 +493,7 @@ def _lean_checks(layout: Layout, ref: dict[str, str], args_tuple: str) -> str:
         "                            break",
         (
             f"                    if _sc_ok and _sc_T[1](_sc_e[0], {args_tuple}):"
-            if layout.expect
+            if layout.check
             else "                    if _sc_ok:"
         ),
         "                        _sc_hits += 1",

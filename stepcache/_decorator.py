@@ -251,7 +251,6 @@ class CachedFunction:
             self.deps,
             guard_result,
             tuple(self.only),
-            expect is not None,
             check,
         )
         self.source = generate(layout)
@@ -505,7 +504,7 @@ class CachedFunction:
     def reject(self, value: Any, a: tuple[Any, ...], key: Any) -> None:
         """The compiled check did not pass ``value``: raise what ``validate()`` finds
         wrong (nothing, if the check could not read a valid value)."""
-        violation = self.expect_violation(value, a)
+        violation = self.validation_error(value, a)
         if violation is not None:
             # the message names the function only when it is needed
             raise CacheValidationError(f"{self.where(key)}{violation}")
@@ -521,13 +520,20 @@ class CachedFunction:
 
         The compiled check answers for a valid value; ``validate()`` runs only when
         it says no (it may say no to a valid value it does not know how to read)."""
-        if self.quick is None or self.expect is None:
+        if self.quick is None:
             return None
         try:
             if self.quick(value, a):
                 return None
         except Exception:
             pass
+        return self.validation_error(value, a)
+
+    def validation_error(self, value: Any, a: tuple[Any, ...]) -> str | None:
+        """What :func:`validate` finds wrong with ``value`` (``None``: nothing), for a
+        value the compiled check did not pass."""
+        if self.expect is None:
+            return None
         try:
             validate(value, self.expect, self.resolver(a), "")
         except CacheValidationError as exc:

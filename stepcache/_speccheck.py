@@ -29,42 +29,32 @@ Quick = Callable[[Any, tuple[Any, ...]], bool]
 
 
 class _Source:
-    """The lines of one check, written for where it runs.
+    """The lines of one check, written for where it runs: the function of
+    `compile_check`, or inline in the generated miss (`inline_check`).
 
-    ``value`` and ``args`` name the checked value and the call's arguments tuple,
-    ``fail`` is the statement that answers no, and constants are named by `const`: in
-    the function of `compile_check`, module-level names; inline in the generated miss
-    (`inline_check`), items of the tuple ``_sc_QC``.
+    The call's arguments tuple is ``a`` in both. Inline, the value is ``_sc_val``, a
+    failed item breaks out of the miss's ``while True:``, locals start with ``_sc_q``,
+    constants are items of the tuple ``_sc_QC``, and the Tensor and device classes are
+    the miss's ``_sc_Tensor`` and ``_sc_device``.
     """
 
     def __init__(
-        self,
-        index_of: dict[str, int],
-        owner_index: int,
-        *,
-        value: str = "value",
-        args: str = "a",
-        fail: str = "return False",
-        prefix: str = "",
-        consts: str | None = None,
-        names: str = "_",
+        self, index_of: dict[str, int], owner_index: int, inline: bool
     ) -> None:
         self.index_of = index_of
         self.owner_index = owner_index
-        self.value = value
-        self.args = args
-        self.fail = fail
-        self.prefix = prefix
-        self.consts_name = consts
-        #: the Tensor class and the device class are ``{names}Tensor``, ``{names}device``
-        self.tensor = f"{names}Tensor"
-        self.device = f"{names}device"
+        self.inline = inline
+        self.value = "_sc_val" if inline else "value"
+        self.fail = "break" if inline else "return False"
+        self.prefix = "_sc_q" if inline else ""
+        self.tensor = "_sc_Tensor" if inline else "_Tensor"
+        self.device = "_sc_device" if inline else "_device"
         self.consts: dict[str, Any] = {}
         self.lines: list[str] = []
 
     def const(self, value: Any) -> str:
         i = len(self.consts)
-        name = f"_c{i}" if self.consts_name is None else f"{self.consts_name}[{i}]"
+        name = f"_sc_QC[{i}]" if self.inline else f"_c{i}"
         self.consts[name] = value
         return name
 
@@ -73,8 +63,8 @@ class _Source:
 
     def ref(self, ref: Arg | Attr) -> str:
         if isinstance(ref, Arg):
-            return f"{self.args}[{self.index_of[ref.name]}]"
-        owner = f"{self.args}[{self.owner_index}]"
+            return f"a[{self.index_of[ref.name]}]"
+        owner = f"a[{self.owner_index}]"
         if ref.name.isidentifier() and not keyword.iskeyword(ref.name):
             return f"{owner}.{ref.name}"
         return f"getattr({owner}, {self.const(ref.name)})"
@@ -187,7 +177,7 @@ def compile_check(
     >>> quick(buf[:4], (None, buf)), quick(buf[:3], (None, buf))
     (True, False)
     """
-    src = _Source(index_of, owner_index)
+    src = _Source(index_of, owner_index, inline=False)
     _checks(src, expect)
     src.emit("return True")
     text = "def quick(value, a):\n" + "\n".join(src.lines) + "\n"
@@ -225,15 +215,7 @@ def inline_check(
     _sc_ok = True
     break
     """
-    src = _Source(
-        index_of,
-        owner_index,
-        value="_sc_val",
-        fail="break",
-        prefix="_sc_q",
-        consts="_sc_QC",
-        names="_sc_",
-    )
+    src = _Source(index_of, owner_index, inline=True)
     _checks(src, expect)
     src.emit("_sc_ok = True")
     src.emit("break")
