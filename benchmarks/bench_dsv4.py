@@ -72,12 +72,15 @@ def batch_layout(tokens: int) -> list[int]:
 class Point:
     tokens: int
     layers: int
-    #: milliseconds per step, by variant (stored as ns in Timing)
-    timings: dict[str, Timing]
     #: request-index computations and sparse-index builds per step, by variant
     work: dict[str, tuple[int, int]]
     #: nanoseconds of each round's step, by variant (the rounds in order)
     runs: dict[str, tuple[float, ...]] = attrs.field(repr=False)
+
+    @property
+    def timings(self) -> dict[str, Timing]:
+        """Nanoseconds per step by variant: median, min and max over the rounds."""
+        return {label: Timing.of(label, ns) for label, ns in self.runs.items()}
 
     def ratio(self, a: str, b: str) -> float:
         """``a`` over ``b``: the median over the rounds of the ratio of their steps in
@@ -160,11 +163,9 @@ def measure_point(tokens: int, layers: int, rounds: int) -> Point:
         "handwritten": "hand-written",
         "stepcache": "stepcache",
     }
-    timings = {label: Timing.of(label, runs[label]) for label, _ in timed}
     return Point(
         tokens,
         layers,
-        timings,
         {labels[v]: work[v] for v in dsv4_sim.VARIANTS},
         {label: tuple(runs[label]) for label, _ in timed},
     )
