@@ -114,10 +114,8 @@ class ProfileReport:
         self._recorder.new_step()
 
     # -- after ------------------------------------------------------------------------------
-    def _finish(self, clock: Callable[[], int], t0: int | None = None) -> None:
-        """Analyse the calls; ``t0`` is when the analysis began (default: now)."""
-        if t0 is None:
-            t0 = clock()
+    def _finish(self, clock: Callable[[], int], t0: int) -> None:
+        """Analyse the calls; ``t0`` is when the analysis began."""
         # The analysis makes many small tuples and no cycles: a full collection of a
         # torch process's heap in the middle of it would cost more than all of it.
         enabled = gc.isenabled()
