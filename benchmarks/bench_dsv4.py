@@ -85,9 +85,7 @@ class Point:
     def ratio(self, a: str, b: str) -> float:
         """``a`` over ``b``: the median over the rounds of the ratio of their steps in
         one round."""
-        return statistics.median(
-            x / y for x, y in zip(self.runs[a], self.runs[b], strict=True)
-        )
+        return paired_ratio(self.runs[a], self.runs[b])
 
     @property
     def noise(self) -> float:
@@ -142,15 +140,37 @@ def measure_point(tokens: int, layers: int, rounds: int) -> Point:
         ("stepcache", "stepcache"),
         (CONTROL, "handwritten"),
     ]
-    runs: dict[str, list[float]] = {label: [] for label, _ in timed}
-    # one step of each variant per round, in a random order: a step runs faster or
-    # slower depending on the step before it, and a fixed rotation would give each
-    # variant always the same predecessor (measured: up to 2% between two identical
-    # hand-written builds)
     rng = random.Random(f"dsv4 {tokens} tokens {layers} layers")
+    runs = time_rounds(builders, lens, kinds, timed, rounds, rng)
+    labels = {
+        "uncached": "uncached",
+        "handwritten": "hand-written",
+        "stepcache": "stepcache",
+    }
+    return Point(tokens, layers, {labels[v]: work[v] for v in dsv4_sim.VARIANTS}, runs)
+
+
+def time_rounds(
+    builders: dsv4_sim.Builders,
+    lens: Sequence[int],
+    kinds: Sequence[str],
+    timed: Sequence[tuple[str, dsv4_sim.Variant]],
+    rounds: int,
+    rng: random.Random,
+) -> dict[str, tuple[float, ...]]:
+    """Nanoseconds of each round's step of each ``(label, variant)`` of ``timed``.
+
+    Each round times one step of each, in a random order, each on fresh metadata of
+    the batch ``lens`` (made before the round), all with ``builders``, the cycle
+    collector paused. The order is random because a step runs faster or slower
+    depending on the step before it: a fixed rotation would give each variant always
+    the same predecessor (measured: up to 2% between two identical hand-written
+    builds).
+    """
+    runs: dict[str, list[float]] = {label: [] for label, _ in timed}
     with collector_paused() as between_rounds:
         for r in range(rounds):
-            order = rng.sample(timed, len(timed))
+            order = rng.sample(list(timed), len(timed))
             metas = {label: dsv4_sim.make_step(lens) for label, _ in order}
             for label, v in order:
                 start = time.perf_counter_ns()
@@ -158,17 +178,17 @@ def measure_point(tokens: int, layers: int, rounds: int) -> Point:
                 runs[label].append(time.perf_counter_ns() - start)
             del metas
             between_rounds(r)
-    labels = {
-        "uncached": "uncached",
-        "handwritten": "hand-written",
-        "stepcache": "stepcache",
-    }
-    return Point(
-        tokens,
-        layers,
-        {labels[v]: work[v] for v in dsv4_sim.VARIANTS},
-        {label: tuple(runs[label]) for label, _ in timed},
-    )
+    return {label: tuple(runs[label]) for label, _ in timed}
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+    """The median over the rounds of ``a[r] / b[r]``: two steps of one round ran a few
+    milliseconds apart, so a change of the machine's speed between rounds cancels out.
+
+    >>> paired_ratio([2.0, 9.0, 3.0], [1.0, 10.0, 2.0])
+    1.5
+    """
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
 @attrs.frozen

@@ -25,6 +25,7 @@ import torch
 from benchmarks import (
     _plots,
     bench_dsv4,
+    bench_floor,
     bench_gpu,
     bench_hit,
     bench_soak,
@@ -38,6 +39,7 @@ FULL: dict[str, Any] = {
     "dsv4": {"rounds": 101},
     "soak": {"steps": 100_000, "warmup": 1_000},
     "stages": {"layers": 8, "tokens": 4, "rounds": 401},
+    "floor": {"rounds": 151},
 }
 QUICK: dict[str, Any] = {
     "hit": {"number": 2_000, "repeats": 3},
@@ -48,6 +50,7 @@ QUICK: dict[str, Any] = {
     },
     "soak": {"steps": 2_000, "warmup": 200},
     "stages": {"layers": 8, "tokens": 4, "rounds": 5},
+    "floor": {"tokens": (1,), "rounds": 3},
 }
 
 
@@ -72,6 +75,7 @@ def page(
     dsv4: bench_dsv4.Dsv4Results,
     soak: bench_soak.SoakResults,
     stages: bench_stages.StageResults,
+    floor: bench_floor.FloorResults,
     gpu_section: str,
     instructions_section: str = "",
 ) -> str:
@@ -186,6 +190,27 @@ def page(
         "",
         bench_stages.render(stages),
         "",
+        "#### How low a cache behind a function call goes",
+        "",
+        f"`python -m benchmarks.bench_floor`: the 8-layer steps, timed as above "
+        f"({floor.rounds} rounds), with one",
+        "part swapped at a time; the request index is hand-written in every column but",
+        "the last. *plain function*: the seed's dict cache of the layers moved into a",
+        "function. *minimal decorator*: the layers' cache through the smallest",
+        "per-owner decorator that stays correct for a copied owner",
+        "(`bench_floor.minimal_cached`: a store per owner, the owner checked through a",
+        "weak reference on a hit, the decorated function called on a miss and on a C4A",
+        "layer; no dependency checks, validation, statistics or debug mode).",
+        "*stepcache sparse index*: stepcache's `sparse_index` for the layers.",
+        "*stepcache*: both integrations, as in the table above. The columns between",
+        "the hand-written build and stepcache show what each step away from inline",
+        "code costs on its own: being a function, being a decorator with a store per",
+        "owner, then stepcache's own bookkeeping (its per-function slots, counts,",
+        "`expect` validation and debug hooks) for the layers, then for the request",
+        "index.",
+        "",
+        bench_floor.render(floor),
+        "",
         "### Instructions per step (callgrind)",
         "",
         instructions_section
@@ -216,6 +241,7 @@ def page(
         "    python -m benchmarks.bench_dsv4",
         "    python -m benchmarks.bench_soak",
         "    python -m benchmarks.bench_stages       # the DSv4 step, stage by stage",
+        "    python -m benchmarks.bench_floor        # the DSv4 step, part by part",
         "    python -m benchmarks.bench_instructions --markdown "
         "docs/benchmarks/instructions.md",
         "    python scripts/gpu_bench.py             # on a machine with one GPU",
@@ -256,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     print(bench_soak.render(soak), "\n", flush=True)
     stages = bench_stages.run(**settings["stages"])
     print(bench_stages.render(stages), "\n", flush=True)
+    floor = bench_floor.run(**settings["floor"])
+    print(bench_floor.render(floor), "\n", flush=True)
     minutes = (time.monotonic() - t0) / 60
 
     figures = out / "benchmarks"
@@ -272,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         "dsv4": dsv4.to_dict(),
         "soak": soak.to_dict(),
         "stages": stages.to_dict(),
+        "floor": floor.to_dict(),
     }
     (figures / "results.json").write_text(
         json.dumps(raw, indent=2, sort_keys=True) + "\n"
@@ -285,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         dsv4=dsv4,
         soak=soak,
         stages=stages,
+        floor=floor,
         gpu_section=bench_gpu.section(out),
         instructions_section=_instructions(figures / "instructions.md"),
     )

@@ -19,6 +19,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import (  # noqa: E402
     bench_dsv4,
+    bench_floor,
     bench_gpu,
     bench_hit,
     bench_soak,
@@ -55,6 +56,57 @@ def test_dsv4_points_and_work() -> None:
     assert "stepcache / hand-written" in bench_dsv4.render(results)
 
 
+def test_floor_points_have_every_variant() -> None:
+    results = bench_floor.run(tokens=(3,), layers=(4,), rounds=2)
+    (point,) = results.points
+    assert set(point.runs) == set(bench_floor.VARIANTS)
+    assert all(len(ns) == 2 for ns in point.runs.values())
+    assert point.ratio("hand-written") == 1.0
+    assert "minimal decorator / hand-written" in bench_floor.render(results)
+
+
+@pytest.mark.parametrize("label", list(bench_floor.VARIANTS))
+def test_floor_variants_cache_as_the_seed(label: str) -> None:
+    # layers: swa_only, swa_only, c4a, c128a, c4a, c128a: each variant builds the
+    # request index once and the sparse indices 4 times (swa_only, c128a, two c4a)
+    builders = bench_floor.FloorBuilders(max_tokens=8)
+    kinds = ("swa_only", "swa_only", "c4a", "c128a", "c4a", "c128a")
+    meta = bench_floor.dsv4_sim.make_step([2, 1, 3], pad_to=8)
+    reference = bench_floor.demo.build_step(
+        bench_floor.dsv4_sim.make_step([2, 1, 3], pad_to=8),
+        bench_floor.dsv4_sim.Builders(max_tokens=8),
+        "uncached",
+        kinds,
+    )
+    variant = bench_floor.VARIANTS[label]
+    result = bench_floor.demo.build_step(meta, builders, variant, kinds)  # type: ignore[arg-type]
+    assert bench_floor.demo.same_result(result, reference)
+    assert builders.sparse_builds == 4
+    assert result.sparse[3][0] is result.sparse[5][0]  # the c128a layers share one
+    assert result.sparse[2][0] is not result.sparse[4][0]  # the c4a layers do not
+
+
+def test_the_minimal_decorator_keeps_a_store_per_owner() -> None:
+    import copy
+
+    class Owner:
+        pass
+
+    calls: list[str] = []
+
+    @bench_floor.minimal_cached(frozenset({"a"}))
+    def f(owner: object, kind: str, num_rows: int | None) -> tuple[str, int]:
+        calls.append(kind)
+        return (kind, len(calls))
+
+    owner = Owner()
+    assert f(owner, "a", 1) is f(owner, "a", 1)
+    assert f(owner, "a", 2) != f(owner, "a", 1)  # the row count is in the key
+    assert f(owner, "b", 1) != f(owner, "b", 1)  # outside only: never cached
+    assert f(copy.copy(owner), "a", 1) != f(owner, "a", 1)  # a copy: its own store
+    assert calls == ["a", "a", "b", "b", "a"]
+
+
 def test_batch_layout() -> None:
     assert bench_dsv4.batch_layout(1) == [1]
     lens = bench_dsv4.batch_layout(4096)
@@ -77,6 +129,7 @@ def test_run_all_writes_the_page_and_plots(
         "dsv4": {"tokens": (1, 4), "layers": (3, 4), "rounds": 1},
         "soak": {"steps": 20, "warmup": 2},
         "stages": {"layers": 3, "tokens": 2, "rounds": 1},
+        "floor": {"tokens": (2,), "layers": (3,), "rounds": 1},
     }
     monkeypatch.setattr(run_all, "QUICK", tiny)
     assert run_all.main(["--quick", "--out", str(tmp_path)]) == 0
@@ -84,12 +137,13 @@ def test_run_all_writes_the_page_and_plots(
     assert "Quick smoke run" in page and "python -m benchmarks.run_all --quick" in page
     assert "The GPU numbers have not been measured yet" in page
     assert "### Where the difference goes" in page and "layer 2 (c4a)" in page
+    assert "minimal decorator / hand-written" in page
     for name in ("hit_cost", "dsv4_build_time", "dsv4_ratio", "soak"):
         png = tmp_path / "benchmarks" / f"{name}.png"
         assert png.read_bytes()[:4] == b"\x89PNG"
         assert f"(benchmarks/{name}.png)" in page
     raw = json.loads((tmp_path / "benchmarks" / "results.json").read_text())
-    assert set(raw) >= {"hit", "dsv4", "soak", "environment", "date"}
+    assert set(raw) >= {"hit", "dsv4", "soak", "floor", "environment", "date"}
 
 
 def test_copy_counter_counts_host_to_device_copies() -> None:
@@ -182,3 +236,22 @@ def test_stages_time_every_builder_and_layer() -> None:
     table = bench_stages.render(results)
     assert "**sum of the medians**" in table
     assert results.to_dict()["median_ns"]["layer 2 (c4a)"]["stepcache"] > 0
+
+
+BENCHMARK_MODULES = sorted(
+    f"benchmarks.{path.stem}"
+    for path in (ROOT / "benchmarks").glob("*.py")
+    if path.stem != "__init__"
+)
+
+
+@pytest.mark.parametrize("name", BENCHMARK_MODULES)
+def test_benchmark_docstring_examples(name: str) -> None:
+    import doctest
+    import importlib
+
+    module = importlib.import_module(name)
+    result = doctest.testmod(
+        module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    )
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed"

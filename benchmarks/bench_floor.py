@@ -1,0 +1,252 @@
+# SPDX-License-Identifier: Apache-2.0
+"""How low a cache behind a function call can go: the DSv4 step, one part swapped at a time.
+
+Run: ``python -m benchmarks.bench_floor [--rounds N] [--quick]``.
+
+The DSv4 goal of ``bench_dsv4`` (stepcache <= 1.05x the hand-written build) compares a
+library with the seed PRs' caches written inline. This benchmark splits the
+difference on the same step, timed the same way (the variants interleaved in a random
+order each round, ratios of the two steps of one round, a second hand-written build
+as the control), with the request index hand-written in every row but ``stepcache``:
+
+* ``stepcache``: both integrations, as ``bench_dsv4`` times them;
+* ``stepcache sparse index``: stepcache's
+  :func:`~stepcache.integrations.sparse_index.sparse_index` for the layers;
+* ``minimal decorator``: the layers' cache through the smallest per-owner decorator
+  that stays correct for a copied owner (:func:`minimal_cached`): a store per owner,
+  made on its first call; a hit checks the store's owner through a weak reference;
+  a miss and a C4A call go through the decorated function. No dependency checks, no
+  validation, no statistics, no debug mode;
+* ``plain function``: the seed's dict cache moved into a function (one Python call
+  per layer more than the seed).
+
+The rows between the hand-written build and stepcache show what each step away from
+inline code costs on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar, cast
+
+import attrs
+import torch
+
+from benchmarks._report import markdown_table
+from benchmarks._sim import demo, dsv4_sim, sparse_index
+from benchmarks._timing import environment, progress
+from benchmarks.bench_dsv4 import CONTROL, batch_layout, paired_ratio, time_rounds
+
+TOKENS: tuple[int, ...] = (1, 4, 16, 64)
+LAYERS: tuple[int, ...] = (8,)
+
+#: label -> the variant name :class:`FloorBuilders` understands, in column order
+VARIANTS: Final[dict[str, str]] = {
+    "hand-written": "handwritten",
+    "plain function": "floor:function",
+    "minimal decorator": "floor:decorator",
+    "stepcache sparse index": "floor:stepcache",
+    "stepcache": "stepcache",
+    CONTROL: "handwritten",
+}
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class _Store:
+    """The minimal decorator's per-owner store."""
+
+    __slots__ = ("entries", "owner")
+
+    def __init__(self, owner: object) -> None:
+        self.entries: dict[Any, Any] = {}
+        self.owner = weakref.ref(owner)
+
+
+def minimal_cached(only: frozenset[str]) -> Callable[[_F], _F]:
+    """Cache ``fn(owner, kind, num_rows, ...)`` per owner and ``(kind, num_rows)``,
+    for the kinds in ``only``; other kinds call ``fn`` each time.
+
+    >>> class Owner: pass
+    >>> calls = []
+    >>> @minimal_cached(frozenset({"a"}))
+    ... def f(owner, kind, num_rows):
+    ...     calls.append(kind)
+    ...     return len(calls)
+    >>> o = Owner()
+    >>> f(o, "a", None), f(o, "a", None), f(o, "b", None), f(o, "b", None)
+    (1, 1, 2, 3)
+    >>> import copy; f(copy.copy(o), "a", None)  # a copy has a store of its own
+    4
+    """
+
+    def wrap(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def cached(owner: Any, kind: str, num_rows: int | None, *args: Any) -> Any:
+            if kind not in only:
+                return fn(owner, kind, num_rows, *args)
+            key = (kind, num_rows)
+            store = getattr(owner, "_minimal_store", None)
+            if store is not None and store.owner() is owner:
+                value = store.entries.get(key)
+                if value is not None:
+                    return value
+            else:
+                store = _Store(owner)
+                owner._minimal_store = store
+            value = fn(owner, kind, num_rows, *args)
+            store.entries[key] = value
+            return value
+
+        return cast(_F, cached)
+
+    return wrap
+
+
+@minimal_cached(sparse_index.CACHED_KINDS)
+def _decorated_sparse_index(
+    swa: object,
+    kind: str,
+    num_rows: int | None,
+    build: Callable[..., sparse_index.SparseIndexPair],
+    *args: Any,
+) -> sparse_index.SparseIndexPair:
+    return build(*args)
+
+
+def _function_sparse_index(
+    swa: dsv4_sim.SWAMetadata,
+    kind: str,
+    num_rows: int | None,
+    build: Callable[..., sparse_index.SparseIndexPair],
+    *args: Any,
+) -> sparse_index.SparseIndexPair:
+    cache = swa.flashinfer_sparse_index_cache
+    key = (kind, num_rows)
+    pair = cache.get(key)
+    if pair is None:
+        pair = build(*args)
+        if kind in sparse_index.CACHED_KINDS:
+            cache[key] = pair
+    return pair
+
+
+class FloorBuilders(dsv4_sim.Builders):
+    """The DSv4 builders, with the ``floor:*`` variants of this benchmark: the
+    hand-written request index, and the layers' cache as the variant says."""
+
+    def request_index(
+        self, meta: dsv4_sim.StepMetadata, buffer: torch.Tensor, variant: str
+    ) -> torch.Tensor:
+        if variant.startswith("floor:"):
+            variant = "handwritten"
+        return super().request_index(meta, buffer, cast(dsv4_sim.Variant, variant))
+
+    def layer_sparse_index(
+        self, swa: dsv4_sim.SWAMetadata, kind: str, layer: int, variant: str
+    ) -> sparse_index.SparseIndexPair:
+        build = self.build_sparse_indices
+        if variant == "floor:function":
+            return _function_sparse_index(swa, kind, None, build, swa, kind, layer)
+        if variant == "floor:decorator":
+            return _decorated_sparse_index(swa, kind, None, build, swa, kind, layer)
+        if variant == "floor:stepcache":
+            variant = "stepcache"
+        return super().layer_sparse_index(
+            swa, kind, layer, cast(dsv4_sim.Variant, variant)
+        )
+
+
+@attrs.frozen
+class FloorPoint:
+    tokens: int
+    layers: int
+    #: nanoseconds of each round's step, by label (the rounds in order)
+    runs: dict[str, tuple[float, ...]] = attrs.field(repr=False)
+
+    def ratio(self, label: str) -> float:
+        """``label``'s step over the hand-written one, median over the rounds."""
+        return paired_ratio(self.runs[label], self.runs["hand-written"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "layers": self.layers,
+            "paired_ratios_to_hand_written": {
+                label: self.ratio(label)
+                for label in VARIANTS
+                if label != "hand-written"
+            },
+        }
+
+
+@attrs.frozen
+class FloorResults:
+    points: list[FloorPoint]
+    rounds: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "points": [p.to_dict() for p in self.points]}
+
+
+def measure_point(tokens: int, layers: int, rounds: int) -> FloorPoint:
+    """Time every variant at one point, after checking that they give the same values."""
+    kinds = demo.layer_kinds(layers)
+    lens = batch_layout(tokens)
+    builders = FloorBuilders(max_tokens=max(tokens, 1))
+    timed = [(label, cast(dsv4_sim.Variant, v)) for label, v in VARIANTS.items()]
+    reference = demo.build_step(dsv4_sim.make_step(lens), builders, "uncached", kinds)
+    for label, v in timed:
+        result = demo.build_step(dsv4_sim.make_step(lens), builders, v, kinds)
+        if not demo.same_result(result, reference):
+            raise AssertionError(f"{label} differs from uncached at {tokens} tokens")
+    rng = random.Random(f"floor {tokens} tokens {layers} layers")
+    return FloorPoint(
+        tokens, layers, time_rounds(builders, lens, kinds, timed, rounds, rng)
+    )
+
+
+def run(
+    tokens: Sequence[int] = TOKENS,
+    layers: Sequence[int] = LAYERS,
+    rounds: int = 151,
+) -> FloorResults:
+    points = []
+    for n_layers in layers:
+        for n_tokens in tokens:
+            progress(f"bench_floor: {n_tokens:>5} tokens, {n_layers:>2} layers ...")
+            points.append(measure_point(n_tokens, n_layers, rounds))
+    return FloorResults(points, rounds)
+
+
+def render(results: FloorResults) -> str:
+    labels = [label for label in VARIANTS if label != "hand-written"]
+    header = ["layers", "tokens", *(f"{label} / hand-written" for label in labels)]
+    rows = [
+        [str(p.layers), str(p.tokens), *(f"{p.ratio(label):.3f}x" for label in labels)]
+        for p in results.points
+    ]
+    return markdown_table(header, rows, "r" * len(header))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    parser.add_argument(
+        "--rounds", type=int, default=151, help="timed steps per variant and point"
+    )
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"Environment: {environment()}")
+    results = run((1,), rounds=3) if args.quick else run(rounds=args.rounds)
+    print(render(results))
+
+
+if __name__ == "__main__":
+    main()
