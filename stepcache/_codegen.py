@@ -338,6 +338,7 @@ MISS_HELPERS: tuple[str, ...] = (
     "_sc_new_store",  # new_store(): a new owner's first store
     "_sc_NO_STORE",  # the placeholder store
     "_sc_side",  # the side table of slotted owners' stores (empty: none there)
+    "_sc_EMPTY_SLOT",  # the placeholder's slot: a keyed lookup where a store has none
 )
 
 
@@ -362,12 +363,6 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
     if keyed or layout.only:
         add("        if _sc_k is _sc_NO_KEY:")
         add("            _sc_k = _sc_cf.key_of(a)")
-        if keyed:
-            add("        elif _sc_k is not None and _sc_k is not _sc_BYPASS:")
-            add("            try:")
-            add("                hash(_sc_k)")
-            add("            except TypeError:")
-            add("                _sc_cf.checked(_sc_k)")
         add("        if _sc_k is _sc_BYPASS:")
         add("            return _sc_cf.bypass(a)")
     else:
@@ -378,22 +373,36 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
     add("        except Exception:")
     add("            _sc_s = None")
     # a new owner whose class has the placeholder: its first store, made short
+    n = len(layout.deps)
+    # An entry without dependencies is bound to its owner by a weak reference: the
+    # store's own (the same object weakref.ref(owner) returns) unless the store is
+    # shared with other owners or kept in the side table (store_for's cases)
     add("        if _sc_s is _sc_NO_STORE and not _sc_side:")
     add("            _sc_s = _sc_new_store(_sc_o)")
+    if not n:
+        add("            _sc_r = _sc_s._owner_ref")
     add(
         "        elif _sc_s.__class__ is not _sc_StepCache or _sc_s._closed"
         " or _sc_s._owner_ref is None or _sc_s._owner_ref() is not _sc_o:"
     )
     # what was read is passed on, not read again
     add("            _sc_s = _sc_store_for(_sc_o, _sc_s)")
-    add("        _sc_slot = _sc_s._e.get(_sc_FID)")
+    if not n:
+        add("            _sc_r = _sc_wref(_sc_o)")
+        add("        else:")
+        add("            _sc_r = _sc_s._owner_ref")
     if keyed:
-        add("        _sc_old = None if _sc_slot is None else _sc_slot.get(_sc_k)")
+        # the lookup hashes the key (the hit's may not have: no slot yet), so an
+        # unhashable key gets its typed error here, before the function runs
+        add("        try:")
+        add("            _sc_old = _sc_s._e.get(_sc_FID, _sc_EMPTY_SLOT).get(_sc_k)")
+        add("        except TypeError:")
+        add("            _sc_cf.checked(_sc_k)")
+        add("            raise")
     else:
-        add("        _sc_old = _sc_slot")
+        add("        _sc_old = _sc_s._e.get(_sc_FID)")
     add("        if _sc_old is not None and _sc_cf.settle(_sc_old, a, _sc_k, _sc_s):")
     add("            return _sc_old[0]")
-    n = len(layout.deps)
     xs = [f"_sc_x{i}" for i in range(n)]
     if n:
         add("        try:")
@@ -419,7 +428,7 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
         add("            _sc_ok = False")
         add("        if not _sc_ok:")
         add("            _sc_cf.reject(_sc_val, a, _sc_k)")
-    parts = ["_sc_val", "None" if n else "_sc_wref(_sc_o)"]
+    parts = ["_sc_val", "None" if n else "_sc_r"]
     for i, x in enumerate(xs):
         parts += [x, f"_sc_v{i}"]
     if layout.guard:
