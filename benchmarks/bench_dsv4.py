@@ -30,8 +30,8 @@ import argparse
 import random
 import statistics
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import torch
@@ -218,12 +218,28 @@ def run(
     layers: Sequence[int] = LAYERS,
     rounds: int = 101,
 ) -> Dsv4Results:
+    def measure(n_tokens: int, n_layers: int) -> Point:
+        return measure_point(n_tokens, n_layers, rounds)
+
+    return Dsv4Results(sweep("bench_dsv4", tokens, layers, measure), rounds)
+
+
+_P = TypeVar("_P")
+
+
+def sweep(
+    name: str,
+    tokens: Sequence[int],
+    layers: Sequence[int],
+    measure: Callable[[int, int], _P],
+) -> list[_P]:
+    """``measure(tokens, layers)`` at every point, layers outermost, with progress."""
     points = []
     for n_layers in layers:
         for n_tokens in tokens:
-            progress(f"bench_dsv4: {n_tokens:>5} tokens, {n_layers:>2} layers ...")
-            points.append(measure_point(n_tokens, n_layers, rounds))
-    return Dsv4Results(points, rounds)
+            progress(f"{name}: {n_tokens:>5} tokens, {n_layers:>2} layers ...")
+            points.append(measure(n_tokens, n_layers))
+    return points
 
 
 def _ms(t: Timing) -> str:

@@ -38,8 +38,14 @@ import torch
 
 from benchmarks._report import markdown_table
 from benchmarks._sim import demo, dsv4_sim, sparse_index
-from benchmarks._timing import environment, progress
-from benchmarks.bench_dsv4 import CONTROL, batch_layout, paired_ratio, time_rounds
+from benchmarks._timing import environment
+from benchmarks.bench_dsv4 import (
+    CONTROL,
+    batch_layout,
+    paired_ratio,
+    sweep,
+    time_rounds,
+)
 
 TOKENS: tuple[int, ...] = (1, 4, 16, 64)
 LAYERS: tuple[int, ...] = (8,)
@@ -215,12 +221,10 @@ def run(
     layers: Sequence[int] = LAYERS,
     rounds: int = 151,
 ) -> FloorResults:
-    points = []
-    for n_layers in layers:
-        for n_tokens in tokens:
-            progress(f"bench_floor: {n_tokens:>5} tokens, {n_layers:>2} layers ...")
-            points.append(measure_point(n_tokens, n_layers, rounds))
-    return FloorResults(points, rounds)
+    def measure(n_tokens: int, n_layers: int) -> FloorPoint:
+        return measure_point(n_tokens, n_layers, rounds)
+
+    return FloorResults(sweep("bench_floor", tokens, layers, measure), rounds)
 
 
 def render(results: FloorResults) -> str:

@@ -236,22 +236,3 @@ def test_stages_time_every_builder_and_layer() -> None:
     table = bench_stages.render(results)
     assert "**sum of the medians**" in table
     assert results.to_dict()["median_ns"]["layer 2 (c4a)"]["stepcache"] > 0
-
-
-BENCHMARK_MODULES = sorted(
-    f"benchmarks.{path.stem}"
-    for path in (ROOT / "benchmarks").glob("*.py")
-    if path.stem != "__init__"
-)
-
-
-@pytest.mark.parametrize("name", BENCHMARK_MODULES)
-def test_benchmark_docstring_examples(name: str) -> None:
-    import doctest
-    import importlib
-
-    module = importlib.import_module(name)
-    result = doctest.testmod(
-        module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-    )
-    assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed"
