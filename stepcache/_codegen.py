@@ -372,11 +372,11 @@ def _miss_source(layout: Layout, packed: dict[str, str]) -> str:
     add(f"            _sc_s = _sc_o.{ATTR}")
     add("        except Exception:")
     add("            _sc_s = None")
-    # a new owner whose class has the placeholder: its first store, made short
     n = len(layout.deps)
     # An entry without dependencies is bound to its owner by a weak reference: the
     # store's own (the same object weakref.ref(owner) returns) unless the store is
-    # shared with other owners or kept in the side table (store_for's cases)
+    # shared with other owners or kept in the side table (store_for's cases).
+    # A new owner whose class has the placeholder: its first store, made short.
     add("        if _sc_s is _sc_NO_STORE and not _sc_side:")
     add("            _sc_s = _sc_new_store(_sc_o)")
     if not n:
