@@ -7,7 +7,8 @@ The DSv4 goal of ``bench_dsv4`` (stepcache <= 1.05x the hand-written build) comp
 library with the seed PRs' caches written inline. This benchmark splits the
 difference on the same step, timed the same way (the variants interleaved in a random
 order each round, ratios of the two steps of one round, a second hand-written build
-as the control), with the request index hand-written in every row but ``stepcache``:
+as the control), with the request index hand-written in every variant but
+``stepcache``:
 
 * ``stepcache``: both integrations, as ``bench_dsv4`` times them;
 * ``stepcache sparse index``: stepcache's
@@ -20,7 +21,7 @@ as the control), with the request index hand-written in every row but ``stepcach
 * ``plain function``: the seed's dict cache moved into a function (one Python call
   per layer more than the seed).
 
-The rows between the hand-written build and stepcache show what each step away from
+The columns between the hand-written build and stepcache show what each step away from
 inline code costs on its own.
 """
 
