@@ -26,7 +26,6 @@ from stepcache._errors import CacheValidationError, StepCacheError
 from stepcache._spec import Arg, Attr, TensorSpec, validate
 from stepcache._speccheck import Quick, compile_check, inline_check
 from stepcache._store import StepCache, store_for
-from stepcache._tables import ABSENT, EMPTY_SLOT
 
 __all__ = ["BYPASS", "CachedFunction", "step_cached"]
 
@@ -285,11 +284,11 @@ class CachedFunction:
                 weakref.ref,
                 check_consts,
                 torch.device,
-                ABSENT,
+                _tables.ABSENT,
                 _store.new_store,
                 _store.NO_STORE,
                 _store._side,
-                EMPTY_SLOT,
+                _tables.EMPTY_SLOT,
             ),
             self.slow,
             _fingerprint.VAL,
