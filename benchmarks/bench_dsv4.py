@@ -216,7 +216,7 @@ class Dsv4Results:
 def run(
     tokens: Sequence[int] = TOKENS,
     layers: Sequence[int] = LAYERS,
-    rounds: int = 101,
+    rounds: int = 301,
 ) -> Dsv4Results:
     def measure(n_tokens: int, n_layers: int) -> Point:
         return measure_point(n_tokens, n_layers, rounds)
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--quick", action="store_true", help="a fast smoke run")
     parser.add_argument(
-        "--rounds", type=int, default=101, help="timed steps per variant and point"
+        "--rounds", type=int, default=301, help="timed steps per variant and point"
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

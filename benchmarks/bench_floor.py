@@ -7,12 +7,15 @@ The DSv4 goal of ``bench_dsv4`` (stepcache <= 1.05x the hand-written build) comp
 library with the seed PRs' caches written inline. This benchmark splits the
 difference on the same step, timed the same way (the variants interleaved in a random
 order each round, ratios of the two steps of one round, a second hand-written build
-as the control), with the request index hand-written in every variant but
-``stepcache``:
+as the control). Each variant swaps one part:
 
 * ``stepcache``: both integrations, as ``bench_dsv4`` times them;
+* ``stepcache request index``: stepcache's
+  :func:`~stepcache.integrations.request_index.token_to_req_indices` for the three
+  builders, the layers' cache hand-written;
 * ``stepcache sparse index``: stepcache's
-  :func:`~stepcache.integrations.sparse_index.sparse_index` for the layers;
+  :func:`~stepcache.integrations.sparse_index.sparse_index` for the layers, the request
+  index hand-written (as in the two variants below);
 * ``minimal decorator``: the layers' cache through the smallest per-owner decorator
   that stays correct for a copied owner (:func:`minimal_cached`): a store per owner,
   made on its first call; a hit checks the store's owner through a weak reference;
@@ -54,6 +57,7 @@ LAYERS: tuple[int, ...] = (8,)
 #: label -> the variant name :class:`FloorBuilders` understands, in column order
 VARIANTS: Final[dict[str, str]] = {
     "hand-written": "handwritten",
+    "stepcache request index": "floor:request-index",
     "plain function": "floor:function",
     "minimal decorator": "floor:decorator",
     "stepcache sparse index": "floor:stepcache",
@@ -144,12 +148,14 @@ def _function_sparse_index(
 
 class FloorBuilders(dsv4_sim.Builders):
     """The DSv4 builders, with the ``floor:*`` variants of this benchmark: the
-    hand-written request index, and the layers' cache as the variant says."""
+    request index and the layers' cache as the variant says."""
 
     def request_index(
         self, meta: dsv4_sim.StepMetadata, buffer: torch.Tensor, variant: str
     ) -> torch.Tensor:
-        if variant.startswith("floor:"):
+        if variant == "floor:request-index":
+            variant = "stepcache"
+        elif variant.startswith("floor:"):
             variant = "handwritten"
         return super().request_index(meta, buffer, cast(dsv4_sim.Variant, variant))
 
@@ -163,6 +169,8 @@ class FloorBuilders(dsv4_sim.Builders):
             return _decorated_sparse_index(swa, kind, None, build, swa, kind, layer)
         if variant == "floor:stepcache":
             variant = "stepcache"
+        elif variant == "floor:request-index":
+            variant = "handwritten"
         return super().layer_sparse_index(
             swa, kind, layer, cast(dsv4_sim.Variant, variant)
         )
