@@ -2,7 +2,8 @@
 """What a hit finds through the placeholder store: an entry that fails every check.
 
 A hit looks its entry up by subscripting (``owner._stepcache._e[fid]``, then
-``[key]`` for a keyed function), the cheapest lookup there is. An owner with no store
+``[key]`` for a keyed function, or ``.get(key, ABSENT)`` for one with ``only=``), the
+cheapest lookup there is. An owner with no store
 yet (a step's new metadata object) reads the placeholder store of its class
 (``_store.NO_STORE``), whose entries are :data:`EMPTY_ENTRIES`: every decorated
 function is registered there (`register`), a keyed one with :data:`EMPTY_SLOT`, any

@@ -84,6 +84,39 @@ def test_an_unhashable_argument_is_a_typed_error() -> None:
         sparse(Step(), ["c128a"], 1, 0)
 
 
+def test_a_cached_kind_with_an_unhashable_key_part_is_a_typed_error() -> None:
+    # the kind passes only=; the key (kind, rows) cannot be hashed, on a new owner and
+    # on one whose store has entries
+    sparse, builds = _counting()
+    step = Step()
+    with pytest.raises(StepCacheError, match="unhashable"):
+        sparse(step, "c128a", [1], 0)
+    sparse(step, "c128a", 1, 0)
+    with pytest.raises(StepCacheError, match="unhashable"):
+        sparse(step, "swa_only", [1], 0)
+    assert builds == [("c128a", 1)]
+
+
+def test_a_second_kind_a_copy_and_a_closed_store_miss_as_they_should() -> None:
+    # an only= function looks its key up with get() (see _codegen): a key its store
+    # does not hold, a copy's foreign store and a closed store all reach the miss
+    import copy
+
+    sparse, builds = _counting()
+    step = Step()
+    first = sparse(step, "swa_only", 1, 0)
+    assert sparse(step, "c128a", 1, 1) == ("c128a", 1, 1)
+    assert sparse(step, "swa_only", 1, 2) is first
+    assert builds == [("swa_only", 1), ("c128a", 1)]
+    twin = copy.copy(step)  # shares the original's store attribute
+    assert sparse(twin, "swa_only", 1, 3) == ("swa_only", 1, 3)  # its own entry
+    assert sparse(step, "swa_only", 1, 4) is first
+    assert len(builds) == 3
+    stepcache.cache_of(step).close()
+    with pytest.raises(stepcache.StaleCacheError):
+        sparse(step, "swa_only", 1, 5)
+
+
 @pytest.mark.parametrize(
     ("only", "message"),
     [
