@@ -42,6 +42,8 @@ from benchmarks._timing import Timing, collector_paused, environment, progress
 
 TOKENS: tuple[int, ...] = (1, 4, 16, 64, 256, 1024, 4096)
 LAYERS: tuple[int, ...] = (8, 30, 61)
+#: timed steps per variant and point
+ROUNDS = 301
 QUICK_TOKENS: tuple[int, ...] = (1, 256)
 QUICK_LAYERS: tuple[int, ...] = (8,)
 
@@ -216,7 +218,7 @@ class Dsv4Results:
 def run(
     tokens: Sequence[int] = TOKENS,
     layers: Sequence[int] = LAYERS,
-    rounds: int = 301,
+    rounds: int = ROUNDS,
 ) -> Dsv4Results:
     def measure(n_tokens: int, n_layers: int) -> Point:
         return measure_point(n_tokens, n_layers, rounds)
@@ -310,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--quick", action="store_true", help="a fast smoke run")
     parser.add_argument(
-        "--rounds", type=int, default=301, help="timed steps per variant and point"
+        "--rounds", type=int, default=ROUNDS, help="timed steps per variant and point"
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

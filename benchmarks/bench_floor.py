@@ -53,6 +53,8 @@ from benchmarks.bench_dsv4 import (
 
 TOKENS: tuple[int, ...] = (1, 4, 16, 64)
 LAYERS: tuple[int, ...] = (8,)
+#: timed steps per variant and point
+ROUNDS = 151
 
 #: label -> the variant name :class:`FloorBuilders` understands, in column order
 VARIANTS: Final[dict[str, str]] = {
@@ -146,6 +148,16 @@ def _function_sparse_index(
     return pair
 
 
+#: how each ``floor:*`` variant gets the request index, then the layers' cache (a
+#: variant of ``dsv4_sim``, or one of this benchmark's: "function", "decorator")
+_PARTS: Final[dict[str, tuple[dsv4_sim.Variant, str]]] = {
+    "floor:request-index": ("stepcache", "handwritten"),
+    "floor:function": ("handwritten", "function"),
+    "floor:decorator": ("handwritten", "decorator"),
+    "floor:stepcache": ("handwritten", "stepcache"),
+}
+
+
 class FloorBuilders(dsv4_sim.Builders):
     """The DSv4 builders, with the ``floor:*`` variants of this benchmark: the
     request index and the layers' cache as the variant says."""
@@ -153,27 +165,21 @@ class FloorBuilders(dsv4_sim.Builders):
     def request_index(
         self, meta: dsv4_sim.StepMetadata, buffer: torch.Tensor, variant: str
     ) -> torch.Tensor:
-        if variant == "floor:request-index":
-            variant = "stepcache"
-        elif variant.startswith("floor:"):
-            variant = "handwritten"
-        return super().request_index(meta, buffer, cast(dsv4_sim.Variant, variant))
+        parts = _PARTS.get(variant)
+        how = cast(dsv4_sim.Variant, variant) if parts is None else parts[0]
+        return super().request_index(meta, buffer, how)
 
     def layer_sparse_index(
         self, swa: dsv4_sim.SWAMetadata, kind: str, layer: int, variant: str
     ) -> sparse_index.SparseIndexPair:
+        parts = _PARTS.get(variant)
+        how = variant if parts is None else parts[1]
         build = self.build_sparse_indices
-        if variant == "floor:function":
+        if how == "function":
             return _function_sparse_index(swa, kind, None, build, swa, kind, layer)
-        if variant == "floor:decorator":
+        if how == "decorator":
             return _decorated_sparse_index(swa, kind, None, build, swa, kind, layer)
-        if variant == "floor:stepcache":
-            variant = "stepcache"
-        elif variant == "floor:request-index":
-            variant = "handwritten"
-        return super().layer_sparse_index(
-            swa, kind, layer, cast(dsv4_sim.Variant, variant)
-        )
+        return super().layer_sparse_index(swa, kind, layer, cast(dsv4_sim.Variant, how))
 
 
 @attrs.frozen
@@ -228,7 +234,7 @@ def measure_point(tokens: int, layers: int, rounds: int) -> FloorPoint:
 def run(
     tokens: Sequence[int] = TOKENS,
     layers: Sequence[int] = LAYERS,
-    rounds: int = 151,
+    rounds: int = ROUNDS,
 ) -> FloorResults:
     def measure(n_tokens: int, n_layers: int) -> FloorPoint:
         return measure_point(n_tokens, n_layers, rounds)
@@ -252,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--quick", action="store_true", help="a fast smoke run")
     parser.add_argument(
-        "--rounds", type=int, default=151, help="timed steps per variant and point"
+        "--rounds", type=int, default=ROUNDS, help="timed steps per variant and point"
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -26,6 +26,8 @@ from benchmarks._timing import collector_paused, environment, progress
 from benchmarks.bench_dsv4 import batch_layout
 
 VARIANTS: tuple[dsv4_sim.Variant, ...] = ("handwritten", "stepcache")
+#: timed rounds (a step of each variant)
+ROUNDS = 401
 
 
 @attrs.frozen
@@ -72,7 +74,7 @@ def _one_step(
         into[f"layer {i} ({kind})"].append(clock() - start)
 
 
-def run(layers: int = 8, tokens: int = 4, rounds: int = 401) -> StageResults:
+def run(layers: int = 8, tokens: int = 4, rounds: int = ROUNDS) -> StageResults:
     kinds = tuple(demo.layer_kinds(layers))
     lens = batch_layout(tokens)
     # one set of builders (the same persistent buffers) for both variants, as in
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=401)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(f"Environment: {environment()}")

@@ -36,10 +36,10 @@ from benchmarks._timing import environment, progress
 
 FULL: dict[str, Any] = {
     "hit": {"number": 100_000, "repeats": 21},
-    "dsv4": {"rounds": 301},
+    "dsv4": {"rounds": bench_dsv4.ROUNDS},
     "soak": {"steps": 100_000, "warmup": 1_000},
-    "stages": {"layers": 8, "tokens": 4, "rounds": 401},
-    "floor": {"rounds": 151},
+    "stages": {"layers": 8, "tokens": 4, "rounds": bench_stages.ROUNDS},
+    "floor": {"rounds": bench_floor.ROUNDS},
 }
 QUICK: dict[str, Any] = {
     "hit": {"number": 2_000, "repeats": 3},
