@@ -306,22 +306,37 @@ def goals_summary(results: Dsv4Results) -> str:
     return goals_table([worst])
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0] if __doc__ else None
-    )
+def main_with_rounds(
+    doc: str | None,
+    argv: list[str] | None,
+    rounds: int,
+    run_rounds: Callable[[int], _P],
+    run_quick: Callable[[], _P],
+    render_results: Callable[[_P], str],
+) -> None:
+    """The command line of a benchmark timed in rounds: ``--rounds N`` (default
+    ``rounds``) or ``--quick``; prints the environment, then the results."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
     parser.add_argument("--quick", action="store_true", help="a fast smoke run")
     parser.add_argument(
-        "--rounds", type=int, default=ROUNDS, help="timed steps per variant and point"
+        "--rounds", type=int, default=rounds, help="timed steps per variant and point"
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(f"Environment: {environment()}")
-    if args.quick:
-        results = run(QUICK_TOKENS, QUICK_LAYERS, rounds=3)
-    else:
-        results = run(rounds=args.rounds)
-    print(render(results))
+    results = run_quick() if args.quick else run_rounds(args.rounds)
+    print(render_results(results))
+
+
+def main(argv: list[str] | None = None) -> None:
+    main_with_rounds(
+        __doc__,
+        argv,
+        ROUNDS,
+        lambda rounds: run(rounds=rounds),
+        lambda: run(QUICK_TOKENS, QUICK_LAYERS, rounds=3),
+        render,
+    )
 
 
 if __name__ == "__main__":

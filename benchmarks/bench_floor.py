@@ -30,7 +30,6 @@ inline code costs on its own.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import random
 import weakref
@@ -42,10 +41,10 @@ import torch
 
 from benchmarks._report import markdown_table
 from benchmarks._sim import demo, dsv4_sim, sparse_index
-from benchmarks._timing import environment
 from benchmarks.bench_dsv4 import (
     CONTROL,
     batch_layout,
+    main_with_rounds,
     paired_ratio,
     sweep,
     time_rounds,
@@ -253,18 +252,14 @@ def render(results: FloorResults) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0] if __doc__ else None
+    main_with_rounds(
+        __doc__,
+        argv,
+        ROUNDS,
+        lambda rounds: run(rounds=rounds),
+        lambda: run((1,), rounds=3),
+        render,
     )
-    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
-    parser.add_argument(
-        "--rounds", type=int, default=ROUNDS, help="timed steps per variant and point"
-    )
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    print(f"Environment: {environment()}")
-    results = run((1,), rounds=3) if args.quick else run(rounds=args.rounds)
-    print(render(results))
 
 
 if __name__ == "__main__":
