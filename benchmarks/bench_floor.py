@@ -9,23 +9,28 @@ difference on the same step, timed the same way (the variants interleaved in a r
 order each round, ratios of the two steps of one round, a second hand-written build
 as the control). Each variant swaps one part:
 
-* ``stepcache``: both integrations, as ``bench_dsv4`` times them;
+* ``stepcache``: both integrations, as ``bench_dsv4`` times them (the layers' builder
+  decorated with
+  :func:`~stepcache.integrations.sparse_index.sparse_index_builder`);
 * ``stepcache request index``: stepcache's
   :func:`~stepcache.integrations.request_index.token_to_req_indices` for the three
   builders, the layers' cache hand-written;
-* ``stepcache sparse index``: stepcache's
-  :func:`~stepcache.integrations.sparse_index.sparse_index` for the layers, the request
-  index hand-written (as in the two variants below);
-* ``minimal decorator``: the layers' cache through the smallest per-owner decorator
-  that stays correct for a copied owner (:func:`minimal_cached`): a store per owner,
-  made on its first call; a hit checks the store's owner through a weak reference;
-  a miss and a C4A call go through the decorated function. No dependency checks, no
-  validation, no statistics, no debug mode;
-* ``plain function``: the seed's dict cache moved into a function (one Python call
-  per layer more than the seed).
+* ``stepcache sparse index``: the layers' decorated builder, the request index
+  hand-written (as in every variant below);
+* ``stepcache sparse_index()``: the layers' builder called through
+  :func:`~stepcache.integrations.sparse_index.sparse_index` (the form for a builder
+  you do not own: ``sparse_index(swa, kind, num_rows, build, *args)``);
+* ``minimal decorator``: that call-through form with the smallest per-owner
+  decorator that stays correct for a copied owner (:func:`minimal_cached`): a store
+  per owner, made on its first call; a hit checks the store's owner through a weak
+  reference; a miss and a C4A call go through the decorated function. No dependency
+  checks, no validation, no statistics, no debug mode;
+* ``plain function``: the seed's dict cache moved into a function of that form (one
+  Python call per layer more than the seed).
 
-The columns between the hand-written build and stepcache show what each step away from
-inline code costs on its own.
+The call-through columns show what each step away from inline code costs in that form
+of the call; the decorated builder, what stepcache costs in the form a model's own
+code uses.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ VARIANTS: Final[dict[str, str]] = {
     "stepcache request index": "floor:request-index",
     "plain function": "floor:function",
     "minimal decorator": "floor:decorator",
+    "stepcache sparse_index()": "floor:call-through",
     "stepcache sparse index": "floor:stepcache",
     "stepcache": "stepcache",
     CONTROL: "handwritten",
@@ -148,11 +154,13 @@ def _function_sparse_index(
 
 
 #: how each ``floor:*`` variant gets the request index, then the layers' cache (a
-#: variant of ``dsv4_sim``, or one of this benchmark's: "function", "decorator")
+#: variant of ``dsv4_sim``, or one of this benchmark's: "function", "decorator",
+#: "call-through")
 _PARTS: Final[dict[str, tuple[dsv4_sim.Variant, str]]] = {
     "floor:request-index": ("stepcache", "handwritten"),
     "floor:function": ("handwritten", "function"),
     "floor:decorator": ("handwritten", "decorator"),
+    "floor:call-through": ("handwritten", "call-through"),
     "floor:stepcache": ("handwritten", "stepcache"),
 }
 
@@ -178,6 +186,8 @@ class FloorBuilders(dsv4_sim.Builders):
             return _function_sparse_index(swa, kind, None, build, swa, kind, layer)
         if how == "decorator":
             return _decorated_sparse_index(swa, kind, None, build, swa, kind, layer)
+        if how == "call-through":
+            return sparse_index.sparse_index(swa, kind, None, build, swa, kind, layer)
         return super().layer_sparse_index(swa, kind, layer, cast(dsv4_sim.Variant, how))
 
 

@@ -32,6 +32,7 @@ import stepcache
 from benchmarks._report import markdown_table
 from benchmarks._sim import demo, dsv4_sim, request_index, sparse_index
 from benchmarks._timing import Timing, environment, progress
+from stepcache._store import live_caches
 
 SOAK_LAYERS = ("swa_only", "c128a", "c128a", "c4a")
 MAX_GROWTH_BYTES = 1 << 20
@@ -60,10 +61,16 @@ def rss_bytes() -> int:
 SOAK_FUNCTIONS = ("dsv4.token_to_req_indices", "dsv4.sparse_index")
 
 
-def live_entries() -> int:
-    """Entries of the soak's cached functions held by the live step caches."""
+def live_entries(before: frozenset[int] = frozenset()) -> int:
+    """Entries of the soak's cached functions held by the live step caches, but for
+    the stores whose ids are in ``before`` (alive when the soak started, and kept alive
+    by it: another benchmark's or test's, whose entries are not the soak's)."""
     return sum(
-        row.live_entries for row in stepcache.stats().rows if row.name in SOAK_FUNCTIONS
+        row["entries"]
+        for store in live_caches()
+        if id(store) not in before
+        for name, row in store.stats().items()
+        if name in SOAK_FUNCTIONS
     )
 
 
@@ -121,7 +128,9 @@ def _sparse_pair(rows: int) -> sparse_index.SparseIndexPair:
     )
 
 
-def _step(builders: dsv4_sim.Builders, rng: random.Random) -> tuple[int, int]:
+def _step(
+    builders: dsv4_sim.Builders, rng: random.Random, before: frozenset[int]
+) -> tuple[int, int]:
     """One step; returns the live entries while its metadata is alive and after."""
     lens = [1] * rng.randint(1, 64)
     meta = dsv4_sim.make_step(lens, pad_to=demo.graph_size(len(lens)))
@@ -131,9 +140,9 @@ def _step(builders: dsv4_sim.Builders, rng: random.Random) -> tuple[int, int]:
     swa = builders.build_swa(meta, "stepcache")  # the third consumer
     for kind in SOAK_LAYERS:
         sparse_index.sparse_index(swa, kind, None, lambda: _sparse_pair(rows))
-    during = live_entries()
+    during = live_entries(before)
     del meta, swa
-    return during, live_entries()
+    return during, live_entries(before)
 
 
 def soak(steps: int = 100_000, warmup: int = 1_000, seed: int = 0) -> SoakResults:
@@ -143,12 +152,15 @@ def soak(steps: int = 100_000, warmup: int = 1_000, seed: int = 0) -> SoakResult
     segment = max(steps // SEGMENTS, 1)
     gc.collect()
     stepcache.reset_stats()
+    # the stores alive now are not the soak's: held here, so that no id is reused
+    existing = live_caches()
+    before = frozenset(id(store) for store in existing)
     rss_start = rss_bytes()
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         for _ in range(warmup):
-            _step(builders, rng)
+            _step(builders, rng, before)
         rss_before = rss_bytes()
         samples = [(0, rss_before)]
         max_during = max_after = with_live = 0
@@ -156,7 +168,7 @@ def soak(steps: int = 100_000, warmup: int = 1_000, seed: int = 0) -> SoakResult
         seg_growth: list[int] = []
         seg_start, seg_rss = time.perf_counter_ns(), rss_before
         for i in range(1, steps + 1):
-            during, after = _step(builders, rng)
+            during, after = _step(builders, rng, before)
             max_during = max(max_during, during)
             max_after = max(max_after, after)
             with_live += after > 0

@@ -10,7 +10,9 @@ tensors, in three variants that must give identical results:
   the step metadata and a ``flashinfer_sparse_index_cache`` dict on the SWA metadata
   (including their flaw: a reassigned layout keeps the old index);
 * ``"stepcache"``: :func:`~stepcache.integrations.request_index.token_to_req_indices`
-  and :func:`~stepcache.integrations.sparse_index.sparse_index`.
+  for the builders, and for the layers the sparse-index build decorated with
+  :func:`~stepcache.integrations.sparse_index.sparse_index_builder`
+  (:meth:`Builders.cached_sparse_indices`), as a model's own code would use it.
 
 The API is :func:`make_step` (one step's layout), :class:`Builders` (persistent
 buffers, as an engine keeps them) and :func:`run_step`.
@@ -42,6 +44,7 @@ from . import request_index, sparse_index
 
 __all__ = [
     "DSV4_LAYERS",
+    "SPARSE_NAME",
     "VARIANTS",
     "Builders",
     "StepMetadata",
@@ -60,6 +63,8 @@ VARIANTS: Final[tuple[Variant, ...]] = ("uncached", "handwritten", "stepcache")
 DSV4_LAYERS: Final[tuple[str, ...]] = ("swa_only", "swa_only") + ("c4a", "c128a") * 4
 
 _INDEX_NAME = "dsv4.token_to_req_indices"
+#: the stats label of :meth:`Builders.cached_sparse_indices`
+SPARSE_NAME: Final = "dsv4_sim.sparse_indices"
 
 
 @dataclasses.dataclass
@@ -284,6 +289,15 @@ class Builders:
         lens = (indices >= 0).sum(dim=1)
         return indices.to(torch.int32), lens.to(torch.int32)
 
+    @sparse_index.sparse_index_builder(owner="swa", name=SPARSE_NAME)
+    def cached_sparse_indices(
+        self, swa: SWAMetadata, kind: str, num_rows: int | None, layer: int
+    ) -> sparse_index.SparseIndexPair:
+        """:meth:`build_sparse_indices` with stepcache's sparse-index cache: one build
+        per step for each ``(kind, num_rows)`` of the SWA-only and C128A layers (the
+        seed's key; ``num_rows`` is always ``None`` here), every call for C4A."""
+        return self.build_sparse_indices(swa, kind, layer)
+
     def layer_sparse_index(
         self, swa: SWAMetadata, kind: str, layer: int, variant: Variant
     ) -> sparse_index.SparseIndexPair:
@@ -300,9 +314,7 @@ class Builders:
                 swa.flashinfer_sparse_index_cache[key] = pair
             return pair
         if variant == "stepcache":
-            return sparse_index.sparse_index(
-                swa, kind, None, self.build_sparse_indices, swa, kind, layer
-            )
+            return self.cached_sparse_indices(swa, kind, None, layer)
         raise ValueError(f"variant must be one of {VARIANTS} (got {variant!r})")
 
 

@@ -10,6 +10,16 @@ so they are never cached.
 Only the ``(sparse_indices, sparse_topk_lens)`` pair is cached. Whatever else a layer
 derives (its own compressed KV cache, for instance) belongs to that layer and is not.
 
+Two forms, one cache policy:
+
+* :func:`sparse_index_builder` decorates a builder you own: the cache sits in front
+  of it, and a hit returns without calling anything else. The form to use in a model's
+  own code (and the one the DSv4 step simulation times).
+* :func:`sparse_index` calls a builder through the cache, for code you do not own (the
+  vLLM plugin routes vLLM's builder through it). It costs more per call: the caller
+  passes the builder and its arguments, and a miss or a C4A layer goes through one more
+  Python call (``sparse_index`` itself) before the builder.
+
 >>> import torch
 >>> class SWAMetadata: pass
 >>> swa = SWAMetadata()
@@ -29,19 +39,35 @@ derives (its own compressed KV cache, for instance) belongs to that layer and is
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, ParamSpec
 
 import torch
 
 import stepcache
 from stepcache import TensorSpec
 
-__all__ = ["CACHED_KINDS", "SparseIndexPair", "layer_kind", "sparse_index"]
+__all__ = [
+    "CACHED_KINDS",
+    "PAIR_SPEC",
+    "SparseIndexPair",
+    "layer_kind",
+    "sparse_index",
+    "sparse_index_builder",
+]
 
 SparseIndexPair = tuple[torch.Tensor, torch.Tensor]
 
 #: Layer kinds whose sparse indices are shared by every layer of that kind in a step.
 CACHED_KINDS: Final = frozenset({"swa_only", "c128a"})
+
+#: What a build returns: ``(sparse_indices, sparse_topk_lens)``, int32, 2-D and 1-D.
+#: Checked whenever a pair is stored (and on every hit in debug mode).
+PAIR_SPEC: Final = (
+    TensorSpec(dtype=torch.int32, ndim=2),
+    TensorSpec(dtype=torch.int32, ndim=1),
+)
+
+_P = ParamSpec("_P")
 
 
 def layer_kind(swa_only: bool, compress_ratio: int) -> str:
@@ -65,10 +91,7 @@ def layer_kind(swa_only: bool, compress_ratio: int) -> str:
     # layer's indices, so their calls bypass the cache
     only={"kind": CACHED_KINDS},
     owner="swa_metadata",
-    expect=(
-        TensorSpec(dtype=torch.int32, ndim=2),
-        TensorSpec(dtype=torch.int32, ndim=1),
-    ),
+    expect=PAIR_SPEC,
     name="dsv4.sparse_index",
 )
 def sparse_index(
@@ -89,3 +112,62 @@ def sparse_index(
     index, say): they must not change what a cached kind builds.
     """
     return build(*args)
+
+
+def sparse_index_builder(
+    *,
+    owner: str = "swa_metadata",
+    kind: str = "kind",
+    num_rows: str | None = "num_rows",
+    name: str | None = None,
+) -> Callable[[Callable[_P, SparseIndexPair]], Callable[_P, SparseIndexPair]]:
+    """Decorate a sparse-index builder with the cache of :func:`sparse_index`.
+
+    The builder returns the ``(sparse_indices, sparse_topk_lens)`` pair. Its parameter
+    ``owner`` is the step's SWA metadata object, which holds the entries (they live and
+    die with it; a copy of it builds its own). ``kind`` is the parameter with the layer
+    kind, and ``num_rows`` the one with the row count the kernel call wants (``None``:
+    the builder has none, and the key is the kind alone). Calls of a kind in
+    :data:`CACHED_KINDS` build once per step for each ``(kind, num_rows)``; every
+    other kind builds on every call. The builder's other parameters are not part of
+    the key (a layer index, say): they must not change what a cached kind builds.
+    ``name`` labels the builder in :func:`stepcache.stats` (default: its qualified
+    name). Each pair is checked against :data:`PAIR_SPEC` when it is stored.
+
+    A name that is not a parameter of the builder is a
+    :class:`~stepcache.StepCacheError` when the builder is decorated.
+
+    >>> import torch
+    >>> class Layer:
+    ...     def __init__(self, kind):
+    ...         self.kind, self.builds = kind, 0
+    ...     @sparse_index_builder(owner="swa", num_rows=None, name="doc.builder")
+    ...     def indices(self, swa, kind):
+    ...         self.builds += 1
+    ...         return torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+    >>> class SWAMetadata: pass
+    >>> swa, layers = SWAMetadata(), [Layer("swa_only"), Layer("swa_only"), Layer("c4a")]
+    >>> pairs = [layer.indices(swa, layer.kind) for layer in layers * 2]
+    >>> [layer.builds for layer in layers]  # the second SWA-only layer shares the first's
+    [1, 0, 2]
+    """
+    for what, value in (("owner", owner), ("kind", kind)):
+        if not isinstance(value, str) or not value:
+            raise stepcache.StepCacheError(
+                f"sparse_index_builder: {what} must name a parameter of the builder "
+                f"(got {value!r})"
+            )
+    if num_rows is not None and (not isinstance(num_rows, str) or not num_rows):
+        raise stepcache.StepCacheError(
+            "sparse_index_builder: num_rows must name a parameter of the builder, or "
+            f"be None for a builder without a row count (got {num_rows!r})"
+        )
+    key = (kind,) if num_rows is None else (kind, num_rows)
+
+    return stepcache.step_cached(
+        key=key,
+        only={kind: CACHED_KINDS},
+        owner=owner,
+        expect=PAIR_SPEC,
+        name=name,
+    )

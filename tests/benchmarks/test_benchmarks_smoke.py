@@ -121,6 +121,32 @@ def test_the_soak_leaves_no_live_entries() -> None:
     assert "live entries once it is gone" in bench_soak.render(results)
 
 
+def test_the_soak_counts_only_the_entries_of_stores_made_after_it_began() -> None:
+    from stepcache._store import live_caches
+
+    class SWA:
+        pass
+
+    def build() -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(2, 2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+
+    # an owner that outlives the soak (a parametrized test's, say) is not its leak
+    older = SWA()
+    bench_soak.sparse_index.sparse_index(older, "c128a", None, build)
+    before = frozenset(id(store) for store in live_caches())
+    assert bench_soak.live_entries() >= 1
+    assert bench_soak.live_entries(before) == 0
+    # one made after it began is, while it lives
+    newer = SWA()
+    bench_soak.sparse_index.sparse_index(newer, "c128a", None, build)
+    bench_soak.sparse_index.sparse_index(newer, "swa_only", None, build)
+    bench_soak.sparse_index.sparse_index(newer, "c4a", None, build)
+    assert bench_soak.live_entries(before) == 2
+    del newer
+    assert bench_soak.live_entries(before) == 0
+    assert older is not None
+
+
 def test_run_all_writes_the_page_and_plots(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
