@@ -251,6 +251,18 @@ def run(
     return FloorResults(sweep("bench_floor", tokens, layers, measure), rounds)
 
 
+def ratio_range(results: FloorResults, label: str) -> str:
+    """The lowest and highest of ``label``'s ratios over the points, as text.
+
+    >>> runs = {"hand-written": (10.0, 10.0), "x": (11.0, 11.0)}
+    >>> ratio_range(FloorResults([FloorPoint(1, 8, runs)], 2), "x")
+    '1.100x'
+    """
+    ratios = [p.ratio(label) for p in results.points]
+    low, high = f"{min(ratios):.3f}x", f"{max(ratios):.3f}x"
+    return low if low == high else f"{low}-{high}"
+
+
 def render(results: FloorResults) -> str:
     labels = [label for label in VARIANTS if label != "hand-written"]
     header = ["layers", "tokens", *(f"{label} / hand-written" for label in labels)]

@@ -111,6 +111,44 @@ def run(layers: int = 8, tokens: int = 4, rounds: int = ROUNDS) -> StageResults:
     return StageResults(layers, tokens, rounds, stages)
 
 
+#: the kinds of layer whose sparse indices are cached (the others bypass)
+_CACHED = frozenset({"swa_only", "c128a"})
+
+
+def stage_groups(results: StageResults) -> dict[str, tuple[int, float]]:
+    """What stepcache does at each stage, and the stages' summed difference (ns):
+    ``{"misses": (count, ns), "hits": ..., "bypasses": ...}``.
+
+    The first builder misses the request index and the other two hit it; the first
+    layer of each cached kind misses, its later layers hit, and C4A layers bypass.
+
+    >>> r = StageResults(2, 4, 1, {
+    ...     "sparse-MLA builder (request index)": (10.0, 14.0),
+    ...     "compressor builder (request index)": (5.0, 4.0),
+    ...     "layer 0 (swa_only)": (8.0, 9.0),
+    ...     "layer 1 (swa_only)": (1.0, 2.0),
+    ...     "layer 2 (c4a)": (7.0, 7.5)})
+    >>> stage_groups(r)
+    {'misses': (2, 5.0), 'hits': (2, 0.0), 'bypasses': (1, 0.5)}
+    """
+    groups = {"misses": [0, 0.0], "hits": [0, 0.0], "bypasses": [0, 0.0]}
+    seen: set[str] = set()
+    for label, (hand, cached) in results.stages.items():
+        if label.startswith("layer "):
+            kind = label.rpartition("(")[2].rstrip(")")
+            if kind not in _CACHED:
+                group = "bypasses"
+            else:
+                group = "hits" if kind in seen else "misses"
+                seen.add(kind)
+        else:
+            group = "hits" if "index" in seen else "misses"
+            seen.add("index")
+        groups[group][0] += 1
+        groups[group][1] += cached - hand
+    return {k: (int(n), float(ns)) for k, (n, ns) in groups.items()}
+
+
 def render(results: StageResults) -> str:
     rows = []
     total_h = total_s = 0.0
