@@ -21,7 +21,7 @@ import attrs
 import torch
 
 from benchmarks._report import markdown_table
-from benchmarks._sim import demo, dsv4_sim
+from benchmarks._sim import demo, dsv4_sim, sparse_index
 from benchmarks._timing import collector_paused, environment, progress
 from benchmarks.bench_dsv4 import batch_layout
 
@@ -111,10 +111,6 @@ def run(layers: int = 8, tokens: int = 4, rounds: int = ROUNDS) -> StageResults:
     return StageResults(layers, tokens, rounds, stages)
 
 
-#: the kinds of layer whose sparse indices are cached (the others bypass)
-_CACHED = frozenset({"swa_only", "c128a"})
-
-
 def stage_groups(results: StageResults) -> dict[str, tuple[int, float]]:
     """What stepcache does at each stage, and the stages' summed difference (ns):
     ``{"misses": (count, ns), "hits": ..., "bypasses": ...}``.
@@ -132,18 +128,15 @@ def stage_groups(results: StageResults) -> dict[str, tuple[int, float]]:
     {'misses': (2, 5.0), 'hits': (2, 0.0), 'bypasses': (1, 0.5)}
     """
     groups = {"misses": [0, 0.0], "hits": [0, 0.0], "bypasses": [0, 0.0]}
-    seen: set[str] = set()
+    seen: set[str] = set()  # the cached things asked for so far
     for label, (hand, cached) in results.stages.items():
-        if label.startswith("layer "):
-            kind = label.rpartition("(")[2].rstrip(")")
-            if kind not in _CACHED:
-                group = "bypasses"
-            else:
-                group = "hits" if kind in seen else "misses"
-                seen.add(kind)
+        # a builder's stage asks for the request index, a layer's for its kind
+        what = label.rpartition("(")[2].rstrip(")")
+        if what != "request index" and what not in sparse_index.CACHED_KINDS:
+            group = "bypasses"
         else:
-            group = "hits" if "index" in seen else "misses"
-            seen.add("index")
+            group = "hits" if what in seen else "misses"
+            seen.add(what)
         groups[group][0] += 1
         groups[group][1] += cached - hand
     return {k: (int(n), float(ns)) for k, (n, ns) in groups.items()}

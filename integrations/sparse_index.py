@@ -84,36 +84,6 @@ def layer_kind(swa_only: bool, compress_ratio: int) -> str:
     return "c128a" if compress_ratio == 128 else "c4a"
 
 
-@stepcache.step_cached(
-    key=("kind", "num_rows"),
-    # C4A layers (and any kind this module does not know) read per-layer top-k
-    # indices: building once for all of them would hand every layer the first
-    # layer's indices, so their calls bypass the cache
-    only={"kind": CACHED_KINDS},
-    owner="swa_metadata",
-    expect=PAIR_SPEC,
-    name="dsv4.sparse_index",
-)
-def sparse_index(
-    swa_metadata: object,
-    kind: str,
-    num_rows: int | None,
-    build: Callable[..., SparseIndexPair],
-    *args: Any,
-) -> SparseIndexPair:
-    """``build(*args)``'s ``(sparse_indices, sparse_topk_lens)``, built once per step
-    for each ``(kind, num_rows)`` of the kinds in :data:`CACHED_KINDS`.
-
-    ``swa_metadata`` is the step's SWA metadata object, which owns the entries: they
-    live and die with it, and a copy of it never sees them (no dependency is declared,
-    so an entry is bound to the object itself). ``num_rows`` is the row count the
-    kernel call wants (``None``: the real tokens). Every other kind calls ``build()``
-    each time. ``args`` are passed to ``build`` and are not part of the key (a layer
-    index, say): they must not change what a cached kind builds.
-    """
-    return build(*args)
-
-
 def sparse_index_builder(
     *,
     owner: str = "swa_metadata",
@@ -121,7 +91,8 @@ def sparse_index_builder(
     num_rows: str | None = "num_rows",
     name: str | None = None,
 ) -> Callable[[Callable[_P, SparseIndexPair]], Callable[_P, SparseIndexPair]]:
-    """Decorate a sparse-index builder with the cache of :func:`sparse_index`.
+    """Decorate a sparse-index builder with the DSv4 sparse-index cache (which
+    :func:`sparse_index` also uses).
 
     The builder returns the ``(sparse_indices, sparse_topk_lens)`` pair. Its parameter
     ``owner`` is the step's SWA metadata object, which holds the entries (they live and
@@ -151,23 +122,45 @@ def sparse_index_builder(
     >>> [layer.builds for layer in layers]  # the second SWA-only layer shares the first's
     [1, 0, 2]
     """
-    for what, value in (("owner", owner), ("kind", kind)):
+    names = {"owner": owner, "kind": kind}
+    if num_rows is not None:
+        names["num_rows"] = num_rows
+    for what, value in names.items():
         if not isinstance(value, str) or not value:
             raise stepcache.StepCacheError(
-                f"sparse_index_builder: {what} must name a parameter of the builder "
-                f"(got {value!r})"
+                f"sparse_index_builder: {what} must name a parameter of the builder"
+                f"{' (or be None: no row count)' if what == 'num_rows' else ''}"
+                f" (got {value!r})"
             )
-    if num_rows is not None and (not isinstance(num_rows, str) or not num_rows):
-        raise stepcache.StepCacheError(
-            "sparse_index_builder: num_rows must name a parameter of the builder, or "
-            f"be None for a builder without a row count (got {num_rows!r})"
-        )
-    key = (kind,) if num_rows is None else (kind, num_rows)
-
     return stepcache.step_cached(
-        key=key,
+        key=(kind,) if num_rows is None else (kind, num_rows),
+        # C4A layers (and any kind this module does not know) read per-layer top-k
+        # indices: building once for all of them would hand every layer the first
+        # layer's indices, so their calls bypass the cache
         only={kind: CACHED_KINDS},
         owner=owner,
         expect=PAIR_SPEC,
         name=name,
     )
+
+
+# the same policy as a decorated builder: this function is one, whose build is passed in
+@sparse_index_builder(name="dsv4.sparse_index")
+def sparse_index(
+    swa_metadata: object,
+    kind: str,
+    num_rows: int | None,
+    build: Callable[..., SparseIndexPair],
+    *args: Any,
+) -> SparseIndexPair:
+    """``build(*args)``'s ``(sparse_indices, sparse_topk_lens)``, built once per step
+    for each ``(kind, num_rows)`` of the kinds in :data:`CACHED_KINDS`.
+
+    ``swa_metadata`` is the step's SWA metadata object, which owns the entries: they
+    live and die with it, and a copy of it never sees them (no dependency is declared,
+    so an entry is bound to the object itself). ``num_rows`` is the row count the
+    kernel call wants (``None``: the real tokens). Every other kind calls ``build()``
+    each time. ``args`` are passed to ``build`` and are not part of the key (a layer
+    index, say): they must not change what a cached kind builds.
+    """
+    return build(*args)
