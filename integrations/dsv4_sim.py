@@ -12,7 +12,7 @@ tensors, in three variants that must give identical results:
 * ``"stepcache"``: :func:`~stepcache.integrations.request_index.token_to_req_indices`
   for the builders, and for the layers the sparse-index build decorated with
   :func:`~stepcache.integrations.sparse_index.sparse_index_builder`
-  (:meth:`Builders.cached_sparse_indices`), as a model's own code would use it.
+  (:attr:`Builders.cached_sparse_indices`), as a model's own code would use it.
 
 The API is :func:`make_step` (one step's layout), :class:`Builders` (persistent
 buffers, as an engine keeps them) and :func:`run_step`.
@@ -54,6 +54,7 @@ __all__ = [
     "build_step",
     "make_step",
     "run_step",
+    "sparse_pair",
 ]
 
 Variant = Literal["uncached", "handwritten", "stepcache"]
@@ -63,7 +64,7 @@ VARIANTS: Final[tuple[Variant, ...]] = ("uncached", "handwritten", "stepcache")
 DSV4_LAYERS: Final[tuple[str, ...]] = ("swa_only", "swa_only") + ("c4a", "c128a") * 4
 
 _INDEX_NAME = "dsv4.token_to_req_indices"
-#: the stats label of :meth:`Builders.cached_sparse_indices`
+#: the stats label of :attr:`Builders.cached_sparse_indices`
 SPARSE_NAME: Final = "dsv4_sim.sparse_indices"
 
 
@@ -261,42 +262,20 @@ class Builders:
     def build_sparse_indices(
         self, swa: SWAMetadata, kind: str, layer: int
     ) -> sparse_index.SparseIndexPair:
-        """One layer's ``(sparse_indices, sparse_topk_lens)``: the sliding window of
-        every token, then ``topk`` compressed entries (C4A layers pick theirs per
-        layer, so they differ from layer to layer)."""
+        """One layer's ``(sparse_indices, sparse_topk_lens)`` (:func:`sparse_pair`),
+        counted in :attr:`sparse_builds`."""
         self.sparse_builds += 1
-        n = swa.num_actual_tokens
-        index = swa.token_to_req_indices[:n].long()
-        real = torch.arange(n, device=self.device) < swa.num_mapped_tokens
-        qsl = swa.query_start_loc.long()
-        seq_lens = swa.seq_lens.long()
-        if seq_lens.numel():
-            start = seq_lens[index] - (qsl[index + 1] - qsl[index])
-            pos = start + torch.arange(n, device=self.device) - qsl[index]
-        else:
-            pos = torch.zeros(n, dtype=torch.long, device=self.device)
-        window = pos[:, None] - torch.arange(self.window, device=self.device)
-        columns = [window]
-        if kind != "swa_only":
-            ratio = 128 if kind == "c128a" else 4
-            step = 1 if kind == "c128a" else layer + 1
-            picks = pos[:, None] // ratio - step * torch.arange(
-                self.topk, device=self.device
-            )
-            columns.append(picks)
-        indices = torch.cat(columns, dim=1)
-        indices = torch.where((indices >= 0) & real[:, None], indices, -1)
-        lens = (indices >= 0).sum(dim=1)
-        return indices.to(torch.int32), lens.to(torch.int32)
+        return sparse_pair(
+            swa, kind, layer, window=self.window, topk=self.topk, device=self.device
+        )
 
-    @sparse_index.sparse_index_builder(owner="swa", name=SPARSE_NAME)
-    def cached_sparse_indices(
-        self, swa: SWAMetadata, kind: str, num_rows: int | None, layer: int
-    ) -> sparse_index.SparseIndexPair:
-        """:meth:`build_sparse_indices` with stepcache's sparse-index cache: one build
-        per step for each ``(kind, num_rows)`` of the SWA-only and C128A layers (the
-        seed's key; ``num_rows`` is always ``None`` here), every call for C4A."""
-        return self.build_sparse_indices(swa, kind, layer)
+    #: :meth:`build_sparse_indices` with stepcache's sparse-index cache, the builder
+    #: decorated as a model's own code would decorate it: one build per step for each
+    #: kind of the SWA-only and C128A layers (the seed's key, whose row count is
+    #: always ``None`` here), every call for C4A.
+    cached_sparse_indices = sparse_index.sparse_index_builder(
+        owner="swa", num_rows=None, name=SPARSE_NAME
+    )(build_sparse_indices)
 
     def layer_sparse_index(
         self, swa: SWAMetadata, kind: str, layer: int, variant: Variant
@@ -314,7 +293,7 @@ class Builders:
                 swa.flashinfer_sparse_index_cache[key] = pair
             return pair
         if variant == "stepcache":
-            return self.cached_sparse_indices(swa, kind, None, layer)
+            return self.cached_sparse_indices(swa, kind, layer)
         raise ValueError(f"variant must be one of {VARIANTS} (got {variant!r})")
 
 
@@ -329,6 +308,39 @@ def _positions(meta: StepMetadata, index: torch.Tensor) -> torch.Tensor:
     pos = start + torch.arange(n, device=index.device) - qsl[idx]
     real = torch.arange(n, device=index.device) < int(meta.query_start_loc_cpu[-1])
     return torch.where(real, pos, 0)
+
+
+def sparse_pair(
+    swa: SWAMetadata,
+    kind: str,
+    layer: int,
+    *,
+    window: int,
+    topk: int,
+    device: torch.device,
+) -> sparse_index.SparseIndexPair:
+    """Layer ``layer``'s ``(sparse_indices, sparse_topk_lens)``: the sliding window of
+    ``window`` positions of every token, then ``topk`` compressed entries (C4A layers
+    pick theirs per layer, so they differ from layer to layer), on ``device``."""
+    n = swa.num_actual_tokens
+    index = swa.token_to_req_indices[:n].long()
+    real = torch.arange(n, device=device) < swa.num_mapped_tokens
+    qsl = swa.query_start_loc.long()
+    seq_lens = swa.seq_lens.long()
+    if seq_lens.numel():
+        start = seq_lens[index] - (qsl[index + 1] - qsl[index])
+        pos = start + torch.arange(n, device=device) - qsl[index]
+    else:
+        pos = torch.zeros(n, dtype=torch.long, device=device)
+    columns = [pos[:, None] - torch.arange(window, device=device)]
+    if kind != "swa_only":
+        ratio = 128 if kind == "c128a" else 4
+        step = 1 if kind == "c128a" else layer + 1
+        columns.append(pos[:, None] // ratio - step * torch.arange(topk, device=device))
+    indices = torch.cat(columns, dim=1)
+    indices = torch.where((indices >= 0) & real[:, None], indices, -1)
+    lens = (indices >= 0).sum(dim=1)
+    return indices.to(torch.int32), lens.to(torch.int32)
 
 
 def build_step(
