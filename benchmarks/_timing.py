@@ -94,7 +94,16 @@ class Case:
 def time_cases(
     cases: Sequence[Case], namespace: dict[str, Any], *, repeats: int = 15
 ) -> dict[str, Timing]:
-    """Time every case, interleaved: run 1 of each case, then run 2 of each, ...
+    """The :class:`Timing` of every case (see :func:`case_runs`)."""
+    runs = case_runs(cases, namespace, repeats=repeats)
+    return {label: Timing.of(label, ns) for label, ns in runs.items()}
+
+
+def case_runs(
+    cases: Sequence[Case], namespace: dict[str, Any], *, repeats: int = 15
+) -> dict[str, list[float]]:
+    """Nanoseconds per call of every case in each of ``repeats`` runs, interleaved:
+    run 1 of each case, then run 2 of each, ...
 
     On a shared machine the load changes while the benchmark runs; interleaving
     spreads those changes over all cases alike, so ratios of medians stay fair. Each
@@ -115,7 +124,7 @@ def time_cases(
             with _mode(c):
                 t = timers[c.label].timeit(c.number)
             runs[c.label].append((t - empty[c.number]) / c.number * 1e9)
-    return {c.label: Timing.of(c.label, runs[c.label]) for c in cases}
+    return runs
 
 
 def _mode(case: Case) -> AbstractContextManager[Any]:

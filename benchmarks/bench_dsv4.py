@@ -17,7 +17,9 @@ a fixed rotation each variant would always follow the same one. The hand-written
 and stepcache builds are each timed twice per round: they run equally often, and the
 ratio of a variant's two steps shows how far apart identical builds land on the
 machine (a control). Before timing, each point checks that the three
-variants produce the same values.
+variants produce the same values. A full run splits each point's rounds between
+``PROCESSES`` fresh processes, run one after the other, and pools them: a process's
+memory layout and string-hash seed can favour one variant for its whole life.
 
 The batch of ``tokens`` tokens is decode-heavy, as a serving batch is: up to 256
 decode requests of one token each, and the rest in chunked-prefill requests of at most
@@ -28,10 +30,14 @@ layers, then C4A and C128A alternating (C4A layers are never cached).
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
@@ -45,6 +51,8 @@ TOKENS: tuple[int, ...] = (1, 4, 16, 64, 256, 1024, 4096)
 LAYERS: tuple[int, ...] = (8, 30, 61)
 #: timed steps per variant and point
 ROUNDS = 301
+#: how many fresh processes a full run splits the rounds between
+PROCESSES = 3
 QUICK_TOKENS: tuple[int, ...] = (1, 256)
 QUICK_LAYERS: tuple[int, ...] = (8,)
 
@@ -118,6 +126,44 @@ class Point:
         """The same for stepcache's two steps of each round."""
         return paired_ratio(self.runs[STEPCACHE_AGAIN], self.runs["stepcache"])
 
+    def raw(self) -> dict[str, Any]:
+        """What :meth:`from_raw` reads back (a timing process's output)."""
+        return {
+            "tokens": self.tokens,
+            "layers": self.layers,
+            "work": {v: list(w) for v, w in self.work.items()},
+            "runs": {label: list(ns) for label, ns in self.runs.items()},
+        }
+
+    @classmethod
+    def from_raw(cls, raw: dict[str, Any]) -> Point:
+        return cls(
+            int(raw["tokens"]),
+            int(raw["layers"]),
+            {v: (int(w[0]), int(w[1])) for v, w in raw["work"].items()},
+            {label: tuple(map(float, ns)) for label, ns in raw["runs"].items()},
+        )
+
+    @classmethod
+    def pooled(cls, parts: Sequence[Point]) -> Point:
+        """One point with the rounds of ``parts`` (the same point timed in several
+        processes), in order."""
+        first = parts[0]
+        if any(
+            (p.tokens, p.layers, p.work) != (first.tokens, first.layers, first.work)
+            for p in parts
+        ):
+            raise ValueError("pooled() takes the same point timed several times")
+        return cls(
+            first.tokens,
+            first.layers,
+            first.work,
+            {
+                label: tuple(ns for p in parts for ns in p.runs[label])
+                for label in first.runs
+            },
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "tokens": self.tokens,
@@ -136,7 +182,7 @@ class Point:
         }
 
 
-def measure_point(tokens: int, layers: int, rounds: int) -> Point:
+def measure_point(tokens: int, layers: int, rounds: int, part: int = 0) -> Point:
     """Time one (tokens, layers) point, the variants interleaved step by step.
 
     The variants share one set of builders (the same persistent buffers): with a set
@@ -148,6 +194,8 @@ def measure_point(tokens: int, layers: int, rounds: int) -> Point:
     data from a recent step of the same variant: with the hand-written build alone
     timed twice (until 2026-12-01) it ran twice as often as stepcache's, which added
     about 1% to stepcache / hand-written at 8 layers (measured side by side).
+    ``part`` numbers the process, when several time the same point: it seeds the
+    random order of the rounds.
     """
     kinds = demo.layer_kinds(layers)
     lens = batch_layout(tokens)
@@ -172,7 +220,7 @@ def measure_point(tokens: int, layers: int, rounds: int) -> Point:
         (CONTROL, "handwritten"),
         (STEPCACHE_AGAIN, "stepcache"),
     ]
-    rng = random.Random(f"dsv4 {tokens} tokens {layers} layers")
+    rng = random.Random(f"dsv4 {tokens} tokens {layers} layers, part {part}")
     runs = time_rounds(builders, lens, kinds, timed, rounds, rng)
     labels = {
         "uncached": "uncached",
@@ -226,7 +274,9 @@ def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
 @attrs.frozen
 class Dsv4Results:
     points: list[Point]
+    #: rounds per point, over all processes
     rounds: int
+    processes: int = 1
 
     @property
     def goals(self) -> list[GoalResult]:
@@ -239,6 +289,7 @@ class Dsv4Results:
     def to_dict(self) -> dict[str, Any]:
         return {
             "rounds": self.rounds,
+            "processes": self.processes,
             "points": [p.to_dict() for p in self.points],
             "goal": GOAL.limit,
             "goal_met_everywhere": self.goal_met,
@@ -249,11 +300,75 @@ def run(
     tokens: Sequence[int] = TOKENS,
     layers: Sequence[int] = LAYERS,
     rounds: int = ROUNDS,
+    processes: int = 1,
 ) -> Dsv4Results:
-    def measure(n_tokens: int, n_layers: int) -> Point:
-        return measure_point(n_tokens, n_layers, rounds)
+    """Time every point: in this process (``processes=1``), or with the rounds split
+    between ``processes`` fresh ones, run one after the other and pooled. A process's
+    memory layout and string-hash seed can favour one variant for its whole life,
+    which interleaving within one process cannot cancel."""
+    if processes < 1 or rounds < processes:
+        raise ValueError(
+            f"processes must be between 1 and rounds (got processes={processes}, "
+            f"rounds={rounds})"
+        )
+    if processes == 1:
+        return Dsv4Results(_points(tokens, layers, rounds), rounds)
+    parts = []
+    for i in range(processes):
+        share = rounds // processes + (1 if i < rounds % processes else 0)
+        progress(f"bench_dsv4: process {i + 1} of {processes}, {share} rounds")
+        parts.append(_subprocess_points(tokens, layers, share, i))
+    points = [Point.pooled(same) for same in zip(*parts, strict=True)]
+    return Dsv4Results(points, rounds, processes)
 
-    return Dsv4Results(sweep("bench_dsv4", tokens, layers, measure), rounds)
+
+def _points(
+    tokens: Sequence[int], layers: Sequence[int], rounds: int, part: int = 0
+) -> list[Point]:
+    def measure(n_tokens: int, n_layers: int) -> Point:
+        return measure_point(n_tokens, n_layers, rounds, part)
+
+    return sweep("bench_dsv4", tokens, layers, measure)
+
+
+def _subprocess_points(
+    tokens: Sequence[int], layers: Sequence[int], rounds: int, part: int
+) -> list[Point]:
+    """:func:`_points` in a fresh Python process (its progress shows as it runs)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_dsv4",
+            "--worker",
+            json.dumps(
+                {
+                    "tokens": list(tokens),
+                    "layers": list(layers),
+                    "rounds": rounds,
+                    "part": part,
+                }
+            ),
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"bench_dsv4: timing process {part + 1} failed (exit {out.returncode}); "
+            "its error is printed above"
+        )
+    raw = json.loads(out.stdout.strip().splitlines()[-1])
+    return [Point.from_raw(p) for p in raw]
+
+
+def _worker(spec: str) -> None:
+    """One timing process of :func:`run`: prints its points as JSON."""
+    args = json.loads(spec)
+    torch.set_num_threads(1)
+    points = _points(args["tokens"], args["layers"], args["rounds"], args["part"])
+    print(json.dumps([p.raw() for p in points]))
 
 
 _P = TypeVar("_P")
@@ -365,11 +480,15 @@ def main_with_rounds(
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--worker"] and len(args) == 2:
+        _worker(args[1])
+        return
     main_with_rounds(
         __doc__,
         argv,
         ROUNDS,
-        lambda rounds: run(rounds=rounds),
+        lambda rounds: run(rounds=rounds, processes=min(PROCESSES, rounds)),
         lambda: run(QUICK_TOKENS, QUICK_LAYERS, rounds=3),
         render,
     )

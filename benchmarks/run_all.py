@@ -35,18 +35,19 @@ from benchmarks._report import GoalResult, goals_table
 from benchmarks._timing import environment, progress
 
 FULL: dict[str, Any] = {
-    "hit": {"number": 100_000, "repeats": 21},
-    "dsv4": {"rounds": bench_dsv4.ROUNDS},
+    "hit": {"number": 100_000, "repeats": 21, "processes": bench_hit.PROCESSES},
+    "dsv4": {"rounds": bench_dsv4.ROUNDS, "processes": bench_dsv4.PROCESSES},
     "soak": {"steps": 100_000, "warmup": 1_000},
     "stages": {"layers": 8, "tokens": 4, "rounds": bench_stages.ROUNDS},
     "floor": {"rounds": bench_floor.ROUNDS},
 }
 QUICK: dict[str, Any] = {
-    "hit": {"number": 2_000, "repeats": 3},
+    "hit": {"number": 2_000, "repeats": 3, "processes": 2},
     "dsv4": {
         "tokens": bench_dsv4.QUICK_TOKENS,
         "layers": bench_dsv4.QUICK_LAYERS,
-        "rounds": 3,
+        "rounds": 4,
+        "processes": 2,
     },
     "soak": {"steps": 2_000, "warmup": 200},
     "stages": {"layers": 8, "tokens": 4, "rounds": 5},
@@ -128,7 +129,10 @@ def page(
         "",
         "`python -m benchmarks.bench_hit`: nanoseconds per call of a hit, "
         f"{hit.repeats} interleaved runs of {hit.number:,} calls each (checks mode: a "
-        "tenth of that), the cost of an empty loop subtracted.",
+        f"tenth of that) in each of {hit.processes} fresh processes, one after the "
+        "other, the cost of an empty loop subtracted. A process's memory layout and "
+        "string-hash seed move some rows for its whole life, so a goal is the median "
+        "over the processes of its ratio in one process.",
         "",
         "- *request index*: DSv4's `token_to_req_indices(buffer)` on a step of 8",
         "  requests padded to 16 tokens. stepcache's is",
@@ -160,10 +164,13 @@ def page(
         "for the layers their builder (`Builders.build_sparse_indices`) decorated with",
         "`sparse_index_builder` (`Builders.cached_sparse_indices`), as a model's own",
         f"code would use it. Each cell: ms per step, median over {dsv4.rounds} rounds",
-        "(min-max), the variants interleaved step by step (a round times one step of",
-        "uncached and two each of hand-written and stepcache, in a random order, all",
-        "with the same builders and buffers; the cycle collector paused); each point",
-        "first checks that the three variants give the same values. A ratio is the",
+        f"(min-max), split between {dsv4.processes} fresh processes run one after the",
+        "other (a process's memory layout and string-hash seed can favour one variant",
+        "for its whole life), the variants interleaved step by step (a round times",
+        "one step of uncached and two each of hand-written and stepcache, in a random",
+        "order, all with the same builders and buffers; the cycle collector paused);",
+        "each point first checks that the three variants give the same values. A",
+        "ratio is the",
         "median over the rounds of the ratio of the variants' mean step times in one",
         "round: their steps ran milliseconds apart, so the machine's changes of speed",
         "between rounds cancel out. The order is random because a step's time depends",

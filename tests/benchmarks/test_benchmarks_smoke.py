@@ -37,6 +37,45 @@ def test_hit_rows_and_goals() -> None:
     assert "seeds' hand-written" in text and "| goal (ratio of medians)" in text
 
 
+def test_hit_in_fresh_processes() -> None:
+    results = bench_hit.run(number=20, repeats=2, processes=2)
+    assert results.processes == 2
+    # every row pools the runs of both processes
+    assert all(t.min_ns <= t.median_ns <= t.max_ns for t in results.timings.values())
+    assert len(results.goal_ratios) == len(bench_hit.GOALS)
+    for goal, ratios in zip(results.goals, results.goal_ratios, strict=True):
+        assert len(ratios) == 2
+        assert min(ratios) <= goal.ratio <= max(ratios)
+    assert "median over 2 processes" in bench_hit.render(results)
+    assert results.to_dict()["goals"][0]["ratio_per_process"] == list(
+        results.goal_ratios[0]
+    )
+    with pytest.raises(ValueError, match="processes must be at least 1"):
+        bench_hit.run(number=20, repeats=1, processes=0)
+
+
+def test_dsv4_rounds_split_between_fresh_processes() -> None:
+    results = bench_dsv4.run(tokens=(2,), layers=(3, 4), rounds=3, processes=2)
+    assert (results.rounds, results.processes) == (3, 2)
+    assert [(p.tokens, p.layers) for p in results.points] == [(2, 3), (2, 4)]
+    for point in results.points:
+        # 2 rounds in the first process, 1 in the second, pooled
+        assert all(len(ns) == 3 for ns in point.runs.values())
+        assert set(point.runs) == {
+            "uncached",
+            "hand-written",
+            "stepcache",
+            bench_dsv4.CONTROL,
+            bench_dsv4.STEPCACHE_AGAIN,
+        }
+        assert point.work["stepcache"] == point.work["hand-written"]
+        assert bench_dsv4.Point.from_raw(point.raw()) == point
+    with pytest.raises(ValueError, match="processes must be between 1 and rounds"):
+        bench_dsv4.run(tokens=(2,), layers=(3,), rounds=1, processes=2)
+    with pytest.raises(ValueError, match="the same point"):
+        bench_dsv4.Point.pooled(results.points)
+
+
 def test_the_seed_hit_is_the_seed_prs_method() -> None:
     qsl = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
     meta = SeedMetadata(qsl, qsl.clone(), num_actual_tokens=7)
