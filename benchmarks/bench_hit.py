@@ -7,8 +7,8 @@ other), interleaved within a process (run 1 of every row, then run 2, ...), and
 reported as the median over all runs with min and max. A goal is the median over the
 processes of the ratio of the two rows' medians in one process: a process's memory
 layout and string-hash seed move some rows by tens of percent for its whole life
-(measured: ``functools.lru_cache`` against a keyed hit, 1.6x in one process and 2.5x
-in the next), which interleaving within one process cannot cancel.
+(measured: a keyed hit over ``functools.lru_cache``, 1.6x-1.8x in most processes and
+2.5x in one), which interleaving within one process cannot cancel.
 
 Two groups of rows:
 
