@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import timeit
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -91,14 +94,6 @@ class Case:
     mode: Callable[[], AbstractContextManager[Any]] | None = None
 
 
-def time_cases(
-    cases: Sequence[Case], namespace: dict[str, Any], *, repeats: int = 15
-) -> dict[str, Timing]:
-    """The :class:`Timing` of every case (see :func:`case_runs`)."""
-    runs = case_runs(cases, namespace, repeats=repeats)
-    return {label: Timing.of(label, ns) for label, ns in runs.items()}
-
-
 def case_runs(
     cases: Sequence[Case], namespace: dict[str, Any], *, repeats: int = 15
 ) -> dict[str, list[float]]:
@@ -153,3 +148,39 @@ def collector_paused() -> Iterator[Callable[[int], None]]:
 
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+#: the flag that makes a benchmark's module one timing process of a run
+WORKER_FLAG = "--worker"
+
+
+def in_fresh_process(module: str, spec: dict[str, Any]) -> Any:
+    """Run ``python -m module --worker JSON`` (``spec`` as JSON) from the repository
+    root and return what its last line of output holds, as JSON.
+
+    A benchmark times in fresh processes where a process's memory layout and
+    string-hash seed would favour some rows for its whole life. The process's
+    standard error (its progress, or a traceback) passes through.
+    """
+    out = subprocess.run(
+        [sys.executable, "-m", module, WORKER_FLAG, json.dumps(spec)],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"{module}: a timing process failed (exit {out.returncode}); its error "
+            "is printed above"
+        )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def worker_spec(argv: Sequence[str] | None) -> dict[str, Any] | None:
+    """The spec of :func:`in_fresh_process` if ``argv`` (default: ``sys.argv[1:]``)
+    makes this process a worker, else ``None``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 2 and args[0] == WORKER_FLAG:
+        spec: dict[str, Any] = json.loads(args[1])
+        return spec
+    return None

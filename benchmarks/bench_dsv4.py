@@ -33,11 +33,8 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
@@ -45,7 +42,14 @@ import torch
 
 from benchmarks._report import Goal, GoalResult, goals_table, markdown_table
 from benchmarks._sim import demo, dsv4_sim
-from benchmarks._timing import Timing, collector_paused, environment, progress
+from benchmarks._timing import (
+    Timing,
+    collector_paused,
+    environment,
+    in_fresh_process,
+    progress,
+    worker_spec,
+)
 
 TOKENS: tuple[int, ...] = (1, 4, 16, 64, 256, 1024, 4096)
 LAYERS: tuple[int, ...] = (8, 30, 61)
@@ -114,17 +118,11 @@ class Point:
         one round (of the means of their two steps, for a variant timed twice)."""
         return paired_ratio(self.per_round(a), self.per_round(b))
 
-    @property
-    def noise(self) -> float:
-        """The hand-written build's second step of each round over its first: how far
-        apart two identical variants land at this point (1.0 would be a noiseless
-        machine)."""
-        return paired_ratio(self.runs[CONTROL], self.runs["hand-written"])
-
-    @property
-    def noise_stepcache(self) -> float:
-        """The same for stepcache's two steps of each round."""
-        return paired_ratio(self.runs[STEPCACHE_AGAIN], self.runs["stepcache"])
+    def control(self, label: str) -> float:
+        """A variant timed twice per round (a key of :data:`AGAIN`): its second step
+        of each round over its first, how far apart two identical builds land at this
+        point (1.0 would be a noiseless machine)."""
+        return paired_ratio(self.runs[AGAIN[label]], self.runs[label])
 
     def raw(self) -> dict[str, Any]:
         """What :meth:`from_raw` reads back (a timing process's output)."""
@@ -172,8 +170,7 @@ class Point:
             "paired_ratios": {
                 "stepcache/hand-written": self.ratio("stepcache", "hand-written"),
                 "uncached/stepcache": self.ratio("uncached", "stepcache"),
-                "control/hand-written": self.noise,
-                "control/stepcache": self.noise_stepcache,
+                **{f"control/{label}": self.control(label) for label in AGAIN},
             },
             "work_per_step": {
                 v: {"index_computations": w[0], "sparse_builds": w[1]}
@@ -335,40 +332,9 @@ def _subprocess_points(
     tokens: Sequence[int], layers: Sequence[int], rounds: int, part: int
 ) -> list[Point]:
     """:func:`_points` in a fresh Python process (its progress shows as it runs)."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.bench_dsv4",
-            "--worker",
-            json.dumps(
-                {
-                    "tokens": list(tokens),
-                    "layers": list(layers),
-                    "rounds": rounds,
-                    "part": part,
-                }
-            ),
-        ],
-        cwd=Path(__file__).resolve().parents[1],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(
-            f"bench_dsv4: timing process {part + 1} failed (exit {out.returncode}); "
-            "its error is printed above"
-        )
-    raw = json.loads(out.stdout.strip().splitlines()[-1])
+    spec = {"tokens": list(tokens), "layers": list(layers), "rounds": rounds}
+    raw = in_fresh_process("benchmarks.bench_dsv4", {**spec, "part": part})
     return [Point.from_raw(p) for p in raw]
-
-
-def _worker(spec: str) -> None:
-    """One timing process of :func:`run`: prints its points as JSON."""
-    args = json.loads(spec)
-    torch.set_num_threads(1)
-    points = _points(args["tokens"], args["layers"], args["rounds"], args["part"])
-    print(json.dumps([p.raw() for p in points]))
 
 
 _P = TypeVar("_P")
@@ -408,8 +374,7 @@ def render(results: Dsv4Results) -> str:
                 f"{p.ratio('uncached', 'stepcache'):.2f}x",
                 f"{ratio:.3f}x",
                 "yes" if ratio <= GOAL.limit else "**no**",
-                f"{p.noise:.3f}x",
-                f"{p.noise_stepcache:.3f}x",
+                *(f"{p.control(label):.3f}x" for label in AGAIN),
             ]
         )
     header = [
@@ -421,14 +386,13 @@ def render(results: Dsv4Results) -> str:
         "uncached / stepcache",
         "stepcache / hand-written",
         f"<= {GOAL.limit}x",
-        "control: hand-written again / hand-written",
-        "control: stepcache again / stepcache",
+        *(f"control: {label} again / {label}" for label in AGAIN),
     ]
     work = results.points[-1].work
     work_rows = [[v, str(w[0]), str(w[1])] for v, w in work.items()]
     met = sum(g.met for g in results.goals)
     noise = max(
-        (x for p in results.points for x in (p.noise, p.noise_stepcache)),
+        (p.control(label) for p in results.points for label in AGAIN),
         key=lambda x: abs(x - 1.0),
     )
     return "\n\n".join(
@@ -480,9 +444,10 @@ def main_with_rounds(
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--worker"] and len(args) == 2:
-        _worker(args[1])
+    spec = worker_spec(argv)
+    if spec is not None:  # one timing process of a run: prints its points as JSON
+        torch.set_num_threads(1)
+        print(json.dumps([p.raw() for p in _points(**spec)]))
         return
     main_with_rounds(
         __doc__,

@@ -28,8 +28,6 @@ import functools
 import json
 import operator
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +39,15 @@ import stepcache
 from benchmarks._report import Goal, GoalResult, goals_table, markdown_table
 from benchmarks._seed import SeedMetadata
 from benchmarks._sim import dsv4_sim, request_index
-from benchmarks._timing import Case, Timing, case_runs, environment, progress
+from benchmarks._timing import (
+    Case,
+    Timing,
+    case_runs,
+    environment,
+    in_fresh_process,
+    progress,
+    worker_spec,
+)
 from stepcache import step_cached
 
 
@@ -173,9 +179,12 @@ class HitResults:
     number: int
     #: runs per row in each process
     repeats: int
-    processes: int = 1
     #: each goal's ratio in each process (in the order of :data:`GOALS`)
-    goal_ratios: tuple[tuple[float, ...], ...] = ()
+    goal_ratios: tuple[tuple[float, ...], ...]
+
+    @property
+    def processes(self) -> int:
+        return len(self.goal_ratios[0])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -198,32 +207,6 @@ def process_runs(number: int, repeats: int) -> dict[str, list[float]]:
     return runs
 
 
-def _subprocess_runs(number: int, repeats: int) -> dict[str, list[float]]:
-    """:func:`process_runs` in a fresh Python process."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.bench_hit",
-            "--worker",
-            "--number",
-            str(number),
-            "--repeats",
-            str(repeats),
-        ],
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(
-            f"bench_hit: a timing process failed (exit {out.returncode}):\n"
-            f"{out.stderr[-2000:]}"
-        )
-    runs: dict[str, list[float]] = json.loads(out.stdout.strip().splitlines()[-1])
-    return runs
-
-
 def run(number: int = 100_000, repeats: int = 21, processes: int = 1) -> HitResults:
     """Time every row: in this process (``processes=1``), or in ``processes`` fresh
     ones, one after the other."""
@@ -236,10 +219,11 @@ def run(number: int = 100_000, repeats: int = 21, processes: int = 1) -> HitResu
             f"bench_hit: {rows} rows, {repeats} interleaved runs"
             + (f", process {i + 1} of {processes}" if processes > 1 else "")
         )
+        spec = {"number": number, "repeats": repeats}
         all_runs.append(
-            process_runs(number, repeats)
+            process_runs(**spec)
             if processes == 1
-            else _subprocess_runs(number, repeats)
+            else in_fresh_process("benchmarks.bench_hit", spec)
         )
     timings = {
         label: Timing.of(label, [ns for runs in all_runs for ns in runs[label]])
@@ -253,7 +237,7 @@ def run(number: int = 100_000, repeats: int = 21, processes: int = 1) -> HitResu
         for g in GOALS
     )
     goals = [g.check(statistics.median(r)) for g, r in zip(GOALS, ratios, strict=True)]
-    return HitResults(timings, goals, number, repeats, processes, ratios)
+    return HitResults(timings, goals, number, repeats, ratios)
 
 
 def render(results: HitResults) -> str:
@@ -284,6 +268,11 @@ def render(results: HitResults) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    spec = worker_spec(argv)
+    if spec is not None:  # one timing process of a run
+        torch.set_num_threads(1)
+        print(json.dumps(process_runs(**spec)))
+        return
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0] if __doc__ else None
     )
@@ -299,14 +288,8 @@ def main(argv: list[str] | None = None) -> None:
         help="fresh processes to time the rows in, one after the other",
     )
     parser.add_argument("--quick", action="store_true", help="a fast smoke run")
-    parser.add_argument(
-        "--worker", action="store_true", help=argparse.SUPPRESS
-    )  # one timing process of a run: prints its runs as JSON
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    if args.worker:
-        print(json.dumps(process_runs(args.number, args.repeats)))
-        return
     number, repeats = (2_000, 3) if args.quick else (args.number, args.repeats)
     processes = 1 if args.quick else args.processes
     print(f"Environment: {environment()}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import platform
 import re
@@ -28,16 +29,17 @@ VARIANTS = ("uncached", "handwritten", "stepcache")
 POINTS = ((8, 4), (61, 4), (8, 1024), (61, 1024))
 
 
-def _fixed_layout() -> list[str]:
+@functools.cache
+def _fixed_layout() -> tuple[str, ...]:
     """The command prefix that turns off address-space randomization
-    (``setarch -R``), where it works here; else none."""
-    command = ["setarch", platform.machine(), "-R"]
+    (``setarch -R``), where it works here; else none. Probed once per process."""
+    command = ("setarch", platform.machine(), "-R")
     if shutil.which("setarch") is None:
-        return []
+        return ()
     try:
         subprocess.run([*command, "true"], check=True, capture_output=True)
     except (OSError, subprocess.CalledProcessError):
-        return []
+        return ()
     return command
 
 
