@@ -15,6 +15,8 @@ True
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from stepcache._debug import (
     DebugReport,
     Detection,
@@ -22,9 +24,10 @@ from stepcache._debug import (
     clear_debug_report,
     debug_report,
 )
-from stepcache._decorator import BYPASS, step_cached
+from stepcache._decorator import step_cached
 from stepcache._errors import CacheValidationError, StaleCacheError, StepCacheError
 from stepcache._spec import Arg, Attr, TensorSpec, normalize_device
+from stepcache._state import BYPASS
 from stepcache._stats import FunctionStats, StatsTable, reset_stats, stats
 from stepcache._store import (
     StepCache,
@@ -41,7 +44,19 @@ from stepcache._switches import (
     set_debug,
     set_disabled,
 )
-from stepcache.profiler import profile
+
+if TYPE_CHECKING:
+    from stepcache.profiler import profile
+
+
+def __getattr__(name: str) -> Any:
+    # the profiler is not the core: `import stepcache` does not load it
+    if name == "profile":
+        from stepcache.profiler import profile
+
+        return profile
+    raise AttributeError(f"module 'stepcache' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 """The version of stepcache, as installed.

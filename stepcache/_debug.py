@@ -35,13 +35,15 @@ import attrs
 import numpy as np
 import torch
 
-from stepcache import _envs, _fingerprint, _switches, _walk
+from stepcache import _envs, _fingerprint, _state
 from stepcache._errors import CacheValidationError, StaleCacheError
+from stepcache._fingerprint import tag
 from stepcache._spec import normalize_device
 from stepcache._store import StepCache, store_for
 
 if TYPE_CHECKING:
     from stepcache._decorator import CachedFunction
+    from stepcache._entry import Entry
 
 __all__ = [
     "DebugReport",
@@ -49,7 +51,6 @@ __all__ = [
     "call",
     "clear_debug_report",
     "debug_report",
-    "on_hit",
 ]
 
 _MAX_REPORT = 10_000
@@ -216,8 +217,8 @@ class _Info:
     """Debug facts about one entry, stored as the entry's last element."""
 
     deep: tuple[Any, ...]
-    #: (tensor, version at store time) for each tensor in the value
-    versions: list[tuple[torch.Tensor, int]]
+    #: (tensor, its tag at store time) for each tensor in the value
+    versions: list[tuple[torch.Tensor, Any]]
     #: owner attributes read by the builder or key function but declared nowhere
     watched: dict[str, tuple[Any, Any]]
     store: weakref.ref[StepCache]
@@ -229,11 +230,6 @@ class _Info:
     deep_check: tuple[int, ...] = ()
     #: for each of deep_check, a numpy view of a small CPU tensor's contents (or None)
     probes: tuple[Any, ...] = ()
-    #: a checks-mode hit's whole work when there is nothing unusual to compare (see
-    #: :func:`_lean_plan`); ``None`` sends every hit through :func:`_hit`
-    lean: tuple[tuple[tuple[Any, ...], ...], list[tuple[torch.Tensor, int]]] | None = (
-        None
-    )
 
 
 # -- recording which owner attributes a call reads ------------------------------------------
@@ -354,11 +350,12 @@ def _check_guard(t: GuardedTensor) -> None:
         )
         _record_guard("use-after-close", guard, message)
         raise StaleCacheError(message)
-    if t._version != expected:
+    now = tag(t)
+    if now != expected:
         message = (
             f"{guard.where}: this tensor was "
             "overwritten by a subsequent write to its storage after the cache handed it "
-            f"out (version {expected} -> {t._version}): the next step's build "
+            f"out (version {expected} -> {now}): the next step's build "
             "wrote the same persistent buffer, or someone mutated a cached value in "
             "place. To keep the value beyond the step, clone() it."
         )
@@ -430,7 +427,7 @@ def _recompute(
     difference = first_difference(before, fresh)
     if difference is None and info is not None:
         for i, (t, _) in enumerate(info.versions):
-            info.versions[i] = (t, t._version)
+            info.versions[i] = (t, tag(t))
     return difference
 
 
@@ -556,11 +553,8 @@ def _canonical_key(key: Any) -> Any:
 def _check_device_alias(fn: CachedFunction, store: StepCache, key: Any) -> None:
     if not fn.keyed:
         return
-    slot = store._e.get(fn.fid)
-    if not slot:
-        return
     canon = _canonical_key(key)
-    for other in list(slot):
+    for other in store.keys(fn.fid):
         if other != key and _canonical_key(other) == canon:
             raise _detect(
                 StaleCacheError,
@@ -576,68 +570,20 @@ def _check_device_alias(fn: CachedFunction, store: StepCache, key: Any) -> None:
 
 
 # -- the debug call -------------------------------------------------------------------------------
-def call(fn: CachedFunction, a: tuple[Any, ...]) -> Any:
-    """A call of ``fn`` in checks or verify mode."""
-    from stepcache._decorator import BYPASS
-
-    key = fn.key_of(a)
-    if key is BYPASS:
-        fn._count(None, 1)
-        return fn.invoke(a)
+def call(fn: CachedFunction, a: tuple[Any, ...], key: Any) -> Any:
+    """A call of ``fn`` with the key ``key`` (not a bypass) in checks or verify mode."""
     owner = a[fn.owner_index]
     try:
         store = store_for(owner)
     except StaleCacheError as exc:
         raise _detect(StaleCacheError, "use-after-close", fn, key, str(exc)) from None
-    deps = fn.dep_values(a, key)
-    entry = fn.lookup(store, key)
-    if entry is not None and fn.matches(entry, owner, deps):
-        return _hit(fn, a, key, owner, deps, entry)
-    if entry is not None and fn.deps:
-        fn._count(store, 2)
+    deps = fn.dep_values(a, key) if fn.dep_names else ()
+    entry = store.lookup(fn.fid, fn.keyed, key)
+    if entry is not None:
+        if entry.matches(owner, deps):
+            return _hit(fn, a, key, owner, deps, entry)
+        fn.stale(entry, owner, store)
     return _miss(fn, a, key, owner, store, deps)
-
-
-def on_hit(fn: CachedFunction, entry: tuple[Any, ...], a: tuple[Any, ...]) -> Any:
-    """Checks mode, from the generated code: the fast lookup matched ``entry``, and the
-    generated lean checks (:func:`_lean_plan`) did not answer."""
-    if (
-        entry[-1].__class__ is not _Info
-        and fn.expect is None
-        and _switches._debug == "checks"
-    ):
-        fn._hits_add(1)  # stored in production mode: nothing recorded to check
-        return entry[0]
-    key = fn.keyof(a) if fn.keyed else None
-    deps = fn.depvals(a) if fn.deps else ()
-    return _hit(fn, a, key, a[fn.owner_index], deps, entry)
-
-
-def _lean_plan(
-    fn: CachedFunction, info: _Info
-) -> tuple[tuple[tuple[Any, ...], ...], list[tuple[torch.Tensor, int]]] | None:
-    """What a checks-mode hit of this entry compares, or ``None`` if it needs _hit.
-
-    First, one row per dependency of ``info.deep_check`` that is a tensor: its index,
-    data pointer, dtype, shape and, for a small CPU tensor, the numpy view and bytes
-    of its contents (a dependency of another kind keeps its identity, which the
-    lookup compared). Then the (tensor, version) pairs of the result to compare (the
-    list ``info.versions`` itself, or none with ``guard_result``). ``None`` when the
-    hit has more to do: owner attributes to watch, or a dependency that
-    :func:`_fingerprint.deep_unchanged` compares in full.
-    """
-    if info.watched:
-        return None
-    rows = []
-    for i, probe in zip(info.deep_check, info.probes, strict=True):
-        before = info.deep[i]
-        if before[0] == "tensor" and (probe is not None or before[4] is None):
-            view, raw = probe if probe is not None else (None, None)
-            rows.append((i, before[3], before[2], before[1], view, raw))
-        elif before[0] != "object":
-            return None
-    # with guard_result the lookup compared the result's versions already
-    return tuple(rows), [] if fn.guard else info.versions
 
 
 def _hit(
@@ -646,15 +592,13 @@ def _hit(
     key: Any,
     owner: object,
     deps: tuple[Any, ...],
-    entry: tuple[Any, ...],
+    entry: Entry,
 ) -> Any:
-    value = entry[0]
-    info = entry[-1]
-    if info.__class__ is not _Info:
-        info = None  # stored in production mode: nothing recorded to check against
+    value = entry.value
+    info: _Info | None = entry.info  # None: stored in production mode
     if info is not None:
         for i, probe in zip(info.deep_check, info.probes, strict=True):
-            dep, x, before = fn.deps[i], deps[i], info.deep[i]
+            dep, x, before = fn.dep_names[i], deps[i], info.deep[i]
             if not _fingerprint.deep_unchanged(x, before, probe):
                 after = _fingerprint.deep(x)
                 raise _detect(
@@ -662,7 +606,7 @@ def _hit(
                     "dependency-changed",
                     fn,
                     key,
-                    f"dependency '{dep.name}' changed without the cache noticing: "
+                    f"dependency '{dep}' changed without the cache noticing: "
                     f"{_deep_difference(before, after)} (now {_short(x)}). It was "
                     "changed through a path that does not bump the version counter "
                     "(a write through .numpy(), .data assignment, a kernel writing "
@@ -672,14 +616,14 @@ def _hit(
         # (with guard_result the lookup compared these versions already: a written
         # buffer is a recomputation there, not a detection here)
         for t, version in () if fn.guard else info.versions:
-            if t._version != version:
+            if tag(t) != version:
                 raise _detect(
                     StaleCacheError,
                     "buffer-overwritten",
                     fn,
                     key,
                     f"the cached tensor {_short(t)} was overwritten after it was "
-                    f"stored (version {version} -> {t._version}): another step's build "
+                    f"stored (version {version} -> {tag(t)}): another step's build "
                     "wrote the same persistent buffer while this step's cache still "
                     "held a view into it, or a consumer mutated the cached value in "
                     "place. Fix: one step at a time per buffer (close the old step "
@@ -710,7 +654,7 @@ def _hit(
                 )
             for name in changed:
                 info.watched[name] = _fingerprint.fingerprint(getattr(owner, name))
-    violation = fn.expect_violation(value, a)
+    violation = fn.violation(value, a)
     if violation is not None:
         raise _detect(
             CacheValidationError,
@@ -719,7 +663,7 @@ def _hit(
             key,
             f"on a hit, the cached value no longer matches expect{violation}",
         )
-    if _switches._debug == "verify":
+    if _state.switches[1] == "verify":
         difference = _recompute(fn, a, value, info)
         if difference is not None:
             raise _detect(
@@ -730,7 +674,7 @@ def _hit(
                 f"the cached value differs from a fresh computation: {difference}. "
                 f"The key or depends_on misses an input. {_suggest(fn, info)}",
             )
-    fn._hits_add(1)
+    fn.count_hit()
     if info is None or not info.versions or not _envs.STEPCACHE_DEBUG_GUARD:
         return value
     if info.handed is None:
@@ -742,7 +686,7 @@ _MISSING = object()
 
 
 def _suggest(fn: CachedFunction, info: _Info | None) -> str:
-    declared = {d.name for d in fn.deps} | set(fn.key_names)
+    declared = set(fn.dep_names) | set(fn.key_names)
     candidates = []
     if fn.key_fn is None:
         candidates = [
@@ -773,18 +717,17 @@ def _miss(
     deps: tuple[Any, ...],
 ) -> Any:
     _check_device_alias(fn, store, key)
-    fps = [_fingerprint.fingerprint(x) for x in deps]
     deep_before = tuple(_fingerprint.deep(x) for x in deps)
     value, read = _reads(owner, lambda: fn.invoke(a))
+    declared = set(fn.dep_names)
     if fn.key_fn is not None:
-        _, key_read = _reads(owner, lambda: fn.keyof(a))
-        declared = {d.name for d in fn.deps}
+        _, key_read = _reads(owner, lambda: fn.key_of(a))
         undeclared = sorted(
             n
             for n in key_read
             if n not in declared and not callable(getattr(owner, n, None))
         )
-        if undeclared and fn.deps:
+        if undeclared and fn.dep_names:
             raise _detect(
                 StaleCacheError,
                 "key-reads-undeclared",
@@ -794,46 +737,45 @@ def _miss(
                 "does not name: an in-place change that keeps the key equal would not be "
                 f"noticed. Fix: add {undeclared} to depends_on.",
             )
-    for dep, x, before in zip(fn.deps, deps, deep_before, strict=True):
+    for dep, x, before in zip(fn.dep_names, deps, deep_before, strict=True):
         if _fingerprint.deep(x) != before:
             raise _detect(
                 StaleCacheError,
                 "builder-mutates-dependency",
                 fn,
                 key,
-                f"the function itself changed its declared dependency '{dep.name}' "
+                f"the function itself changed its declared dependency '{dep}' "
                 f"({_deep_difference(before, _fingerprint.deep(x))}), so the entry "
                 "could never be reused. Fix: remove it from depends_on (validate an "
                 "output buffer with expect=TensorSpec(device=Arg(...)) instead).",
             )
-    violation = fn.expect_violation(value, a)
+    violation = fn.violation(value, a)
     if violation is not None:
         raise _detect(CacheValidationError, "validation", fn, key, violation[2:])
-    declared = {d.name for d in fn.deps}
     watched: dict[str, tuple[Any, Any]] = {}
     for name in sorted(read - declared):
         attr = getattr(owner, name, _MISSING)
         if attr is _MISSING or callable(attr) or name == "_stepcache":
             continue
         watched[name] = _fingerprint.fingerprint(attr)
+    # compared deeply on a hit: not what the lookup compared by value or snapshot,
+    # and not a repeat of an earlier dependency's object
+    kinds = [_fingerprint.fingerprint(x)[1] for x in deps]
     deep_check = tuple(
         i
-        for i, (x, (_, kind)) in enumerate(zip(deps, fps, strict=True))
+        for i, (x, kind) in enumerate(zip(deps, kinds, strict=True))
         if kind is not _fingerprint.VAL
         and kind is not _fingerprint.SNAP
         and not any(deps[j] is x for j in range(i))
     )
     info = _Info(
         deep_before,
-        [(t, t._version) for t in _walk.tensors(value)],
+        [(t, tag(t)) for t in _fingerprint.tensors(value)],
         watched,
         weakref.ref(store),
         deep_check=deep_check,
         probes=tuple(_fingerprint.content_probe(deps[i]) for i in deep_check),
     )
-    entry = fn.make_entry(value, owner, fps) + (info,)
-    fn.insert(store, key, entry)
-    fn._count(store, 0)
+    fn.store(store, key, owner, deps, value, info)
     info.handed = _guard(value, fn, key, info)
-    info.lean = _lean_plan(fn, info)
     return info.handed

@@ -1,102 +1,44 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ``@step_cached`` decorator and the slow path behind every decorated function."""
+"""The ``@step_cached`` decorator, and the slow path behind every decorated function."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import threading
 import weakref
 from collections.abc import Callable, Container, Hashable, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
-import torch
-
-from stepcache import (
-    _debug,
-    _fingerprint,
-    _registry,
-    _store,
-    _switches,
-    _tables,
-    _walk,
-)
-from stepcache._codegen import Dep, Layout, generate
+from stepcache import _debug, _state, _store
+from stepcache._entry import ABSENT, Entry
 from stepcache._errors import CacheValidationError, StepCacheError
+from stepcache._fingerprint import result_guard
+from stepcache._hit import Hit, compile_hit
 from stepcache._spec import Arg, Attr, TensorSpec, validate
-from stepcache._speccheck import Quick, compile_check, inline_check
-from stepcache._store import StepCache, store_for
+from stepcache._state import BYPASS
 
 __all__ = ["BYPASS", "CachedFunction", "step_cached"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-
-class _Bypass:
-    """The key that means "compute, don't cache"."""
-
-    _instance: _Bypass | None = None
-
-    def __new__(cls) -> _Bypass:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "stepcache.BYPASS"
-
-    def __reduce__(self) -> str:
-        return "BYPASS"
-
-
-#: Returned by a key function: compute the value and do not cache it.
-BYPASS: Final = _Bypass()
-"""Returned by a key function: compute the value and do not cache it.
-
-A call whose key is `BYPASS` runs the function every time and counts as a *bypass* in
-[`stats()`][stepcache.stats]. Use it for the calls whose value must not be shared:
-DeepSeek V4's C4A layers read their own top-k indices, so their sparse indices are
-built per layer, while the SWA-only and C128A layers share one build per step.
-
-Examples:
-    >>> import stepcache
-    >>> def kind_or_bypass(md, kind):
-    ...     return stepcache.BYPASS if kind == "c4a" else kind
-    >>> @stepcache.step_cached(key=kind_or_bypass, owner="md", name="ex.sparse")
-    ... def sparse_index(md, kind):
-    ...     print("building", kind)
-    ...     return kind.upper()
-    >>> class SWAMetadata: pass
-    >>> md = SWAMetadata()
-    >>> sparse_index(md, "c128a")
-    building c128a
-    'C128A'
-    >>> sparse_index(md, "c128a")
-    'C128A'
-    >>> sparse_index(md, "c4a")
-    building c4a
-    'C4A'
-    >>> sparse_index(md, "c4a")
-    building c4a
-    'C4A'
-    >>> stepcache.stats()["ex.sparse"].bypasses
-    2
-"""
-
 Expect = TensorSpec | tuple[TensorSpec | None, ...] | None
 KeyArg = Callable[..., Hashable] | str | Sequence[str] | None
 
-_MISS, _BYPASS_COUNT, _INVALIDATION = 0, 1, 2
-#: ``where()`` without a key: the key is unknown (or the function has none)
-_NO_KEY: Final = object()
+#: ``call()`` without a key: the key is not known yet (or the function has none)
+NO_KEY: Final = object()
+_PLAIN = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_STARS = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 class CachedFunction:
     """Everything stepcache knows about one decorated function.
 
-    The generated fast code handles hits; every other call lands in :meth:`miss`
-    (production) or :meth:`slow` (disabled or debug mode).
+    Its hit path is generated (`stepcache._hit`); every other call lands in
+    :meth:`call`: a miss, a bypass, or any call while a switch is on. A call's
+    arguments travel as ``a``, a tuple of the parameters' values in order.
     """
 
     def __init__(
@@ -118,30 +60,23 @@ class CachedFunction:
             )
         self.fn = fn
         self.name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
-        self.fid = _registry.new_id()
+        self.fid = _state.new_id()
         self.lock = threading.Lock()
-        self.misses = 0
-        self._bypasses = 0
-        self.invalidations = 0
+        self.misses = self.bypasses = self.invalidations = 0
         try:
-            sig = inspect.signature(fn)
+            params = tuple(inspect.signature(fn).parameters.values())
         except (TypeError, ValueError) as exc:
             raise StepCacheError(
                 f"{self.name}: cannot read its signature ({exc})"
             ) from exc
-        params = tuple(sig.parameters.values())
-        for p in params:
-            if p.name.startswith("_sc_"):
-                raise StepCacheError(
-                    f"{self.name}: parameter names starting with '_sc_' are reserved"
-                )
-        names = [p.name for p in params]
-        plain = [
-            p.name
-            for p in params
-            if p.kind
-            not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-        ]
+        self.params = params
+        self.names = [p.name for p in params]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        if any(n.startswith("_sc_") for n in self.names):
+            raise StepCacheError(
+                f"{self.name}: parameter names starting with '_sc_' are reserved"
+            )
+        plain = [p.name for p in params if p.kind not in _STARS]
         if not plain:
             raise StepCacheError(
                 f"{self.name}: a step-cached function needs an owner parameter "
@@ -149,47 +84,101 @@ class CachedFunction:
             )
         self.owner_name = owner if owner is not None else plain[0]
         if self.owner_name not in plain:
+            self._bad("owner", repr(self.owner_name))
+        self.owner_index = self.names.index(self.owner_name)
+        self.key_fn, self.key_names = self._check_key(key)
+        self.keyed = key is not None
+        self.dep_names = self._check_deps(depends_on)
+        self.expect = self._check_expect(expect)
+        if not isinstance(guard_result, bool):
             raise StepCacheError(
-                f"{self.name}: owner={self.owner_name!r} is not a parameter "
-                f"(parameters: {', '.join(names)})"
+                f"{self.name}: guard_result must be True or False (got {guard_result!r})"
             )
-        self.owner_index = names.index(self.owner_name)
-        layout_key: tuple[str, ...] | str | None
-        self.key_fn: Callable[..., Hashable] | None = None
-        if key is None:
-            layout_key = None
-        elif isinstance(key, str) or (
-            isinstance(key, Sequence) and all(isinstance(k, str) for k in key)
-        ):
-            layout_key = (key,) if isinstance(key, str) else tuple(key)
-            if not layout_key:
-                raise StepCacheError(f"{self.name}: key=() names no parameter")
-            for k in layout_key:
-                if k not in names:
-                    raise StepCacheError(
-                        f"{self.name}: key names {k!r}, which is not a parameter "
-                        f"(parameters: {', '.join(names)})"
-                    )
-        elif callable(key):
-            layout_key = "callable"
-            self.key_fn = key
-        else:
-            raise StepCacheError(
-                f"{self.name}: key must be a callable, a parameter name or a tuple of "
-                f"parameter names (got {key!r})"
-            )
-        self.keyed = layout_key is not None
-        # its entries in a store are a {key: entry} dict if it is keyed: in the
-        # placeholder store, the empty slot (see _tables)
-        _tables.register(self.fid, self.keyed)
-        self.key_names: tuple[str, ...] = (
-            layout_key if isinstance(layout_key, tuple) else ()
+        self.guard = guard_result
+        self.only = self._check_only(only)
+        # the cheap forms of the slow path's pieces, chosen once
+        self._simple = all(p.kind in _PLAIN for p in params)
+        dep_attrs = [d for d in self.dep_names if d not in self.names]
+        self._deps_of: Callable[[Any], Any] | None = None
+        if dep_attrs and len(dep_attrs) == len(self.dep_names):
+            getter = operator.attrgetter(*dep_attrs)
+            self._deps_of = getter if len(dep_attrs) > 1 else lambda o: (getter(o),)
+
+        defaults = {
+            f"_sc_D_{p.name}": p.default
+            for p in params
+            if p.default is not inspect.Parameter.empty
+        }
+        only_sets = {
+            f"_sc_O_{i}": allowed for i, allowed in enumerate(self.only.values())
+        }
+        deps = [(d, d in self.names) for d in self.dep_names]
+        hit = Hit(
+            params,
+            self.owner_name,
+            "callable" if self.key_fn else (self.key_names or None),
+            deps,
+            self.guard,
+            tuple(self.only),
+        )
+        self.label = f"<stepcache {self.name} #{self.fid}>"
+        wrapper = compile_hit(
+            hit,
+            getattr(fn, "__name__", "wrapper"),
+            self.label,
+            {
+                "_sc_SLOW": _state.SLOW,
+                "_sc_CALL": self.call,
+                "_sc_KEY": self.key_fn,
+                "_sc_BYPASS": BYPASS,
+                "_sc_FID": self.fid,
+                "_sc_ABSENT": ABSENT,
+                **defaults,
+                **only_sets,
+            },
+        )
+        self._ns: dict[str, Any] = wrapper.__globals__
+        functools.update_wrapper(wrapper, fn)
+        wrapper.__stepcache__ = self
+        self.wrapper = wrapper
+        _store.register(self.fid, self.keyed)
+        _state.register(self)
+
+    # -- decoration-time checks ---------------------------------------------------------
+    def _bad(self, what: str, got: str) -> None:
+        raise StepCacheError(
+            f"{self.name}: {what}={got} is not a parameter "
+            f"(parameters: {', '.join(self.names)})"
         )
 
-        if isinstance(depends_on, str):
-            depends_on = (depends_on,)
-        deps: list[Dep] = []
-        for d in depends_on:
+    def _check_key(
+        self, key: KeyArg
+    ) -> tuple[Callable[..., Any] | None, tuple[str, ...]]:
+        if key is None:
+            return None, ()
+        if isinstance(key, str) or (
+            isinstance(key, Sequence) and all(isinstance(k, str) for k in key)
+        ):
+            names = (key,) if isinstance(key, str) else tuple(key)
+            if not names:
+                raise StepCacheError(f"{self.name}: key=() names no parameter")
+            for k in names:
+                if k not in self.names:
+                    raise StepCacheError(
+                        f"{self.name}: key names {k!r}, which is not a parameter "
+                        f"(parameters: {', '.join(self.names)})"
+                    )
+            return None, names
+        if callable(key):
+            return key, ()
+        raise StepCacheError(
+            f"{self.name}: key must be a callable, a parameter name or a tuple of "
+            f"parameter names (got {key!r})"
+        )
+
+    def _check_deps(self, depends_on: Sequence[str]) -> tuple[str, ...]:
+        names = (depends_on,) if isinstance(depends_on, str) else tuple(depends_on)
+        for d in names:
             if not isinstance(d, str) or not d.isidentifier():
                 raise StepCacheError(
                     f"{self.name}: depends_on takes attribute or parameter names "
@@ -200,121 +189,32 @@ class CachedFunction:
                     f"{self.name}: depends_on names the owner {d!r} itself; name its "
                     "attributes instead"
                 )
-            deps.append(Dep(d, d in names))
-        self.deps = tuple(deps)
+        return names
 
-        well_formed = (
+    def _check_expect(self, expect: Expect) -> Expect:
+        specs = (expect,) if isinstance(expect, TensorSpec) else expect
+        if not (
             expect is None
-            or isinstance(expect, TensorSpec)
             or (
-                isinstance(expect, tuple)
-                and all(e is None or isinstance(e, TensorSpec) for e in expect)
+                isinstance(specs, tuple)
+                and all(e is None or isinstance(e, TensorSpec) for e in specs)
             )
-        )
-        if not well_formed:
+        ):
             raise StepCacheError(
                 f"{self.name}: expect must be a TensorSpec or a tuple of them "
                 f"(got {expect!r})"
             )
-        self.expect = expect
-        for spec in (expect,) if isinstance(expect, TensorSpec) else (expect or ()):
+        for spec in specs or ():
             for ref in spec.refs() if spec is not None else ():
-                if isinstance(ref, Arg) and ref.name not in names:
+                if isinstance(ref, Arg) and ref.name not in self.names:
                     raise StepCacheError(
                         f"{self.name}: expect refers to Arg({ref.name!r}), which is not "
-                        f"a parameter (parameters: {', '.join(names)})"
+                        f"a parameter (parameters: {', '.join(self.names)})"
                     )
-        #: the compiled check of expect: a value it passes needs no validate()
-        index_of = {n: i for i, n in enumerate(names)}
-        self.quick: Quick | None = (
-            None
-            if expect is None
-            else compile_check(expect, index_of, self.owner_index, self.name)
-        )
-        check, check_consts = (
-            ((), ())
-            if expect is None
-            else inline_check(expect, index_of, self.owner_index)
-        )
-
-        if not isinstance(guard_result, bool):
-            raise StepCacheError(
-                f"{self.name}: guard_result must be True or False (got {guard_result!r})"
-            )
-        self.guard = guard_result
-        self.only = self._check_only(only, names)
-        layout = Layout(
-            params,
-            self.owner_name,
-            layout_key,
-            self.deps,
-            guard_result,
-            tuple(self.only),
-            check,
-        )
-        self.source = generate(layout)
-        ns: dict[str, Any] = {"__builtins__": __builtins__}
-        exec(compile(self.source, f"<stepcache {self.name}>", "exec"), ns)
-        defaults = [
-            p.default for p in params if p.default is not inspect.Parameter.empty
-        ]
-        (
-            wrapper,
-            switched,
-            checks,
-            self.invoke,
-            self.keyof,
-            self.depvals,
-            self._counts_get,
-            self._hits_add,
-            self.miss,
-        ) = ns["_sc_factory"](
-            self.fid,
-            fn,
-            self.key_fn,
-            (
-                self,
-                _NO_KEY,
-                store_for,
-                StepCache,
-                torch.Tensor,
-                _fingerprint.VALUE_CLASSES,
-                _fingerprint.fingerprint,
-                _walk.result_guard,
-                weakref.ref,
-                check_consts,
-                torch.device,
-                _tables.ABSENT,
-                _store.new_store,
-                _store.NO_STORE,
-                _store._side,
-                _tables.EMPTY_SLOT,
-            ),
-            self.slow,
-            _fingerprint.VAL,
-            _fingerprint.SNAP,
-            _fingerprint.snapshot,
-            functools.partial(_debug.on_hit, self),
-            (_switches, self.quick, _debug._Info),
-            BYPASS,
-            *defaults,
-            *self.only.values(),
-        )
-        self.codes = {
-            "fast": wrapper.__code__,
-            "switched": switched.__code__,
-            "checks": checks.__code__,
-        }
-        if len({c.co_freevars for c in self.codes.values()}) != 1:
-            raise AssertionError(f"stepcache internal error: {self.name} cells differ")
-        functools.update_wrapper(wrapper, fn)
-        wrapper.__stepcache__ = self
-        self.wrapper = wrapper
-        _registry.register(self)
-        self.use_code(_switches.code_name())
+        return expect
 
     def _check_only(
-        self, only: Mapping[str, Container[Any]] | None, names: list[str]
+        self, only: Mapping[str, Container[Any]] | None
     ) -> dict[str, Container[Any]]:
         if only is None:
             return {}
@@ -324,10 +224,10 @@ class CachedFunction:
                 f"(got {only!r})"
             )
         for name, allowed in only.items():
-            if name not in names or name == self.owner_name:
+            if name not in self.names or name == self.owner_name:
                 raise StepCacheError(
                     f"{self.name}: only= names {name!r}, which is not a parameter "
-                    f"besides the owner (parameters: {', '.join(names)})"
+                    f"besides the owner (parameters: {', '.join(self.names)})"
                 )
             if isinstance(allowed, (str, bytes)) or not hasattr(
                 allowed, "__contains__"
@@ -341,49 +241,56 @@ class CachedFunction:
     # -- counters -----------------------------------------------------------------------
     @property
     def hits(self) -> int:
-        return int(self._counts_get()[0])
+        return int(self._ns["_sc_HITS"])
 
-    @property
-    def bypasses(self) -> int:
-        """Bypasses counted by the fast code and by the slow paths."""
-        return int(self._counts_get()[1]) + self._bypasses
+    def count_hit(self) -> None:
+        # like the hit path's own increment: statistics, not atomic across threads
+        self._ns["_sc_HITS"] += 1
 
     def reset_counts(self) -> None:
         with self.lock:
-            self._hits_add(0)
-            self.misses = self._bypasses = self.invalidations = 0
-
-    def _count(self, store: StepCache | None, which: int) -> None:
-        # Counters are statistics: like the hit counter, not atomic across threads.
-        if which == _MISS:
-            self.misses += 1
-        elif which == _BYPASS_COUNT:
-            self._bypasses += 1
-        else:
-            self.invalidations += 1
-        if store is not None:
-            store.count(self.fid, which)
-
-    def count_hit(self) -> None:
-        # like the fast path's own increment: not atomic across threads
-        self._hits_add(1)
-
-    def use_code(self, which: str) -> None:
-        """Run the ``fast``, ``checks`` or ``switched`` code from now on."""
-        self.wrapper.__code__ = self.codes[which]
+            self._ns["_sc_HITS"] = 0
+            self.misses = self.bypasses = self.invalidations = 0
 
     # -- the pieces of a call -----------------------------------------------------------
-    def where(self, key: Any = _NO_KEY) -> str:
+    def where(self, key: Any = NO_KEY) -> str:
         """How messages name this function (and the entry's key, when it has one)."""
-        if self.keyed and key is not _NO_KEY:
+        if self.keyed and key is not NO_KEY:
             return f"step_cached function '{self.name}' (key={key!r})"
         return f"step_cached function '{self.name}'"
 
+    def invoke(self, a: tuple[Any, ...], fn: Callable[..., Any] | None = None) -> Any:
+        """Call the function (or ``fn``, which takes the same arguments) with ``a``."""
+        fn = fn or self.fn
+        if self._simple:
+            return fn(*a)
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        for p, v in zip(self.params, a, strict=True):
+            if p.kind is inspect.Parameter.VAR_POSITIONAL:
+                args += v
+            elif p.kind is inspect.Parameter.VAR_KEYWORD:
+                kwargs.update(v)
+            elif p.kind is inspect.Parameter.KEYWORD_ONLY:
+                kwargs[p.name] = v
+            else:
+                args.append(v)
+        return fn(*args, **kwargs)
+
     def key_of(self, a: tuple[Any, ...]) -> Any:
-        if not self.keyed and not self.only:
-            return None
+        """The call's key (`BYPASS` for a call that ``only=`` leaves out); ``None``
+        for an unkeyed function."""
         try:
-            key = self.keyof(a)
+            for name, allowed in self.only.items():
+                if a[self.index[name]] not in allowed:
+                    return BYPASS
+            if self.key_fn is not None:
+                key = self.invoke(a, self.key_fn)
+            elif self.key_names:
+                values = [a[self.index[n]] for n in self.key_names]
+                key = values[0] if len(values) == 1 else tuple(values)
+            else:
+                return None
         except Exception as exc:
             what = "its key function" if self.key_fn is not None else "its only= test"
             raise StepCacheError(
@@ -393,145 +300,45 @@ class CachedFunction:
 
     def checked(self, key: Any) -> Any:
         """``key``, if it can key a dict; else a typed error naming the function."""
-        if key is BYPASS or key is None:
-            return key
-        try:
-            hash(key)
-        except TypeError as exc:
-            raise StepCacheError(
-                f"{self.where()}: the key {key!r} is unhashable ({exc}). Fix: return a "
-                "tuple of ints/strings (e.g. tuple(values) instead of a list)."
-            ) from None
+        if key is not BYPASS and key is not None:
+            try:
+                hash(key)
+            except TypeError as exc:
+                raise StepCacheError(
+                    f"{self.where()}: the key {key!r} is unhashable ({exc}). Fix: "
+                    "return a tuple of ints/strings (e.g. tuple(values) instead of a "
+                    "list)."
+                ) from None
         return key
 
-    def dep_values(self, a: tuple[Any, ...], key: Any = None) -> tuple[Any, ...]:
+    def dep_values(self, a: tuple[Any, ...], key: Any = NO_KEY) -> tuple[Any, ...]:
+        owner = a[self.owner_index]
         try:
-            values: tuple[Any, ...] = self.depvals(a)
-            return values
+            if self._deps_of is not None:
+                return tuple(self._deps_of(owner))
+            return tuple(
+                a[self.index[d]] if d in self.index else getattr(owner, d)
+                for d in self.dep_names
+            )
         except AttributeError as exc:
-            owner = a[self.owner_index]
             raise StepCacheError(
                 f"{self.where(key)}: depends_on names an attribute the owner "
                 f"{type(owner).__qualname__} does not have ({exc})"
             ) from exc
 
     def resolver(self, a: tuple[Any, ...]) -> Callable[[Arg | Attr], Any]:
-        index = self.index_of
+        """Resolves an `expect` reference for the call ``a``."""
 
         def resolve(ref: Arg | Attr) -> Any:
             if isinstance(ref, Arg):
-                return a[index[ref.name]]
+                return a[self.index[ref.name]]
             return getattr(a[self.owner_index], ref.name)
 
         return resolve
 
-    @functools.cached_property
-    def names(self) -> list[str]:
-        return list(inspect.signature(self.fn).parameters)
-
-    @functools.cached_property
-    def index_of(self) -> dict[str, int]:
-        return {name: i for i, name in enumerate(self.names)}
-
-    def lookup(self, store: StepCache, key: Any) -> tuple[Any, ...] | None:
-        slot = store._e.get(self.fid)
-        if slot is None:
-            return None
-        if self.keyed:
-            entry: tuple[Any, ...] | None = slot.get(key)
-            return entry
-        return slot  # type: ignore[no-any-return]
-
-    def matches(
-        self, entry: tuple[Any, ...], owner: object, deps: tuple[Any, ...]
-    ) -> bool:
-        if not self.deps:
-            return bool(entry[1]() is owner) and self.result_unchanged(entry)
-        for i, x in enumerate(deps):
-            if not _fingerprint.matches(x, entry[2 + 2 * i], entry[3 + 2 * i]):
-                return False
-        return self.result_unchanged(entry)
-
-    def result_unchanged(self, entry: tuple[Any, ...]) -> bool:
-        """With ``guard_result``: no tensor of the value was written since it was
-        stored."""
-        if not self.guard:
-            return True
-        g = 2 + 2 * len(self.deps)
-        return bool(entry[g]._version == entry[g + 1])
-
-    def make_entry(
-        self, value: Any, owner: object, fps: list[tuple[Any, Any]]
-    ) -> tuple[Any, ...]:
-        flat: list[Any] = [value, None if fps else weakref.ref(owner)]
-        for fp in fps:
-            flat += fp
-        if self.guard:
-            flat += _walk.result_guard(value)
-        return tuple(flat)
-
-    def insert(self, store: StepCache, key: Any, entry: tuple[Any, ...]) -> None:
-        # No lock (as in the generated miss): each write is one dict operation, and a
-        # store closed meanwhile, by another thread, is emptied again.
-        if self.keyed:
-            slot = store._e.get(self.fid)
-            if slot is None:
-                slot = store._e.setdefault(self.fid, {})
-            slot[key] = entry
-        else:
-            store._e[self.fid] = entry
-        if store._closed:
-            store.clear()
-
-    # -- the slow paths -----------------------------------------------------------------
-    # -- the generated miss's rare paths -------------------------------------------------
-    # (``self.miss(a, key)``, the production miss, is generated for each function
-    # beside its hit: see ``_codegen._miss_source``)
-    def settle(
-        self, entry: tuple[Any, ...], a: tuple[Any, ...], key: Any, store: StepCache
-    ) -> bool:
-        """A miss found ``entry`` already there: True (a hit, counted) if it still
-        matches; else count the invalidation (the miss goes on to recompute)."""
-        owner = a[self.owner_index]
-        deps = self.dep_values(a, key) if self.deps else ()
-        if self.matches(entry, owner, deps):
-            self.count_hit()
-            return True
-        if self.deps or not self.result_unchanged(entry):
-            self._count(store, _INVALIDATION)
-        return False
-
-    def reject(self, value: Any, a: tuple[Any, ...], key: Any) -> None:
-        """The compiled check did not pass ``value``: raise what ``validate()`` finds
-        wrong (nothing, if the check could not read a valid value)."""
-        violation = self.validation_error(value, a)
-        if violation is not None:
-            # the message names the function only when it is needed
-            raise CacheValidationError(f"{self.where(key)}{violation}")
-
-    def bypass(self, a: tuple[Any, ...]) -> Any:
-        """A call the key (or ``only=``) leaves out of the cache."""
-        self._count(None, _BYPASS_COUNT)
-        return self.invoke(a)
-
-    def expect_violation(self, value: Any, a: tuple[Any, ...]) -> str | None:
-        """``None`` if ``value`` meets ``expect``; else what is wrong, as
-        :func:`validate` says it (``": result ..."``, without the function's name).
-
-        The compiled check answers for a valid value; ``validate()`` runs only when
-        it says no (it may say no to a valid value it does not know how to read)."""
-        if self.quick is None:
-            return None
-        try:
-            if self.quick(value, a):
-                return None
-        except Exception:
-            pass
-        return self.validation_error(value, a)
-
-    def validation_error(self, value: Any, a: tuple[Any, ...]) -> str | None:
-        """What :func:`validate` finds wrong with ``value`` (``None``: nothing), for a
-        value the compiled check did not pass."""
+    def violation(self, value: Any, a: tuple[Any, ...]) -> str | None:
+        """What `validate` finds wrong with ``value`` (``": result ..."``), or
+        ``None`` if it meets ``expect``."""
         if self.expect is None:
             return None
         try:
@@ -540,14 +347,67 @@ class CachedFunction:
             return str(exc)
         return None
 
-    def slow(self, a: tuple[Any, ...]) -> Any:
-        """Disabled or debug mode."""
-        if _switches.get_disabled():
-            self._count(None, _BYPASS_COUNT)
-            return self.invoke(a)
-        if _switches.get_debug() == "off":
-            return self.miss(a)
-        return _debug.call(self, a)
+    # -- the slow path ------------------------------------------------------------------
+    def call(self, a: tuple[Any, ...], key: Any = NO_KEY) -> Any:
+        """Every call the hit did not answer: a miss, a bypass, a switch."""
+        disabled, mode = _state.switches
+        if disabled:
+            return self.bypass(a)
+        if key is NO_KEY and (self.keyed or self.only):
+            key = self.key_of(a)
+        elif key is not BYPASS:
+            key = self.checked(key)
+        if key is BYPASS:
+            return self.bypass(a)
+        if mode != "off":
+            return _debug.call(self, a, key)
+        owner = a[self.owner_index]
+        store = _store.store_for(owner)
+        entry = store.lookup(self.fid, self.keyed, key)
+        deps = self.dep_values(a, key) if self.dep_names else ()
+        if entry is not None:
+            if entry.matches(owner, deps):
+                self.count_hit()
+                return entry.value
+            self.stale(entry, owner, store)
+        value = self.invoke(a)
+        if self.expect is not None:
+            wrong = self.violation(value, a)
+            if wrong is not None:
+                raise CacheValidationError(f"{self.where(key)}{wrong}")
+        self.store(store, key, owner, deps, value)
+        return value
+
+    def bypass(self, a: tuple[Any, ...]) -> Any:
+        """A call left out of the cache (a `BYPASS` key, only=, or caching off)."""
+        self.bypasses += 1
+        return self.invoke(a)
+
+    def stale(self, entry: Entry, owner: object, store: Any) -> None:
+        """``entry`` does not serve the call: count an invalidation if it was this
+        owner's (not an entry bound to another owner that shares the store)."""
+        if entry.bound is None or entry.bound() is owner:
+            self.invalidations += 1
+            store.count(self.fid, 2)
+
+    def store(
+        self,
+        store: Any,
+        key: Any,
+        owner: object,
+        deps: tuple[Any, ...],
+        value: Any,
+        info: Any = None,
+    ) -> Entry:
+        """Insert the entry of a computed ``value`` and count the miss: every miss,
+        production or debug, ends here."""
+        guard = result_guard(value) if self.guard else None
+        entry = Entry.of(value, weakref.ref(owner), deps, guard)
+        entry.info = info
+        store.insert(self.fid, self.keyed, key, entry)
+        self.misses += 1
+        store.count(self.fid, 0)
+        return entry
 
 
 def step_cached(
@@ -579,10 +439,12 @@ def step_cached(
             long as that object. Default: the first parameter (`self` of a method).
         depends_on: The owner's attributes (or the function's parameters) the value is
             computed from. An entry is reused only while each one is unchanged: a
-            tensor must be the same object with the same in-place version counter;
-            anything else must be equal and of the same type. Entries with declared
-            dependencies may be shared with copies of the owner (they are re-checked on
-            every hit); an entry with no dependencies is bound to the owner object.
+            tensor must be the same object with the same in-place version counter
+            (an inference tensor, which has no counter: the same object with the same
+            data pointer, shape, strides, dtype and device); anything else must be
+            equal and of the same type. Entries with declared dependencies may be
+            shared with copies of the owner (they are re-checked on every hit); an
+            entry with no dependencies is bound to the owner object.
         expect: A [`TensorSpec`][stepcache.TensorSpec], or for a tuple result a tuple
             of them (`None` skips an item), checked whenever a value is stored (and on
             every hit in debug mode); a violation raises

@@ -1,16 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Dependency fingerprints: what an entry remembers of each input it was computed from.
+"""Dependency fingerprints: what an entry remembers of each input, and the one rule
+(:data:`MATCH`) that says whether an input still matches it.
 
-Production fingerprints are what the hit path compares, so they are cheap:
+A fingerprint is a pair ``(o, v)``:
 
-* a tensor: the object itself and its in-place version counter (``_version``). In-place
-  ops, ``resize_`` and ``set_`` bump the counter; a changed shape, dtype or device on the
-  same object is only possible through such an op or through ``.data =``, which debug
-  mode's deep fingerprint catches;
-* a scalar (int, float, bool, str, None, dtype, device, enum, tuples of those): its value
-  and type;
-* a list, dict or set of scalars: a snapshot of its contents;
-* anything else (numpy arrays, objects): the object's identity.
+* a tensor: the object itself and its *tag*, :func:`tag`: the in-place version
+  counter (``_version``), which in-place ops, ``resize_`` and ``set_`` bump. An
+  *inference tensor* (made under ``torch.inference_mode()``, as every tensor a vLLM
+  step makes) has no version counter: its tag is a `Meta`, its data pointer, shape,
+  strides, dtype and device. Reassigning it always recomputes (another object); an
+  in-place write to it is not seen in production (debug mode's deep fingerprint sees
+  it in small CPU tensors);
+* a scalar (int, float, bool, str, None, dtype, device, enum, tuples of those): its
+  value, with `VAL`;
+* a list, dict or set of scalars: a snapshot of its contents, with `SNAP`;
+* anything else (numpy arrays, objects): the object, with `ID`.
 
 Deep fingerprints (debug mode) add shape, dtype, data pointer and, for small CPU
 tensors and numpy arrays, the contents.
@@ -19,6 +23,7 @@ tensors and numpy arrays, the contents.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from typing import Any, Final
 
 import numpy as np
@@ -26,15 +31,20 @@ import torch
 
 __all__ = [
     "ID",
+    "MATCH",
     "SNAP",
     "VAL",
-    "VALUE_CLASSES",
+    "Meta",
     "content_probe",
     "deep",
     "deep_unchanged",
     "describe",
     "fingerprint",
+    "matches",
+    "result_guard",
     "snapshot",
+    "tag",
+    "tensors",
 ]
 
 
@@ -54,6 +64,33 @@ VAL: Final = _Kind("VAL")
 ID: Final = _Kind("ID")
 #: compared by a snapshot of the contents
 SNAP: Final = _Kind("SNAP")
+
+
+class Meta(tuple):  # type: ignore[type-arg]
+    """The tag of an inference tensor: (data pointer, shape, strides, dtype, device)."""
+
+    __slots__ = ()
+
+
+def tag(t: torch.Tensor) -> int | Meta:
+    """What identifies the state of tensor ``t``: its version counter, or, for an
+    inference tensor (which has none), its `Meta`."""
+    if t.is_inference():
+        return Meta((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device))
+    return t._version
+
+
+#: The one rule: does input ``{x}`` still match the fingerprint ``({o}, {v})``? The
+#: same object whose version is unchanged (or, without a counter, whose `Meta` is); an
+#: equal value of the same type; an equal snapshot. Source text, so that each
+#: decorated function's hit inlines it (`stepcache._entry.condition`); the slow paths
+#: call :func:`matches`, compiled from the same text.
+MATCH: Final = (
+    "({x} is {o} and ({x}._version == {v} if {v}.__class__ is int"
+    " else {v}.__class__ is not _sc_Meta or _sc_tag({x}) == {v}))"
+    " or ({v} is _sc_VAL and {x}.__class__ is {o}.__class__ and {x} == {o})"
+    " or ({v} is _sc_SNAP and _sc_snapshot({x}) == {o})"
+)
 
 _SCALARS = (
     int,
@@ -95,20 +132,18 @@ def snapshot(x: Any) -> Any:
 
 
 #: exact classes compared by value, answered without the general tests below
-VALUE_CLASSES: Final = frozenset(
+_VALUE_CLASSES: Final = frozenset(
     {int, float, bool, str, bytes, type(None), torch.dtype, torch.device}
 )
 
 
 def fingerprint(x: Any) -> tuple[Any, Any]:
-    """``(obj, kind_or_version)`` as stored in an entry for one dependency."""
+    """``(o, v)`` as an entry stores it for one dependency (see the module doc)."""
     cls = x.__class__
-    if cls is torch.Tensor:
-        return x, x._version
-    if cls in VALUE_CLASSES:
+    if cls in _VALUE_CLASSES:
         return x, VAL
     if isinstance(x, torch.Tensor):
-        return x, x._version
+        return x, tag(x)
     if _is_value(x):
         return x, VAL
     snap = snapshot(x)
@@ -117,23 +152,82 @@ def fingerprint(x: Any) -> tuple[Any, Any]:
     return x, ID
 
 
-def matches(x: Any, o: Any, v: Any) -> bool:
-    """The hit path's comparison, as a function (the generated code inlines it)."""
-    if x is o and (v.__class__ is not int or x._version == v):
-        return True
-    if v is VAL:
-        return bool(x.__class__ is o.__class__ and x == o)
-    if v is SNAP:
-        return bool(snapshot(x) == o)
-    return False
+#: the globals :data:`MATCH` reads (``_sc_`` names: a parameter cannot shadow them)
+MATCH_GLOBALS: Final = {
+    "_sc_Meta": Meta,
+    "_sc_tag": tag,
+    "_sc_VAL": VAL,
+    "_sc_SNAP": SNAP,
+    "_sc_snapshot": snapshot,
+}
+_ns: dict[str, Any] = dict(MATCH_GLOBALS)
+exec(f"def matches(x, o, v):\n    return {MATCH.format(x='x', o='o', v='v')}\n", _ns)
+matches = _ns["matches"]
+matches.__doc__ = """Whether ``x`` still matches the fingerprint ``(o, v)`` (:data:`MATCH`).
+
+>>> t = torch.zeros(2)
+>>> o, v = fingerprint(t)
+>>> matches(t, o, v), t.add_(1) is t, matches(t, o, v)
+(True, True, False)
+>>> with torch.inference_mode():
+...     i = torch.zeros(2)
+>>> o, v = fingerprint(i)
+>>> matches(i, o, v), matches(i.clone(), o, v)
+(True, False)
+"""
+
+
+def tensors(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in ``value`` (itself, or inside tuples, lists and dict values).
+
+    >>> [t.tolist() for t in tensors((torch.tensor([1]), [torch.tensor([2])], "x"))]
+    [[1], [2]]
+    """
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from tensors(v)
+
+
+class _Tags:
+    """The tags of several tensors (or of one inference tensor), read together as one
+    ``_version``, so that a hit compares any result's guard as ``g._version == v``."""
+
+    __slots__ = ("tensors",)
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        self.tensors = tensors
+
+    @property
+    def _version(self) -> tuple[int | Meta, ...]:
+        return tuple([tag(t) for t in self.tensors])
+
+
+def result_guard(value: Any) -> tuple[Any, Any]:
+    """``(g, v)``: ``g._version == v`` until a tensor of ``value`` is written in place.
+
+    >>> a, b = torch.zeros(2), torch.zeros(2)
+    >>> g, v = result_guard((a, [b]))
+    >>> b.add_(1) is b, g._version == v
+    (True, False)
+    """
+    found = tuple(tensors(value))
+    if len(found) == 1 and not found[0].is_inference():
+        return found[0], found[0]._version
+    several = _Tags(found)
+    return several, several._version
 
 
 def deep(x: Any) -> Any:
     """A deep, comparable fingerprint for debug mode.
 
-    For a tensor it adds what the production fingerprint (identity and version) cannot
-    see: the data pointer, shape and dtype (a ``.data =`` swap) and, for small CPU
-    tensors, the contents (a write through ``.numpy()`` or ``data_ptr()``).
+    For a tensor it adds what the production fingerprint cannot see: the data pointer,
+    shape and dtype (a ``.data =`` swap) and, for small CPU tensors, the contents (a
+    write through ``.numpy()`` or ``data_ptr()``, or any write to an inference tensor).
     """
     if isinstance(x, torch.Tensor):
         content: Any = None
@@ -176,10 +270,6 @@ def deep_unchanged(
 ) -> bool:
     """``deep(x) == before``, reading as little as possible when nothing changed.
 
-    A tensor whose data pointer, shape and dtype are unchanged is still the small CPU
-    tensor (or not) it was, so only its contents are read again: through ``probe``
-    (from :func:`content_probe` when ``before`` was taken) if given.
-
     >>> t = torch.tensor([1, 2])
     >>> before, probe = deep(t), content_probe(t)
     >>> deep_unchanged(t, before, probe)
@@ -209,9 +299,14 @@ def deep_unchanged(
 def describe(x: Any) -> str:
     """A short human description of a dependency value, for error messages."""
     if isinstance(x, torch.Tensor):
+        state = (
+            "inference tensor"
+            if x.is_inference()
+            else f"version={x._version}"  # the counter, where there is one
+        )
         text = (
             f"tensor(shape={list(x.shape)}, dtype={x.dtype}, device={x.device}, "
-            f"version={x._version}, id=0x{id(x):x}"
+            f"{state}, id=0x{id(x):x}"
         )
         if x.device.type == "cpu" and x.numel() <= 16:
             text += f", values={x.tolist()}"

@@ -7,8 +7,8 @@ from collections.abc import Iterator, Mapping
 
 import attrs
 
-from stepcache._registry import all_functions
 from stepcache._sizes import nbytes
+from stepcache._state import all_functions
 from stepcache._store import live_caches
 
 __all__ = ["FunctionStats", "StatsTable", "reset_stats", "stats"]
@@ -199,7 +199,7 @@ def stats(*, include_idle: bool = False) -> StatsTable:
         for fid, entry in store.entries():
             acc = live.setdefault(fid, [0, 0])
             acc[0] += 1
-            acc[1] += nbytes(entry[0])
+            acc[1] += nbytes(entry.value)
     rows = []
     for fn in all_functions():
         entries, size = live.get(fn.fid, (0, 0))

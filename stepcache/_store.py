@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
+from stepcache._entry import ABSENT, Entry
 from stepcache._errors import StaleCacheError, StepCacheError
-from stepcache._registry import name_of
 from stepcache._sizes import nbytes
-from stepcache._tables import EMPTY_ENTRIES
+from stepcache._state import name_of
 
 __all__ = [
     "ATTR",
@@ -24,6 +24,8 @@ __all__ = [
     "cache_of",
     "dataclass_cache_field",
     "live_caches",
+    "register",
+    "store_for",
 ]
 
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
@@ -39,10 +41,7 @@ _tracking = False
 _tracking_lock = threading.Lock()
 _side: dict[int, tuple[weakref.ref[Any], StepCache]] = {}
 _attach_lock = threading.Lock()
-_object_setattr = object.__setattr__
 _UNSET = object()
-# _write() stores the attribute by this literal name
-assert ATTR == "_stepcache"
 
 
 class StepCache:
@@ -85,14 +84,15 @@ class StepCache:
         "_attached",
         "_closed",
         "_counts",
-        "_e",
         "_kept",
         "_owner_ref",
+        "table",
     )
 
     def __init__(self, owner: object | None = None) -> None:
-        #: function id -> entry (unkeyed functions) or {key: entry} (keyed functions)
-        self._e: dict[int, Any] = {}
+        #: function id -> entry (unkeyed functions) or {key: entry} (keyed functions);
+        #: what a hit reads, and what only this module writes
+        self.table: dict[int, Any] = {}
         self._owner_ref: weakref.ref[Any] | None = None
         if owner is not None:
             try:
@@ -118,7 +118,9 @@ class StepCache:
         return self._closed
 
     def __len__(self) -> int:
-        return sum(len(v) if isinstance(v, dict) else 1 for v in list(self._e.values()))
+        return sum(
+            len(v) if isinstance(v, dict) else 1 for v in list(self.table.values())
+        )
 
     def keep_alive(self, obj: Any) -> None:
         """Hold a reference to ``obj`` until the step ends (close, or the owner goes).
@@ -137,14 +139,14 @@ class StepCache:
 
     def clear(self) -> None:
         """Drop every entry (and kept object); the store stays open for the same owner."""
-        self._e = {}
+        self.table = {}
         self._kept = None
 
     def close(self) -> None:
         """End the step: drop every entry and refuse any later use."""
         # the flag first: a miss that inserts meanwhile sees it and empties the store
         self._closed = True
-        self._e = {}
+        self.table = {}
         self._kept = None
         # values handed out in debug mode check this flag themselves when read
 
@@ -173,7 +175,7 @@ class StepCache:
                 },
             )
             row["entries"] += 1
-            row["bytes"] += nbytes(entry[0])
+            row["bytes"] += nbytes(entry.value)
         return out
 
     def __copy__(self) -> StepCache:
@@ -207,9 +209,31 @@ class StepCache:
             counts = self._counts[fid] = [0, 0, 0]
         counts[which] += 1
 
-    def entries(self) -> Iterator[tuple[int, Any]]:
+    def lookup(self, fid: int, keyed: bool, key: Any) -> Entry | None:
+        """The entry of function ``fid`` (and ``key``, if it is keyed), or ``None``."""
+        slot = self.table.get(fid)
+        if keyed and slot is not None:
+            found: Entry | None = slot.get(key)
+            return found
+        return slot
+
+    def insert(self, fid: int, keyed: bool, key: Any, entry: Entry) -> None:
+        # No lock: each write is one dict operation, and a store closed meanwhile, by
+        # another thread, is emptied again.
+        if keyed:
+            self.table.setdefault(fid, {})[key] = entry
+        else:
+            self.table[fid] = entry
+        if self._closed:
+            self.clear()
+
+    def keys(self, fid: int) -> list[Any]:
+        """The keys of a keyed function's entries."""
+        return list(self.table.get(fid) or ())
+
+    def entries(self) -> Iterator[tuple[int, Entry]]:
         """Yield (function id, entry) pairs of the live entries."""
-        for fid, slot in list(self._e.items()):
+        for fid, slot in list(self.table.items()):
             if isinstance(slot, dict):
                 for entry in list(slot.values()):
                     yield fid, entry
@@ -217,13 +241,35 @@ class StepCache:
                 yield fid, slot
 
 
-#: What a hit reads for an owner that has no store yet: no entries, and none can be
-#: added. It is the class attribute ``_stepcache`` of the owners' classes (see
-#: `_place`), so that the hit's plain attribute read finds it instead of raising. A
-#: ``SimpleNamespace``, not a class of our own: CPython specializes an instance
-#: attribute read only when a same-named class attribute is of an immutable (builtin)
-#: type, and the hit reads ``owner._stepcache`` on every call.
-NO_STORE = SimpleNamespace(_e=EMPTY_ENTRIES)
+class _Placeholder(dict[Any, Any]):
+    """A read-only dict: the placeholder store's table, and a keyed function's slot
+    in it, whose every key finds `ABSENT`."""
+
+    __slots__ = ()
+
+    def __missing__(self, key: Any) -> Entry:
+        return ABSENT
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("the placeholder store is read-only: it never holds an entry")
+
+    __setitem__ = __delitem__ = setdefault = update = pop = clear = _read_only
+
+
+_EMPTY_SLOT = _Placeholder()
+#: What a hit reads for an owner that has no store yet: the class attribute
+#: ``_stepcache`` of the owners' classes (see `_place`), so that the hit's plain
+#: attribute read and subscripts find `ABSENT` instead of raising (a caught exception
+#: is the slowest part of a step's first call). Every decorated function is in its
+#: table (`register`), so no lookup calls ``__missing__``. A ``SimpleNamespace``:
+#: CPython specializes an instance attribute read only when a same-named class
+#: attribute is of a builtin type.
+NO_STORE = SimpleNamespace(table=_Placeholder())
+
+
+def register(fid: int, keyed: bool) -> None:
+    """Give the placeholder store's table the entry of a new decorated function."""
+    dict.__setitem__(NO_STORE.table, fid, _EMPTY_SLOT if keyed else ABSENT)
 
 
 def _weak(owner: object) -> weakref.ref[Any]:
@@ -256,24 +302,18 @@ def _read(owner: object) -> StepCache | None:
     return store if isinstance(store, StepCache) else None
 
 
-def _write(owner: object, store: StepCache, placed: bool = False) -> None:
+def _write(owner: object, store: StepCache) -> None:
     """Keep ``store`` in ``owner`` (its attributes, its declared slot, or the side
-    table), and give the owner's class the placeholder unless it is known to have it
-    (``placed``)."""
+    table), and give the owner's class the placeholder."""
     cls = type(owner)
     try:
-        if cls.__setattr__ is _object_setattr:
-            # a plain attribute store: cheaper than calling object.__setattr__ (a
-            # C wrapper costs microseconds with the caches cold, at a step's first call)
-            owner._stepcache = store  # type: ignore[attr-defined]
-        else:
-            # past the class's __setattr__ (a frozen dataclass's, say): the store is
-            # not a field
-            object.__setattr__(owner, ATTR, store)
+        # past the class's __setattr__ (a frozen dataclass's, say): the store is
+        # not a field
+        object.__setattr__(owner, ATTR, store)
     except (AttributeError, TypeError):
         pass  # slotted without a slot for it, or a class: the side table
     else:
-        if not placed:
+        if cls.__dict__.get(ATTR, _UNSET) is not NO_STORE:
             _place(cls)
         return
     key = id(owner)
@@ -295,59 +335,36 @@ class _SideDropper:
             del _side[self.key]
 
 
-def store_for(owner: object, found: object = _UNSET) -> StepCache:
-    """The owner's own open store, created on first use.
+def store_for(owner: object) -> StepCache:
+    """The owner's own open store, created on first use: every store is found (or
+    made) here.
 
-    ``found`` is what the owner's store attribute read, if the caller (the generated
-    miss) has read it: it is not read again. A store carried over by ``copy.copy``
-    belongs to the original: the copy gets a fresh store, seeded with the entries that
-    declare dependencies (the hit path re-checks those on every use, so sharing them
-    is safe); entries bound to the original are not carried.
+    A store carried over by ``copy.copy`` belongs to the original: the copy gets a
+    fresh store, seeded with the entries that declare dependencies (a hit re-checks
+    those on every use, so sharing them is safe); entries bound to the original are
+    not carried.
 
-    No lock is taken (a lock's first use in a step costs microseconds with cold
-    caches): two threads making the first call on one owner at once may each create a
-    store, and the one written last stays (the other's entries are computed again on
-    their next use).
+    No lock is taken: two threads making the first call on one owner at once may each
+    create a store, and the one written last stays (the other's entries are computed
+    again on their next use).
     """
-    if found is _UNSET or _side:  # a slotted owner's store may be in the side table
-        store = _read(owner)
-    else:
-        store = found if isinstance(found, StepCache) else None
+    store = _read(owner)
     if store is not None and store.belongs_to(owner):
         if store._closed:
             raise _closed_error(owner)
         return store
-    fresh = new_store(owner, placed=found is NO_STORE)
+    fresh = StepCache(owner)
+    _write(owner, fresh)
     if store is not None and not store._closed:
         _seed(fresh, store)
     return fresh
 
 
-def new_store(owner: object, placed: bool = True) -> StepCache:
-    """A new open store, kept in ``owner`` (see `_write`).
-
-    Every store made for an owner is made here. The generated miss calls it directly
-    at a step's first call on a new metadata object, whose store attribute read the
-    placeholder (``placed``: its class keeps its stores in its instances' attributes,
-    and has the placeholder) when no store lives in the side table; `store_for` calls
-    it otherwise. Skipping `store_for()` there saves 2-4 us with the caches cold, as
-    they are at that call (11-12 us instead of 14-16, measured side by side).
-    """
-    store = StepCache(owner)
-    _write(owner, store, placed)
-    return store
-
-
 def _place(cls: type) -> None:
-    """Make the placeholder store the class attribute ``_stepcache`` of ``cls``, whose
-    instances keep their stores in their own attributes.
-
-    A hit reads ``owner._stepcache`` and subscripts its entries: on a new owner of such
-    a class the read finds the placeholder, whose lookups find nothing, where it would
-    otherwise raise ``AttributeError`` (costly with cold CPU caches, at every step's
-    first call). A class that has the attribute already (a declared slot, a field's
-    default, a base class's placeholder) or refuses class attributes is left as it is.
-    """
+    """Make `NO_STORE` the class attribute ``_stepcache`` of ``cls``, whose instances
+    keep their stores in their own attributes. A class that has the attribute already
+    (a declared slot, a field's default, a base class's placeholder) or refuses class
+    attributes is left as it is."""
     if getattr(cls, ATTR, _UNSET) is _UNSET:
         # a builtin type, or a metaclass's __setattr__, may refuse
         with contextlib.suppress(Exception):
@@ -359,13 +376,13 @@ def _seed(fresh: StepCache, carried: StepCache) -> None:
     original's) that declare dependencies, and its kept objects."""
     if carried._kept is not None:
         fresh._kept = list(carried._kept)
-    for fid, slot in list(carried._e.items()):
+    for fid, slot in list(carried.table.items()):
         if isinstance(slot, dict):
-            shared = {k: e for k, e in list(slot.items()) if e[1] is None}
+            shared = {k: e for k, e in list(slot.items()) if e.bound is None}
             if shared:
-                fresh._e[fid] = shared
-        elif slot[1] is None:
-            fresh._e[fid] = slot
+                fresh.table[fid] = shared
+        elif slot.bound is None:
+            fresh.table[fid] = slot
 
 
 def _closed_error(owner: object) -> StaleCacheError:

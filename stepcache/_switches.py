@@ -1,10 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Process-wide switches: ``disabled`` and the debug mode.
 
-A switch is applied when it is flipped, not tested on every call: each decorated
-function has two code objects, the fast one (production) and the switched one (disabled
-or debug), and flipping a switch swaps ``__code__`` on every decorated function. The hit
-path therefore pays nothing for either feature.
+The hit path tests one flag, ``_state.SLOW[0]``, which is true while any switch is
+on; every call then takes the slow path, which reads the switches themselves.
 
 Like attrs' ``set_disabled``, these switches are global and not thread-local: flipping
 one while other threads call decorated functions affects them too.
@@ -16,8 +14,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from stepcache import _envs
-from stepcache._registry import all_functions
+from stepcache import _envs, _state
 
 __all__ = [
     "debug",
@@ -25,28 +22,15 @@ __all__ = [
     "get_debug",
     "get_disabled",
     "set_debug",
-    "code_name",
     "set_disabled",
 ]
 
 _lock = threading.RLock()
-_disabled: bool = _envs.STEPCACHE_DISABLE
-_debug: str = _envs.STEPCACHE_DEBUG
-
-
-def code_name() -> str:
-    """Which code decorated functions run now: ``fast`` (production), ``checks``
-    (debug checks: the fast lookup, then the checks) or ``switched`` (disabled, verify:
-    the general slow path)."""
-    if _disabled or _debug == "verify":
-        return "switched"
-    return "checks" if _debug == "checks" else "fast"
 
 
 def _apply() -> None:
-    which = code_name()
-    for fn in all_functions():
-        fn.use_code(which)
+    disabled_now, mode = _state.switches
+    _state.SLOW[0] = disabled_now or mode != "off"
 
 
 def set_disabled(value: bool) -> None:
@@ -68,11 +52,10 @@ def set_disabled(value: bool) -> None:
         >>> stepcache.get_disabled()
         False
     """
-    global _disabled
     if not isinstance(value, bool):
         raise TypeError(f"set_disabled() takes a bool (got {value!r})")
     with _lock:
-        _disabled = value
+        _state.switches[0] = value
         _apply()
 
 
@@ -88,7 +71,7 @@ def get_disabled() -> bool:
         ...     stepcache.get_disabled()
         True
     """
-    return _disabled
+    return bool(_state.switches[0])
 
 
 @contextlib.contextmanager
@@ -118,7 +101,7 @@ def disabled() -> Iterator[None]:
         2
     """
     with _lock:
-        before = _disabled
+        before = get_disabled()
         set_disabled(True)
     try:
         yield
@@ -145,13 +128,12 @@ def set_debug(mode: str) -> None:
         'checks'
         >>> stepcache.set_debug("off")
     """
-    global _debug
     if mode not in _envs.DEBUG_MODES:
         raise ValueError(
             f"debug mode must be one of {_envs.DEBUG_MODES} (got {mode!r})"
         )
     with _lock:
-        _debug = mode
+        _state.switches[1] = mode
         _apply()
 
 
@@ -164,7 +146,7 @@ def get_debug() -> str:
         ...     stepcache.get_debug()
         'checks'
     """
-    return _debug
+    return str(_state.switches[1])
 
 
 @contextlib.contextmanager
@@ -181,7 +163,7 @@ def debug(mode: str = "checks") -> Iterator[None]:
         'verify'
     """
     with _lock:
-        before = _debug
+        before = get_debug()
         set_debug(mode)
     try:
         yield

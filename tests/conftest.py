@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shared fixtures: every test starts with stepcache's switches off and counters zero."""
+"""Shared fixtures: every test starts with stepcache's switches off and counters zero;
+`step_mode` runs a test as written and again inside ``torch.inference_mode()``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+import torch
 
 import stepcache
 
@@ -18,3 +20,28 @@ def _clean_switches() -> Iterator[None]:
     yield
     stepcache.set_disabled(False)
     stepcache.set_debug("off")
+
+
+@pytest.fixture(params=["eager", "inference"])
+def step_mode(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The test runs twice: as written, and inside ``torch.inference_mode()``, as
+    every vLLM step runs (the tensors made there are inference tensors, which have no
+    version counter). The core's and debug mode's tests use it for every test."""
+    if request.param == "eager":
+        yield "eager"
+        return
+    with torch.inference_mode():
+        yield "inference"
+
+
+def _persistent(t: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode(False):
+        return t.clone()
+
+
+@pytest.fixture
+def persistent() -> Callable[[torch.Tensor], torch.Tensor]:
+    """A copy of a tensor made outside inference mode: what vLLM's persistent buffers
+    are (allocated at start-up), and so what its in-place writes bump the version
+    counter of."""
+    return _persistent

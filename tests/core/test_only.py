@@ -98,7 +98,7 @@ def test_a_cached_kind_with_an_unhashable_key_part_is_a_typed_error() -> None:
 
 
 def test_a_second_kind_a_copy_and_a_closed_store_miss_as_they_should() -> None:
-    # an only= function looks its key up with get() (see _codegen): a key its store
+    # an only= function looks its key up with get() (see stepcache._hit): a key its store
     # does not hold, a copy's foreign store and a closed store all reach the miss
     import copy
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 import stepcache
@@ -18,8 +20,11 @@ class Meta:
         return torch.zeros(10, dtype=torch.int32)
 
 
-def test_counts_hits_misses_invalidations_and_bytes() -> None:
+def test_counts_hits_misses_invalidations_and_bytes(
+    persistent: Callable[[torch.Tensor], torch.Tensor],
+) -> None:
     m = Meta()
+    m.qsl = persistent(m.qsl)  # written in place below: a persistent buffer
     m.index()
     m.index()
     m.qsl.add_(1)  # in place: the entry is invalidated

@@ -39,18 +39,6 @@ def test_disabled_calls_straight_through_and_counts_bypasses() -> None:
     assert (row.misses, row.bypasses, row.hits) == (1, 3, 1)
 
 
-def test_switch_swaps_the_code_object() -> None:
-    fn = Meta.value
-    fast = fn.__code__
-    stepcache.set_disabled(True)
-    assert fn.__code__ is not fast
-    stepcache.set_disabled(False)
-    assert fn.__code__ is fast
-    with stepcache.debug("checks"):
-        assert fn.__code__ is not fast
-    assert fn.__code__ is fast
-
-
 def test_functions_decorated_while_disabled_start_switched() -> None:
     with stepcache.disabled():
 

@@ -59,9 +59,9 @@ def test_one_owner_from_many_threads_is_never_corrupted() -> None:
     assert _in_threads(works) == []
     store = stepcache.cache_of(owner)
     assert len(store) == 16
-    assert sorted(k for _, (_, k) in ((f, e[0]) for f, e in store.entries())) == list(
-        range(16)
-    )
+    assert sorted(
+        k for _, (_, k) in ((f, e.value) for f, e in store.entries())
+    ) == list(range(16))
 
 
 def test_first_calls_on_fresh_owners_from_many_threads() -> None:
@@ -72,4 +72,4 @@ def test_first_calls_on_fresh_owners_from_many_threads() -> None:
     assert _in_threads(works) == []
     for owner in owners:
         store = stepcache.cache_of(owner)
-        assert sorted(e[0][1] for _, e in store.entries()) == [0, 1, 2, 3]
+        assert sorted(e.value[1] for _, e in store.entries()) == [0, 1, 2, 3]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -58,13 +59,16 @@ def make(lens: list[int], pad: int = 0) -> Meta:
     return Meta(qsl, int(qsl[-1]) + pad)
 
 
-def test_expect_is_validated_on_every_hit_in_checks_mode(checks: None) -> None:
+def test_expect_is_validated_on_every_hit_in_checks_mode(
+    checks: None, persistent: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
     md = make([2, 2])
-    buf = torch.zeros(8, dtype=torch.int32)
+    buf = persistent(torch.zeros(8, dtype=torch.int32))
     md.index(buf)
     cached = stepcache.cache_of(md)
     ((_, entry),) = list(cached.entries())
-    entry[0].data = torch.zeros(4, dtype=torch.int64)  # dtype changed behind our back
+    with torch.inference_mode(False):  # dtype changed behind our back
+        entry.value.data = torch.zeros(4, dtype=torch.int64)
     with pytest.raises(
         CacheValidationError,
         match=r"on a hit.*dtype mismatch. expected torch.int32, actual torch.int64",

@@ -1,0 +1,124 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A cached value and what it was computed from (`Entry`), and the rule that says
+whether it still holds: :func:`condition`, written once as source text.
+
+Each decorated function's hit inlines :func:`condition` (`stepcache._hit`); every
+other path calls `Entry.matches`, compiled from the same text.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any, Final
+
+from stepcache._fingerprint import MATCH, MATCH_GLOBALS, fingerprint
+
+__all__ = ["ABSENT", "CONDITION_GLOBALS", "Entry", "condition"]
+
+#: an entry without dependencies serves only the owner that computed it
+_BOUND: Final = "{e}.bound() is {owner}"
+#: a guarded result (``guard_result=True``) is still as it was stored
+_GUARD: Final = "{e}.guard._version == {e}.gtag"
+
+
+def condition(
+    e: str, owner: str, deps: Sequence[str], guard: bool, prefix: str = "_sc_x"
+) -> tuple[list[str], str]:
+    """Source of the test that entry ``e`` serves a call: assignments of the
+    dependency expressions ``deps`` to locals, and the condition over them.
+
+    >>> lines, test = condition("e", "md", ["md.qsl"], guard=False)
+    >>> lines
+    ['_sc_x0 = md.qsl', '_sc_xd = e.deps']
+    >>> test.startswith("((_sc_x0 is _sc_xd[0] and")
+    True
+    """
+    lines = [f"{prefix}{i} = {expr}" for i, expr in enumerate(deps)]
+    if deps:
+        lines.append(f"{prefix}d = {e}.deps")
+    parts = [] if deps else [_BOUND.format(e=e, owner=owner)]
+    for i in range(len(deps)):
+        o, v = f"{prefix}d[{2 * i}]", f"{prefix}d[{2 * i + 1}]"
+        parts.append("(" + MATCH.format(x=f"{prefix}{i}", o=o, v=v) + ")")
+    if guard:
+        parts.append(_GUARD.format(e=e))
+    return lines, " and ".join(parts)
+
+
+#: the names :func:`condition`'s source reads
+CONDITION_GLOBALS: Final = dict(MATCH_GLOBALS)
+
+
+class Entry:
+    """One cached value: ``value``; ``bound``, a weak reference to the owner that
+    computed it (entries without dependencies serve only that owner) or ``None``;
+    ``deps``, the fingerprints of its dependencies, flat (``o0, v0, o1, v1, ...``);
+    ``guard``/``gtag``, the result's guard (``guard_result``) or ``None``; ``info``,
+    what debug mode recorded (or ``None``)."""
+
+    __slots__ = ("bound", "deps", "gtag", "guard", "info", "value")
+
+    def __init__(
+        self,
+        value: Any,
+        bound: weakref.ref[Any] | None,
+        deps: tuple[Any, ...],
+        guard: Any = None,
+        gtag: Any = None,
+        info: Any = None,
+    ) -> None:
+        self.value = value
+        self.bound = bound
+        self.deps = deps
+        self.guard = guard
+        self.gtag = gtag
+        self.info = info
+
+    @classmethod
+    def of(
+        cls,
+        value: Any,
+        owner_ref: weakref.ref[Any],
+        deps: Sequence[Any],
+        guard: tuple[Any, Any] | None,
+    ) -> Entry:
+        """The entry of ``value`` computed from ``deps``, for the owner ``owner_ref``
+        refers to."""
+        flat: list[Any] = []
+        for x in deps:
+            flat += fingerprint(x)
+        g, gtag = guard if guard is not None else (None, None)
+        return cls(value, None if deps else owner_ref, tuple(flat), g, gtag)
+
+    def matches(self, owner: object, xs: Sequence[Any]) -> bool:
+        """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``
+        (the test a hit inlines, :func:`condition`)."""
+        return bool(_matches[len(xs), self.guard is not None](self, owner, *xs))
+
+
+_matches: dict[tuple[int, bool], Any] = {}
+
+
+def _compile(n: int, guard: bool) -> Any:
+    names = [f"x{i}" for i in range(n)]
+    lines, test = condition("e", "owner", names, guard, prefix="x")
+    ns = dict(CONDITION_GLOBALS)
+    body = "".join(f" {line}\n" for line in lines[len(names) :])
+    args = "".join(x + ", " for x in names)
+    exec(f"def m(e, owner, {args}):\n{body} return {test}\n", ns)
+    return ns["m"]
+
+
+class _Compiled(dict[tuple[int, bool], Any]):
+    def __missing__(self, key: tuple[int, bool]) -> Any:
+        self[key] = _compile(*key)
+        return self[key]
+
+
+_matches = _Compiled()
+
+_NOTHING = object()
+#: The entry a hit finds where there is none (see `stepcache._store.NO_STORE`): it
+#: fails every :func:`condition` without raising.
+ABSENT: Final = Entry(None, type(None), (_NOTHING, _NOTHING), _NOTHING, _NOTHING)  # type: ignore[arg-type]

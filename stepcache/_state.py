@@ -1,0 +1,97 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The core's shared state, a leaf module: `BYPASS`, the switches and the registry."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Final
+
+from stepcache import _envs
+
+if TYPE_CHECKING:
+    from stepcache._decorator import CachedFunction
+
+__all__ = ["BYPASS", "SLOW", "all_functions", "name_of", "new_id", "register"]
+
+
+class _Bypass:
+    """The key that means "compute, don't cache"."""
+
+    _instance: _Bypass | None = None
+
+    def __new__(cls) -> _Bypass:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "stepcache.BYPASS"
+
+    def __reduce__(self) -> str:
+        return "BYPASS"
+
+
+#: Returned by a key function: compute the value and do not cache it.
+BYPASS: Final = _Bypass()
+"""Returned by a key function: compute the value and do not cache it.
+
+A call whose key is `BYPASS` runs the function every time and counts as a *bypass* in
+[`stats()`][stepcache.stats]. Use it for the calls whose value must not be shared:
+DeepSeek V4's C4A layers read their own top-k indices, so their sparse indices are
+built per layer, while the SWA-only and C128A layers share one build per step.
+
+Examples:
+    >>> import stepcache
+    >>> def kind_or_bypass(md, kind):
+    ...     return stepcache.BYPASS if kind == "c4a" else kind
+    >>> @stepcache.step_cached(key=kind_or_bypass, owner="md", name="ex.sparse")
+    ... def sparse_index(md, kind):
+    ...     print("building", kind)
+    ...     return kind.upper()
+    >>> class SWAMetadata: pass
+    >>> md = SWAMetadata()
+    >>> sparse_index(md, "c128a")
+    building c128a
+    'C128A'
+    >>> sparse_index(md, "c128a")
+    'C128A'
+    >>> sparse_index(md, "c4a")
+    building c4a
+    'C4A'
+    >>> sparse_index(md, "c4a")
+    building c4a
+    'C4A'
+    >>> stepcache.stats()["ex.sparse"].bypasses
+    2
+"""
+
+#: ``[disabled, debug mode]``, set by `stepcache._switches`
+switches: list[Any] = [_envs.STEPCACHE_DISABLE, _envs.STEPCACHE_DEBUG]
+#: ``SLOW[0]``: a switch is on, so every call takes the slow path. The hit path reads
+#: this one flag (a list item: one subscript of a global, the cheapest mutable read).
+SLOW: list[bool] = [switches[0] or switches[1] != "off"]
+
+_ids = itertools.count(1)
+_by_id: weakref.WeakValueDictionary[int, CachedFunction] = weakref.WeakValueDictionary()
+_lock = threading.Lock()
+
+
+def new_id() -> int:
+    return next(_ids)
+
+
+def register(fn: CachedFunction) -> None:
+    with _lock:
+        _by_id[fn.fid] = fn
+
+
+def all_functions() -> list[CachedFunction]:
+    with _lock:
+        return sorted(_by_id.values(), key=lambda f: f.fid)
+
+
+def name_of(fid: int) -> str:
+    fn = _by_id.get(fid)
+    return fn.name if fn is not None else f"<function #{fid}>"
