@@ -122,7 +122,7 @@ class CachedFunction:
             tuple(self.only),
         )
         self.label = f"<stepcache {self.name} #{self.fid}>"
-        wrapper = compile_hit(
+        wrapper, self._hits = compile_hit(
             hit,
             getattr(fn, "__name__", "wrapper"),
             self.label,
@@ -137,7 +137,6 @@ class CachedFunction:
                 **only_sets,
             },
         )
-        self._ns: dict[str, Any] = wrapper.__globals__
         functools.update_wrapper(wrapper, fn)
         wrapper.__stepcache__ = self
         self.wrapper = wrapper
@@ -241,15 +240,15 @@ class CachedFunction:
     # -- counters -----------------------------------------------------------------------
     @property
     def hits(self) -> int:
-        return int(self._ns["_sc_HITS"])
+        return self._hits(0)
 
     def count_hit(self) -> None:
         # like the hit path's own increment: statistics, not atomic across threads
-        self._ns["_sc_HITS"] += 1
+        self._hits(1)
 
     def reset_counts(self) -> None:
         with self.lock:
-            self._ns["_sc_HITS"] = 0
+            self._hits(None)
             self.misses = self.bypasses = self.invalidations = 0
 
     # -- the pieces of a call -----------------------------------------------------------

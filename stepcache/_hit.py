@@ -5,7 +5,7 @@ Specialise instead of branch: the hit is written once, at decoration time, for t
 function's own signature, owner, key and dependencies, so a hit tests no option
 (cachetools picks a wrapper per option the same way; attrs writes ``__init__``).
 It answers a hit and hands every other call to ``_sc_CALL``, the function's slow
-path. Its values are named globals of its own namespace (``_sc_`` names, which no
+path. The values it reads are named cells of a closure (``_sc_`` names, which no
 parameter may have), and its source is registered in `linecache`, so tracebacks and
 pdb show it.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 import linecache
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stepcache._entry import CONDITION_GLOBALS, condition
@@ -82,11 +82,12 @@ def _call(params: Sequence[inspect.Parameter]) -> str:
     return ", ".join(parts)
 
 
-def source(hit: Hit, fname: str) -> str:
-    """The hit's source: a function named ``fname`` with the decorated signature."""
+def source(hit: Hit, fname: str, cells: Sequence[str]) -> str:
+    """The hit's source: ``_sc_make(cells...)``, which returns a function named
+    ``fname`` with the decorated signature, and its hit counter."""
     params, owner = hit.params, hit.owner
     packed = "(" + "".join(p.name + ", " for p in params) + ")"
-    out = [f"def {fname}({_signature(params)}):", "    global _sc_HITS"]
+    out = [f"def {fname}({_signature(params)}):", "    nonlocal _sc_HITS"]
     add = out.append
     add("    if _sc_SLOW[0]:")
     add(f"        return _sc_CALL({packed})")
@@ -135,14 +136,27 @@ def source(hit: Hit, fname: str) -> str:
     add("    except Exception:")
     add("        pass")
     add(f"    return {miss}")
-    return "\n".join(out) + "\n"
+    # the values the hit reads are cells of a closure: cheaper than globals to read,
+    # and the hit count cheaper to write
+    return (
+        f"def _sc_make({', '.join(cells)}):\n    _sc_HITS = 0\n"
+        + "".join(f"    {line}\n" for line in out)
+        + "    def _sc_hits(add):\n        nonlocal _sc_HITS\n"
+        + "        _sc_HITS = 0 if add is None else _sc_HITS + add\n"
+        + "        return _sc_HITS\n"
+        + f"    return {fname}, _sc_hits\n"
+    )
 
 
-def compile_hit(hit: Hit, fname: str, label: str, names: dict[str, Any]) -> Any:
-    """The hit function, with the globals ``names``, what the condition reads and
-    ``_sc_HITS`` (its hit count); its source is kept in `linecache` under ``label``."""
-    text = source(hit, fname if fname.isidentifier() else "wrapper")
-    ns: dict[str, Any] = {**CONDITION_GLOBALS, **names, "_sc_HITS": 0}
+def compile_hit(
+    hit: Hit, fname: str, label: str, names: dict[str, Any]
+) -> tuple[Any, Callable[[int | None], int]]:
+    """The hit function, closed over ``names``, and its hit counter (``count(n)`` adds
+    ``n``, ``count(None)`` resets; both return the count). Its source is kept in
+    `linecache` under ``label``."""
+    text = source(hit, fname if fname.isidentifier() else "wrapper", list(names))
+    ns: dict[str, Any] = dict(CONDITION_GLOBALS)
     linecache.cache[label] = (len(text), None, text.splitlines(True), label)
     exec(compile(text, label, "exec"), ns)
-    return ns[fname if fname.isidentifier() else "wrapper"]
+    made: tuple[Any, Callable[[int | None], int]] = ns["_sc_make"](**names)
+    return made
