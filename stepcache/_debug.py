@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import attrs
+import dataclasses
 import numpy as np
 import torch
 
@@ -56,7 +56,7 @@ __all__ = [
 _MAX_REPORT = 10_000
 
 
-@attrs.frozen
+@dataclasses.dataclass(frozen=True)
 class Detection:
     """One problem debug mode found.
 
@@ -87,7 +87,7 @@ class Detection:
     message: str
 
 
-@attrs.frozen
+@dataclasses.dataclass(frozen=True)
 class DebugReport:
     """Every detection of the process so far, oldest first.
 
@@ -111,9 +111,9 @@ class DebugReport:
     detections: tuple[Detection, ...]
     #: every detection since the last clear, also those past the kept maximum
     #: (the report keeps the first 10,000)
-    total: int = attrs.field(default=-1)
+    total: int = -1
 
-    def __attrs_post_init__(self) -> None:
+    def __post_init__(self) -> None:
         if self.total < 0:
             object.__setattr__(self, "total", len(self.detections))
 
@@ -212,7 +212,7 @@ def _detect(
 
 
 # -- what an entry remembers in debug mode ------------------------------------------------
-@attrs.define
+@dataclasses.dataclass
 class _Info:
     """Debug facts about one entry, stored as the entry's last element."""
 
@@ -263,7 +263,7 @@ def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
 
 
 # -- guarded values ---------------------------------------------------------------------------
-@attrs.frozen
+@dataclasses.dataclass(frozen=True)
 class _Guard:
     fn_name: str
     key: str

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import attrs
+import dataclasses
 import torch
 
 from stepcache._errors import CacheValidationError, StepCacheError
@@ -14,7 +14,7 @@ from stepcache._errors import CacheValidationError, StepCacheError
 __all__ = ["Arg", "Attr", "TensorSpec", "normalize_device", "validate"]
 
 
-@attrs.frozen
+@dataclasses.dataclass(frozen=True)
 class Arg:
     """A value taken from the decorated call's argument `name`, for a TensorSpec.
 
@@ -38,7 +38,7 @@ class Arg:
         return f"Arg({self.name!r})"
 
 
-@attrs.frozen
+@dataclasses.dataclass(frozen=True)
 class Attr:
     """A value taken from the owner's attribute `name`, for a TensorSpec.
 
@@ -108,15 +108,7 @@ def _check_dims(name: str, dims: Sequence[Dim] | None) -> tuple[Dim, ...] | None
     return out
 
 
-def _shape_dims(dims: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
-    return _check_dims("shape", dims)
-
-
-def _min_shape_dims(dims: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
-    return _check_dims("min_shape", dims)
-
-
-@attrs.frozen(repr=False)
+@dataclasses.dataclass(frozen=True, repr=False)
 class TensorSpec:
     """What a cached tensor must look like: the `expect=` of a step-cached function.
 
@@ -160,12 +152,12 @@ class TensorSpec:
     device: torch.device | str | Arg | Attr | None = None
     dtype: torch.dtype | Arg | Attr | None = None
     ndim: int | None = None
-    shape: tuple[Dim, ...] | None = attrs.field(default=None, converter=_shape_dims)
-    min_shape: tuple[Dim, ...] | None = attrs.field(
-        default=None, converter=_min_shape_dims
-    )
+    shape: tuple[Dim, ...] | None = None
+    min_shape: tuple[Dim, ...] | None = None
 
-    def __attrs_post_init__(self) -> None:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", _check_dims("shape", self.shape))
+        object.__setattr__(self, "min_shape", _check_dims("min_shape", self.min_shape))
         if isinstance(self.device, (str, torch.device)):
             torch.device(self.device)  # raises on a malformed device string
         if not (self.dtype is None or isinstance(self.dtype, (torch.dtype, Arg, Attr))):
@@ -182,7 +174,7 @@ class TensorSpec:
     def __repr__(self) -> str:
         parts = [
             f"{f.name}={getattr(self, f.name)!r}"
-            for f in attrs.fields(TensorSpec)
+            for f in dataclasses.fields(TensorSpec)
             if getattr(self, f.name) is not None
         ]
         return f"TensorSpec({', '.join(parts)})"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-import attrs
+import dataclasses
 
 from stepcache._sizes import nbytes
 from stepcache._state import all_functions
@@ -14,7 +14,7 @@ from stepcache._store import live_caches
 __all__ = ["FunctionStats", "StatsTable", "reset_stats", "stats"]
 
 
-@attrs.frozen
+@dataclasses.dataclass(frozen=True)
 class FunctionStats:
     """Counters of one decorated function across the process.
 
@@ -69,7 +69,7 @@ class FunctionStats:
 _COLUMNS = ("function", "hits", "misses", "bypasses", "invalidations", "live", "bytes")
 
 
-@attrs.frozen
+@dataclasses.dataclass(frozen=True)
 class StatsTable(Mapping[str, FunctionStats]):
     """Stats per decorated function, by name; `str()` renders a readable table.
 
