@@ -352,8 +352,9 @@ class CachedFunction:
         disabled, mode = _state.switches
         if disabled:
             return self.bypass(a)
-        if key is NO_KEY and (self.keyed or self.only):
-            key = self.key_of(a)
+        if key is NO_KEY:
+            if self.keyed or self.only:
+                key = self.key_of(a)
         elif key is not BYPASS:
             key = self.checked(key)
         if key is BYPASS:
@@ -369,18 +370,19 @@ class CachedFunction:
                 self.count_hit()
                 return entry.value
             self.stale(entry, owner, store)
-        value = self.invoke(a)
+        value = self.fn(*a) if self._simple else self.invoke(a)
         if self.expect is not None:
-            wrong = self.violation(value, a)
-            if wrong is not None:
-                raise CacheValidationError(f"{self.where(key)}{wrong}")
+            try:
+                validate(value, self.expect, self.resolver(a), "")
+            except CacheValidationError as exc:
+                raise CacheValidationError(f"{self.where(key)}{exc}") from None
         self.store(store, key, owner, deps, value)
         return value
 
     def bypass(self, a: tuple[Any, ...]) -> Any:
         """A call left out of the cache (a `BYPASS` key, only=, or caching off)."""
         self.bypasses += 1
-        return self.invoke(a)
+        return self.fn(*a) if self._simple else self.invoke(a)
 
     def stale(self, entry: Entry, owner: object, store: Any) -> None:
         """``entry`` does not serve the call: count an invalidation if it was this
@@ -401,8 +403,7 @@ class CachedFunction:
         """Insert the entry of a computed ``value`` and count the miss: every miss,
         production or debug, ends here."""
         guard = result_guard(value) if self.guard else None
-        entry = Entry.of(value, weakref.ref(owner), deps, guard)
-        entry.info = info
+        entry = Entry.of(value, weakref.ref(owner), deps, guard, info)
         store.insert(self.fid, self.keyed, key, entry)
         self.misses += 1
         store.count(self.fid, 0)

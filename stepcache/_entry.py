@@ -82,14 +82,18 @@ class Entry:
         owner_ref: weakref.ref[Any],
         deps: Sequence[Any],
         guard: tuple[Any, Any] | None,
+        info: Any = None,
     ) -> Entry:
         """The entry of ``value`` computed from ``deps``, for the owner ``owner_ref``
         refers to."""
-        flat: list[Any] = []
-        for x in deps:
-            flat += fingerprint(x)
+        if not deps:
+            flat: tuple[Any, ...] = ()
+        elif len(deps) == 1:
+            flat = fingerprint(deps[0])
+        else:
+            flat = sum(map(fingerprint, deps), ())
         g, gtag = guard if guard is not None else (None, None)
-        return cls(value, None if deps else owner_ref, tuple(flat), g, gtag)
+        return cls(value, None if deps else owner_ref, flat, g, gtag, info)
 
     def matches(self, owner: object, xs: Sequence[Any]) -> bool:
         """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``

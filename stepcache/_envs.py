@@ -12,7 +12,6 @@ __all__ = [
     "STEPCACHE_DEBUG",
     "STEPCACHE_DEBUG_GUARD",
     "STEPCACHE_DISABLE",
-    "STEPCACHE_VLLM",
     "parse_debug_mode",
 ]
 
@@ -54,5 +53,3 @@ STEPCACHE_DEBUG: str = parse_debug_mode(
 )
 #: ``STEPCACHE_DEBUG_GUARD=0``: debug mode hands out plain tensors, not guarded views.
 STEPCACHE_DEBUG_GUARD: bool = _flag("STEPCACHE_DEBUG_GUARD", True)
-#: ``STEPCACHE_VLLM=0``: the vLLM plugin applies no patch.
-STEPCACHE_VLLM: bool = _flag("STEPCACHE_VLLM", True)

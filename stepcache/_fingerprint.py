@@ -140,6 +140,8 @@ _VALUE_CLASSES: Final = frozenset(
 def fingerprint(x: Any) -> tuple[Any, Any]:
     """``(o, v)`` as an entry stores it for one dependency (see the module doc)."""
     cls = x.__class__
+    if cls is torch.Tensor:  # before isinstance(), which asks torch's metaclass
+        return x, tag(x)
     if cls in _VALUE_CLASSES:
         return x, VAL
     if isinstance(x, torch.Tensor):
@@ -183,7 +185,7 @@ def tensors(value: Any) -> Iterator[torch.Tensor]:
     >>> [t.tolist() for t in tensors((torch.tensor([1]), [torch.tensor([2])], "x"))]
     [[1], [2]]
     """
-    if isinstance(value, torch.Tensor):
+    if value.__class__ is torch.Tensor or isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (tuple, list)):
         for v in value:
@@ -215,6 +217,8 @@ def result_guard(value: Any) -> tuple[Any, Any]:
     >>> b.add_(1) is b, g._version == v
     (True, False)
     """
+    if value.__class__ is torch.Tensor and not value.is_inference():
+        return value, value._version  # the common case, without a walk
     found = tuple(tensors(value))
     if len(found) == 1 and not found[0].is_inference():
         return found[0], found[0]._version

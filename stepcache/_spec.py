@@ -191,20 +191,22 @@ def _label(ref: object) -> str:
     return ""
 
 
-def _resolve(ref: Any, resolve: Resolver) -> Any:
-    return resolve(ref) if isinstance(ref, (Arg, Attr)) else ref
+_REFS = (Arg, Attr)
+_DIMS = (("shape", True), ("min_shape", False))
 
 
-def _as_device(value: Any) -> torch.device:
-    if isinstance(value, torch.Tensor):
-        return normalize_device(value.device)
-    return normalize_device(value)
+def _is_tensor(x: Any) -> bool:
+    # the class first: isinstance() on a tensor asks torch's metaclass, a slow call
+    return x.__class__ is torch.Tensor or isinstance(x, torch.Tensor)
 
 
-def _as_int(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return int(value.shape[0])
-    return int(value)
+def _resolve(ref: Any, resolve: Resolver, attr: str) -> Any:
+    """A spec item's value: ``ref`` itself, or what it refers to, where a tensor
+    stands for its ``attr``."""
+    if ref.__class__ not in _REFS:
+        return ref
+    value = resolve(ref)
+    return getattr(value, attr) if _is_tensor(value) else value
 
 
 def validate(
@@ -239,19 +241,17 @@ def _kind(value: Any) -> str:
 def _validate_one(
     value: Any, spec: TensorSpec, resolve: Resolver, where: str, what: str
 ) -> None:
-    if not isinstance(value, torch.Tensor):
+    if not _is_tensor(value):
         raise CacheValidationError(
             f"{where}: {what} must be a torch.Tensor (got {_kind(value)})"
         )
     if spec.device is not None:
-        raw = _resolve(spec.device, resolve)
+        raw = _resolve(spec.device, resolve, "device")
         got = value.device
         # equal as given needs no normalisation; only a difference is looked at twice
         # (cuda and cuda:N of the current device are the same device)
-        if isinstance(raw, torch.Tensor):
-            raw = raw.device
-        same = got == raw if isinstance(raw, torch.device) else False
-        want = raw if same else _as_device(raw)
+        same = raw.__class__ is torch.device and got == raw
+        want = raw if same else normalize_device(raw)
         if not same and normalize_device(got) != want:
             got = normalize_device(got)
             raise CacheValidationError(
@@ -260,32 +260,34 @@ def _validate_one(
                 f"{want}, or key the cache by device."
             )
     if spec.dtype is not None:
-        want_dtype = _resolve(spec.dtype, resolve)
-        if isinstance(want_dtype, torch.Tensor):
-            want_dtype = want_dtype.dtype
+        want_dtype = _resolve(spec.dtype, resolve, "dtype")
         if value.dtype != want_dtype:
             raise CacheValidationError(
                 f"{where}: {what} dtype mismatch. expected {want_dtype}"
                 f"{_label(spec.dtype)}, actual {value.dtype}"
             )
-    if spec.ndim is not None and value.dim() != spec.ndim:
+    shape = value.shape
+    if spec.ndim is not None and len(shape) != spec.ndim:
         raise CacheValidationError(
-            f"{where}: {what} ndim mismatch. expected {spec.ndim}, actual {value.dim()} "
-            f"(shape {list(value.shape)})"
+            f"{where}: {what} ndim mismatch. expected {spec.ndim}, actual {len(shape)} "
+            f"(shape {list(shape)})"
         )
-    for dims, exact in ((spec.shape, True), (spec.min_shape, False)):
+    for dims, exact in _DIMS:
+        dims = getattr(spec, dims)
         if dims is None:
             continue
-        if len(dims) > value.dim():
+        if len(dims) > len(shape):
             raise CacheValidationError(
-                f"{where}: {what} has {value.dim()} dims (shape {list(value.shape)}), "
+                f"{where}: {what} has {len(shape)} dims (shape {list(shape)}), "
                 f"the spec describes {len(dims)}"
             )
         for i, d in enumerate(dims):
             if d is None:
                 continue
-            want_n = _as_int(_resolve(d, resolve))
-            got_n = int(value.shape[i])
+            # a tensor stands for its first dim
+            want_n = _resolve(d, resolve, "shape")
+            want_n = int(want_n[0] if want_n.__class__ is torch.Size else want_n)
+            got_n = shape[i]
             if (got_n != want_n) if exact else (got_n < want_n):
                 rel = "" if exact else "at least "
                 raise CacheValidationError(

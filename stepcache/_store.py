@@ -348,6 +348,25 @@ def store_for(owner: object) -> StepCache:
     create a store, and the one written last stays (the other's entries are computed
     again on their next use).
     """
+    try:
+        store = getattr(owner, ATTR, None)
+    except Exception:  # an odd __getattr__
+        store = None
+    # the common cases first: the owner's own open store, or its class's placeholder
+    if (
+        store.__class__ is StepCache
+        and store._owner_ref is not None
+        and store._owner_ref() is owner
+        and not store._closed
+    ):
+        return store
+    if store is NO_STORE and not _side:
+        fresh = StepCache(owner)
+        try:
+            object.__setattr__(owner, ATTR, fresh)
+            return fresh
+        except (AttributeError, TypeError):
+            pass  # the class has the placeholder, its instances no place for a store
     store = _read(owner)
     if store is not None and store.belongs_to(owner):
         if store._closed:
