@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The measured figures of README.md and docs/index.md, generated from results.json.
+
+``python -m benchmarks.run_all`` rewrites the block between :data:`START` and
+:data:`END` in both pages from the ``results.json`` it writes, and
+``tests/benchmarks/test_readme_figures.py`` checks that the committed pages hold the
+block the committed ``results.json`` gives, so the figures cannot drift from the run.
+A figure the results do not hold (a row added after the run) reads "not measured yet".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks import bench_hit
+from benchmarks._report import markdown_table
+
+__all__ = [
+    "END",
+    "START",
+    "block",
+    "current_block",
+    "replace_block",
+    "rewrite",
+    "summary_line",
+]
+
+START = "<!-- bench:start -->"
+END = "<!-- bench:end -->"
+NOT_MEASURED = "not measured yet"
+#: where the plugin's real-engine benchmark (issue 20, ``benchmarks/bench_engine.py``)
+#: leaves its results, relative to the docs folder
+ENGINE_RESULTS = "benchmarks/engine.json"
+
+# (row of bench_hit, what the README calls it)
+_CALLS = [
+    (
+        bench_hit.RIX,
+        "request index, stepcache hit: re-checks 2 tensors, 1 int and "
+        "its result's version counter, returns the stored tensor",
+    ),
+    (
+        bench_hit.RIX_SEED,
+        "request index, stock vLLM's method (the seeds' hand-written "
+        "hit): 3 asserts + a new slice each call",
+    ),
+    (
+        bench_hit.RIX_KEPT,
+        "request index, a hand-written cache that keeps its slice: "
+        "returns it, checks nothing",
+    ),
+    (bench_hit.KEY, "stepcache hit, key of one argument, no dependency (`return k`)"),
+    (bench_hit.LRU, "`functools.lru_cache` hit, the same method"),
+    (
+        bench_hit.KEY_DISABLED,
+        "the same stepcache method under `stepcache.disabled()` "
+        "(calls through every time)",
+    ),
+    (bench_hit.PLAIN, "the same method, undecorated"),
+]
+# (measured row, baseline row, what the README calls the ratio)
+_RATIOS = [
+    (
+        bench_hit.RIX,
+        bench_hit.RIX_SEED,
+        "request index: stepcache hit / stock vLLM's method (3 asserts + new slice)",
+    ),
+    (
+        bench_hit.RIX,
+        bench_hit.RIX_KEPT,
+        "request index: stepcache hit / hand-written cache that keeps its slice",
+    ),
+    (bench_hit.KEY, bench_hit.LRU, "keyed stepcache hit / `functools.lru_cache` hit"),
+    (
+        bench_hit.KEY_DISABLED,
+        bench_hit.PLAIN,
+        "a call in disabled mode / the undecorated method",
+    ),
+]
+
+
+def summary_line(raw: dict[str, Any], docs: str) -> str:
+    """When, on what code, how and where the numbers were measured."""
+    source = raw.get("source") or {}
+    commit = source.get("commit")
+    if commit is None:
+        code = "at a commit the run did not record"
+    else:
+        paths = source.get("dirty_paths") or []
+        dirty = (
+            f", with uncommitted changes in {len(paths)} path(s)"
+            if source.get("dirty")
+            else ", no uncommitted changes"
+        )
+        code = f"at commit `{commit[:12]}`{dirty}"
+    machine = raw.get("machine")
+    if machine:
+        where = (
+            f"{machine['cpu']}, {machine['cores']} cores "
+            f"({machine['cores_usable']} usable), {machine['memory_gib']} GiB, "
+            f"Python {machine['python']}, torch {machine['torch']} "
+            f"({machine['torch_threads']} thread(s))"
+        )
+    else:
+        where = raw.get("environment", "an unrecorded machine")
+    return (
+        f"Measured with `{raw['command']}` on {raw['date']} {code}; {where}. "
+        f"Every table: [benchmarks]({docs}benchmarks.md); the raw numbers, with the "
+        f"commit and the machine: [results.json]({docs}benchmarks/results.json)."
+    )
+
+
+def block(raw: dict[str, Any], docs: str, *, engine: bool = False) -> str:
+    """The Markdown between the markers, from ``results.json`` as loaded.
+
+    ``docs`` is the path from the page to the docs folder (``"docs/"`` from the
+    README, ``""`` from docs/index.md); ``engine`` says whether the real-engine
+    results (:data:`ENGINE_RESULTS`) exist.
+    """
+    hit = raw.get("hit", {})
+    ns = hit.get("ns_per_call", {})
+    ratios = {
+        (r["measured"], r["baseline"]): r["ratio"]
+        for r in [*hit.get("goals", []), *hit.get("comparisons", [])]
+    }
+    calls = [
+        [name, f"{ns[row]['median_ns']:.0f}" if row in ns else NOT_MEASURED]
+        for row, name in _CALLS
+    ]
+    rows = [
+        [name, f"{ratios[m, b]:.2f}x" if (m, b) in ratios else NOT_MEASURED]
+        for m, b, name in _RATIOS
+    ]
+    dsv4 = raw.get("dsv4", {}).get("points", [])
+    if dsv4:
+        step = [p["paired_ratios"]["stepcache/hand-written"] for p in dsv4]
+        rows.append(
+            [
+                f"DSv4 step simulation (CPU, no engine), metadata build: stepcache / "
+                f"the seeds' hand-written caches, over {len(dsv4)} batch sizes and "
+                "layer counts",
+                f"{min(step):.3f}x-{max(step):.3f}x",
+            ]
+        )
+    rows.append(
+        [
+            "real vLLM engine, tokens/s: plugin on / off",
+            f"[engine results]({docs}{ENGINE_RESULTS})" if engine else NOT_MEASURED,
+        ]
+    )
+    return "\n".join(
+        [
+            START,
+            "<!-- generated by `python -m benchmarks.run_all` from "
+            "docs/benchmarks/results.json; do not edit by hand -->",
+            summary_line(raw, docs),
+            "",
+            markdown_table(["one call (median over the runs)", "ns"], calls, "lr"),
+            "",
+            markdown_table(
+                ["ratio (median over the processes)", "measured"], rows, "lr"
+            ),
+            END,
+        ]
+    )
+
+
+def replace_block(text: str, new_block: str) -> str:
+    """``text`` with its block between the markers replaced by ``new_block``."""
+    start, end = text.find(START), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"no {START} ... {END} block to replace")
+    return text[:start] + new_block + text[end + len(END) :]
+
+
+def current_block(text: str) -> str:
+    """The block between the markers of ``text``, markers included."""
+    start, end = text.find(START), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"no {START} ... {END} block")
+    return text[start : end + len(END)]
+
+
+def rewrite(page: Path, raw: dict[str, Any], docs: str, *, engine: bool) -> None:
+    """Replace the block in the page at ``page`` with the one ``raw`` gives."""
+    page.write_text(replace_block(page.read_text(), block(raw, docs, engine=engine)))
