@@ -104,8 +104,9 @@ def page(
     worst: GoalResult = max(dsv4.goals, key=lambda g: g.ratio)
     worst_point = dsv4.points[dsv4.goals.index(worst)]
     dsv4_goal = (
-        f"| DSv4 step: stepcache / hand-written build time (median of the per-round "
-        f"ratios), worst of "
+        f"| DSv4 step simulation, metadata build time: stepcache (its request index "
+        f"and decorated sparse-index builder) / the seeds' hand-written caches (a slot "
+        f"and a dict, checked inline); median of the per-round ratios, worst of "
         f"{len(dsv4.points)} points ({worst_point.tokens} tokens, "
         f"{worst_point.layers} layers) | {worst.ratio:.3f}x | <= {worst.goal.limit}x | "
         f"{'yes' if dsv4.goal_met else '**no**'} "

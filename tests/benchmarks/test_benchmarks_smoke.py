@@ -276,6 +276,7 @@ def test_gpu_results_replace_the_pages_gpu_section(tmp_path: Path) -> None:
     bench_gpu.write(_fake_gpu_data(), tmp_path)
     text = page.read_text()
     assert "Measured on Fake GPU, 2026-01-01 00:00 UTC" in text
+    assert "at commit" not in text  # the fake run recorded none
     assert "not been measured" not in text and text.endswith("## After\n")
     assert (tmp_path / "benchmarks" / "gpu.json").exists()
 
@@ -304,6 +305,10 @@ def test_gpu_point_code_path_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None
     assert all(p.h2d == 0 and p.kernels == 6 for p in points)  # no CUDA copies on CPU
     data = {**_fake_gpu_data(), "points": [p.to_dict() for p in points]}
     assert bench_gpu.render(data).count("| 3 | 4 |") == 3
+    data["source"] = {"commit": "a" * 40, "dirty": True, "dirty_paths": ["x"]}
+    assert "at commit `aaaaaaaaaaaa`, with uncommitted changes." in bench_gpu.render(
+        data
+    )
 
 
 def test_stages_time_every_builder_and_layer() -> None:
