@@ -351,13 +351,22 @@ def vllm_section(plans: Sequence[StepPlan], out: TextIO = sys.stderr) -> dict[st
     logging.getLogger("vllm.stepcache").setLevel(logging.WARNING)
     try:
         import vllm.v1.attention.backend as backend
+        import vllm.v1.attention.backends.mla.sparse_swa  # noqa: F401  (the trigger)
     except Exception as exc:  # vLLM installed but broken on this machine
         return {"skipped": f"vLLM does not import here: {type(exc).__name__}: {exc}"}
     from ._vllm_metadata import INDEX_NAME
 
     registered_here = plugin.status().get(INDEX_NAME) != "applied"
     if registered_here:
-        plugin.register()
+        saved = os.environ.get(plugin.ENV)
+        os.environ[plugin.ENV] = "1"  # the plugin is opt-in: the demo opts in
+        try:
+            plugin.register()
+        finally:
+            if saved is None:
+                del os.environ[plugin.ENV]
+            else:
+                os.environ[plugin.ENV] = saved
     try:
         state = plugin.status().get(INDEX_NAME, "missing")
         if state != "applied":
@@ -366,6 +375,13 @@ def vllm_section(plans: Sequence[StepPlan], out: TextIO = sys.stderr) -> dict[st
     finally:
         if registered_here:
             plugin.unregister()
+
+
+def plugin_vllm() -> tuple[str, str] | None:
+    """The installed vLLM's distribution and version (see the plugin)."""
+    from . import vllm as plugin
+
+    return plugin.installed_vllm()
 
 
 def _vllm_run(cls: Any, plans: Sequence[StepPlan], out: TextIO) -> dict[str, Any]:
@@ -410,10 +426,10 @@ def _vllm_run(cls: Any, plans: Sequence[StepPlan], out: TextIO) -> dict[str, Any
             f"vLLM request index, {plan.tokens:>5} tokens",
             final=i + 1 == len(plans),
         )
-    import importlib.metadata
 
+    found = plugin_vllm()
     return {
-        "vllm_version": importlib.metadata.version("vllm"),
+        "vllm_version": f"{found[0]} {found[1]}" if found else "unknown",
         "step_ms": {v: _summary_ms(ns) for v, ns in step_ns.items()},
         "ratio": statistics.median(step_ns["uncached"])
         / statistics.median(step_ns["stepcache"]),
