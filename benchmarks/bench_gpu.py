@@ -340,7 +340,12 @@ NOT_MEASURED = (
     "buffers and reports per step the host-to-device copies issued for the request\n"
     "index (uncached: one per consumer; stepcache: one), the kernel launches and the\n"
     "build time, writes them to `docs/benchmarks/gpu.json` with the date and the GPU's\n"
-    "name, and puts the table here."
+    "name, and puts the table here.\n"
+    "\n"
+    "The CUDA tests (`tests/cuda`, run by `scripts/gpu_check.sh`: pinned staging, a\n"
+    "copy that does not block the host, CUDA-graph capture and replay) have no\n"
+    "recorded GPU run either: no GPU was available. CUDA-graph safety is tested on the\n"
+    "CPU only (see [Limits](limits.md))."
 )
 
 
