@@ -41,6 +41,7 @@ from ._vllm_patch import (
     REQUIRED,
     SkipPatch,
     Undo,
+    counters,
     expect_dataclass_fields,
     expect_function,
     marked,
@@ -196,6 +197,7 @@ def token_to_req_indices_verified(self: Any, buffer: torch.Tensor) -> torch.Tens
 def copy_sharing_store(self: Any) -> Any:
     """A shallow copy (as ``copy.copy`` makes one) that shares the original's step
     cache: entries whose dependencies are the same objects on both are reused."""
+    counters.count(COPY_NAME, "copies")
     cls: Any = type(self)
     new = cls.__new__(cls)
     new.__dict__.update(self.__dict__)
