@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Final
@@ -217,25 +216,28 @@ def verify_against_stock(name: str, ours: object, stock: object) -> None:
 # -- counters --------------------------------------------------------------------------
 class Counters:
     """Per-patch event counts of this process (hits, misses, verified calls...), for
-    the patches whose cache is vLLM's own (not in :func:`stepcache.stats`)."""
+    the patches whose cache is vLLM's own (not in :func:`stepcache.stats`).
+
+    Diagnostics, counted without a lock (a patched call should not take one): two
+    threads counting the same event at once may lose one count.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: dict[str, dict[str, int]] = {}
+        self._counts: dict[tuple[str, str], int] = {}
 
     def count(self, name: str, event: str) -> None:
-        # no allocation can run a weakref callback that takes this lock: none does
-        with self._lock:
-            row = self._counts.setdefault(name, {})
-            row[event] = row.get(event, 0) + 1
+        key = (name, event)
+        counts = self._counts
+        counts[key] = counts.get(key, 0) + 1
 
     def to_dict(self) -> dict[str, dict[str, int]]:
-        with self._lock:
-            return {name: dict(row) for name, row in self._counts.items()}
+        out: dict[str, dict[str, int]] = {}
+        for (name, event), n in list(self._counts.items()):
+            out.setdefault(name, {})[event] = n
+        return out
 
     def reset(self) -> None:
-        with self._lock:
-            self._counts.clear()
+        self._counts.clear()
 
 
 counters = Counters()

@@ -104,6 +104,69 @@ def count_steps(worker: Any) -> int:
     return os.getpid()
 
 
+#: What the probe counts: functions vLLM's builders call, cached by the plugin or not.
+PROBED = {
+    "split_decodes_and_prefills": "vllm.v1.attention.backends.utils",
+    "CommonAttentionMetadata.compute_num_computed_tokens": "vllm.v1.attention.backend",
+    "CommonAttentionMetadata.token_to_req_indices": "vllm.v1.attention.backend",
+    "_get_c128_boundary": "vllm.models.deepseek_v4.compressor",
+}
+
+
+def install_probe(worker: Any) -> int:
+    """Count, per engine step, the calls of each :data:`PROBED` function and how many
+    repeat one made earlier in the step with the same metadata object and arguments
+    (what a per-step cache could at best have answered). Wraps whatever is installed
+    (stock vLLM's function or the plugin's) in every vLLM module that bound it."""
+    import sys
+    from types import ModuleType
+
+    probe: dict[str, dict[str, int]] = {n: {"calls": 0, "repeats": 0} for n in PROBED}
+    seen: set[tuple[Any, ...]] = set()
+    worker._stepcache_probe = probe
+    runner = worker.model_runner
+    inner_step = runner.execute_model
+
+    def execute_model(*args: Any, **kwargs: Any) -> Any:
+        seen.clear()  # a new step
+        worker._stepcache_steps = getattr(worker, "_stepcache_steps", 0) + 1
+        return inner_step(*args, **kwargs)
+
+    runner.execute_model = execute_model
+
+    def wrap(name: str, fn: Any) -> Any:
+        def probed(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            row = probe[name]
+            row["calls"] += 1
+            key = (name, id(obj), args, tuple(sorted(kwargs.items())))
+            if key in seen:
+                row["repeats"] += 1
+            seen.add(key)
+            return fn(obj, *args, **kwargs)
+
+        return probed
+
+    for name, module_name in PROBED.items():
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        owner_name, _, attr = name.rpartition(".")
+        if owner_name:
+            cls = getattr(module, owner_name)
+            setattr(cls, attr, wrap(name, getattr(cls, attr)))
+            continue
+        original = getattr(module, attr)
+        wrapped = wrap(name, original)
+        for mod in list(sys.modules.values()):
+            if isinstance(mod, ModuleType) and mod.__dict__.get(attr) is original:
+                setattr(mod, attr, wrapped)
+    return os.getpid()
+
+
+def read_probe(worker: Any) -> Any:
+    return getattr(worker, "_stepcache_probe", None)
+
+
 def reset_counts(worker: Any = None) -> int:
     import stepcache
     from stepcache.integrations import vllm as plugin
@@ -128,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--timed", type=int, default=0, help="timed generate() calls after the first"
+    )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="count calls and in-step repeats of the functions in PROBED",
     )
     args = parser.parse_args(argv)
 
@@ -179,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         temperature=0, ignore_eos=True, detokenize=False, max_tokens=MAX_TOKENS
     )
     prompts: Any = [{"prompt_token_ids": p} for p in PROMPTS]
-    llm.collective_rpc(count_steps)
+    llm.collective_rpc(install_probe if args.probe else count_steps)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     first = llm.collective_rpc(worker_report)
@@ -200,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         "frontend": worker_report(),
         "workers": first,
         "timed_workers": llm.collective_rpc(worker_report) if args.timed else None,
+        "probe": llm.collective_rpc(read_probe) if args.probe else None,
         "tokens": tokens,
         "generated_tokens": sum(len(t) for t in tokens),
         "init_s": init_s,
