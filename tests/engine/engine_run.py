@@ -193,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         "--timed", type=int, default=0, help="timed generate() calls after the first"
     )
     parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="let vLLM capture CUDA graphs (enforce_eager off; for a GPU run)",
+    )
+    parser.add_argument(
         "--probe",
         action="store_true",
         help="count calls and in-step repeats of the functions in PROBED",
@@ -231,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         "seed": 0,
     }
     kwargs.update(config.get("_engine", {}))  # what this model needs on this CPU
+    if args.cuda_graphs:
+        kwargs["enforce_eager"] = False
+        kwargs["gpu_memory_utilization"] = 0.3
     if not args.multiprocess:
         kwargs["distributed_executor_backend"] = "uni"
     if args.spec:
@@ -263,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "architecture": config["architectures"][0],
         "spec": args.spec,
+        "cuda_graphs": args.cuda_graphs,
         "multiprocess": args.multiprocess,
         "env_mode": os.environ.get("STEPCACHE_VLLM"),
         "frontend": worker_report(),
