@@ -210,7 +210,7 @@ def test_a_dependency_changed_by_another_thread_is_never_served_stale(
     def writer() -> None:
         try:
             g = 0
-            while g < 1000 or not turns.enough():
+            while g < 300 or not turns.enough():
                 g += 1
                 turns.mark(0)
                 if change == "reassigned":
@@ -218,6 +218,7 @@ def test_a_dependency_changed_by_another_thread_is_never_served_stale(
                 else:
                     owner.qsl[1] = g
                 published[0] = g
+                _release_the_gil()  # as the engine thread's own work would
         finally:
             done.set()
 
@@ -232,6 +233,6 @@ def test_a_dependency_changed_by_another_thread_is_never_served_stale(
         return body
 
     _in_threads([writer, reader(1), reader(2)], turns)
-    assert owner.generation() == published[0] >= 1000
-    row = stepcache.stats()["Meta.generation"]
-    assert row.hits > 0 and row.invalidations > 0  # both paths ran under contention
+    assert owner.generation() == published[0] >= 300
+    # the readers' calls found the qsl changed under them, again and again
+    assert stepcache.stats()["Meta.generation"].invalidations >= 20
