@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -227,6 +228,7 @@ def tokens_per_s(processes: int, timed: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for model in THROUGHPUT_MODELS:
         rates: dict[str, list[float]] = {"off": [], "on": []}
+        cpu_rates: dict[str, list[float]] = {"off": [], "on": []}
         for i in range(processes):
             order = ("off", "on") if i % 2 == 0 else ("on", "off")
             for side in order:
@@ -239,8 +241,15 @@ def tokens_per_s(processes: int, timed: int) -> dict[str, Any]:
                     model, "1" if side == "on" else "0", "--timed", str(timed)
                 )
                 rates[side].append(run["generated_tokens"] / min(run["timed_s"]))
+                cpu_rates[side].append(
+                    run["generated_tokens"] / min(run["timed_cpu_s"])
+                )
         off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+        cpu_off = statistics.median(cpu_rates["off"])
+        cpu_on = statistics.median(cpu_rates["on"])
         out[model] = {
+            "tokens_per_cpu_s": cpu_rates,
+            "cpu_on_over_off": cpu_on / cpu_off,
             "tokens_per_s": rates,
             "median_off": off,
             "median_on": on,
@@ -256,7 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--timed", type=int, default=5)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--sections",
+        default="repeats,per_call,tokens_per_s",
+        help="which sections to run (the others are kept from --out, if there)",
+    )
     args = parser.parse_args(argv)
+    sections = set(args.sections.split(","))
     engine_version = subprocess.run(
         [
             _engine_python(),
@@ -266,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         capture_output=True,
         text=True,
     ).stdout.strip()
-    results = {
+    results: dict[str, Any] = {
         "command": "python -m benchmarks.bench_engine "
         + " ".join(argv or sys.argv[1:]),
         "source": source_state(),
@@ -278,10 +293,24 @@ def main(argv: list[str] | None = None) -> int:
             "VLLM_CPU_KVCACHE_SPACE=1, one process (uni executor); llama with "
             "ngram speculation (3 tokens)",
         },
-        "repeats": repeats(),
-        "per_call": per_call(),
-        "tokens_per_s": tokens_per_s(args.processes, args.timed),
     }
+    old = json.loads(args.out.read_text()) if args.out.exists() else {}
+
+    def throughput() -> dict[str, Any]:
+        return tokens_per_s(args.processes, args.timed)
+
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "repeats": repeats,
+        "per_call": per_call,
+        "tokens_per_s": throughput,
+    }
+    for name, section in runners.items():
+        if name in sections:
+            results[name] = section()
+            results[name]["_source"] = results["source"]
+            results[name]["_load_average_after"] = os.getloadavg()
+        elif name in old:
+            results[name] = old[name]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print(f"bench_engine: wrote {args.out}", file=sys.stderr)
