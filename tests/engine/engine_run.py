@@ -167,6 +167,18 @@ def read_probe(worker: Any) -> Any:
     return getattr(worker, "_stepcache_probe", None)
 
 
+def set_plugin(worker: Any, on: bool) -> str:
+    """Register (``STEPCACHE_VLLM=1``) or unregister the plugin in this process."""
+    from stepcache.integrations import vllm as plugin
+
+    if on:
+        os.environ["STEPCACHE_VLLM"] = "1"
+        plugin.register()
+    else:
+        plugin.unregister()
+    return plugin.active_mode()
+
+
 def reset_counts(worker: Any = None) -> int:
     import stepcache
     from stepcache.integrations import vllm as plugin
@@ -191,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--timed", type=int, default=0, help="timed generate() calls after the first"
+    )
+    parser.add_argument(
+        "--ab",
+        type=int,
+        default=0,
+        help="rounds of generate() with the plugin off then on (or on then off), "
+        "switched in the same process (one process: no between-process spread)",
     )
     parser.add_argument(
         "--cuda-graphs",
@@ -271,7 +290,18 @@ def main(argv: list[str] | None = None) -> int:
         timed_cpu.append(time.process_time() - start_cpu)
         if [list(o.outputs[0].token_ids) for o in again] != tokens:
             raise SystemExit("engine_run: a timed generate() gave other tokens")
+    ab: dict[str, list[float]] = {"off": [], "on": []}
+    for i in range(args.ab + 1 if args.ab else 0):  # round 0 warms up, unrecorded
+        for side in ("off", "on") if i % 2 == 0 else ("on", "off"):
+            llm.collective_rpc(set_plugin, args=(side == "on",))
+            start = time.perf_counter()
+            again = llm.generate(prompts, params, use_tqdm=False)
+            if i > 0:
+                ab[side].append(time.perf_counter() - start)
+            if [list(o.outputs[0].token_ids) for o in again] != tokens:
+                raise SystemExit(f"engine_run: plugin {side} gave other tokens")
     result = {
+        "ab_s": ab if args.ab else None,
         "model": args.model,
         "architecture": config["architectures"][0],
         "spec": args.spec,
