@@ -657,9 +657,11 @@ def _print_engine(en: dict[str, Any], p: Any, note: Any) -> None:
     p(f"  plugin counters (worker): {w['counters'] or 'none'}")
     p(f"  stepcache.stats (worker): {w['stats'] or 'empty (no cached function ran)'}")
     rate = en["tokens_per_s"]
-    p(
-        f"  tokens/s: off {rate['off']:.0f}, on {rate['on']:.0f} (one process each; "
-        "bench_engine compares several)"
+    p(f"  tokens/s: off {rate['off']:.0f}, on {rate['on']:.0f}")
+    note(
+        "One process each: fresh processes differ in speed by up to 20x on a shared "
+        "machine, so these two are no comparison; benchmarks/bench_engine.py "
+        "switches the plugin within one process, over several (docs/integrations.md)."
     )
 
 

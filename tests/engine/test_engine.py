@@ -94,3 +94,19 @@ def test_the_plugin_registers_in_every_process(engine: Runs) -> None:
     assert core, "no engine core process in the log"
     assert int(core[0]) in registered
     assert len(registered) >= 2
+
+
+def test_the_demos_engine_part(engine: Runs) -> None:
+    """``python -m stepcache demo``'s last part: the engine, plugin off vs on."""
+    from stepcache.integrations import demo
+
+    res = demo.engine_section()
+    assert "skipped" not in res, res
+    assert res["same_tokens"] is True
+    assert res["generated_tokens"] == 6 * 24
+    assert res["worker"]["mode"] == "on" and res["worker_off_mode"] == "off"
+    assert "vllm.CommonAttentionMetadata.__copy__" in res["worker"]["applied"]
+    assert (
+        res["worker"]["counters"]["vllm.CommonAttentionMetadata.__copy__"]["copies"]
+        == res["worker"]["steps"]
+    )
