@@ -434,3 +434,28 @@ def test_the_origin_of_an_index_lives_on_the_index_no_lock_no_callback(
     worker.start()
     worker.join(timeout=60)
     assert not worker.is_alive(), "a collection while remembering an origin hung"
+
+
+def test_every_patch_runs_on_inference_tensors_as_a_step_makes_them(
+    plugin: ModuleType, make_metadata: Callable[..., Metadata]
+) -> None:
+    """vLLM's steps run under ``torch.inference_mode()``: tensors made in the step have
+    no version counter. The patched calls give stock's values on them, and a layout
+    made of inference tensors is never answered from vLLM's field."""
+    from vllm.models.deepseek_v4 import compressor
+
+    with torch.inference_mode():
+        cam = make_metadata([3, 1, 2], pad_to=8, context=130)
+        assert cam.query_start_loc.is_inference()
+        groups = [copy.copy(cam) for _ in range(3)]
+        rows = [
+            g.token_to_req_indices(torch.zeros(16, dtype=torch.int32)) for g in groups
+        ]
+        assert all(r.tolist() == [0, 0, 0, 1, 2, 2, 0, 0] for r in rows)
+        assert compressor._get_c128_boundary(cam) is True
+        # the draft loop: the same object, one token per request, new tensors
+        cam.query_start_loc = torch.arange(4, dtype=torch.int32)
+        cam.query_start_loc_cpu = torch.arange(4, dtype=torch.int32)
+        cam.num_actual_tokens = 3
+        again = cam.token_to_req_indices(torch.zeros(16, dtype=torch.int32))
+        assert again.tolist() == [0, 1, 2]
