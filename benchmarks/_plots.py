@@ -32,7 +32,7 @@ def _save(fig: Any, path: Path) -> Path:
 def plot_hits(results: HitResults, path: Path) -> Path:
     """Horizontal bars: median ns per hit, min-max as error bars."""
     rows = list(results.timings.values())[::-1]
-    fig, ax = plt.subplots(figsize=(8, 0.38 * len(rows) + 1.2))
+    fig, ax = plt.subplots(figsize=(12, 0.38 * len(rows) + 1.2))
     medians = [t.median_ns for t in rows]
     errors = [
         [t.median_ns - t.min_ns for t in rows],
@@ -46,8 +46,8 @@ def plot_hits(results: HitResults, path: Path) -> Path:
     ]
     ax.barh([t.label for t in rows], medians, xerr=errors, color=colors, capsize=2)
     ax.set_xscale("log")
-    ax.set_xlabel("ns per hit (median, min-max; log scale)")
-    ax.set_title("Cache hit cost")
+    ax.set_xlabel("ns per call (median, min-max; log scale)")
+    ax.set_title("Cost of one call: cache hits, disabled mode, no cache")
     ax.tick_params(axis="y", labelsize=8)
     return _save(fig, path)
 

@@ -1,10 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The seeds' hand-written request-index cache (vLLM PR 47474), as a baseline.
+"""Two hand-written request-index caches, as baselines for the benchmarks.
 
-Written from the PR report in ``shared/seeds``: a ``_token_to_req_indices_cache`` slot
-on the step metadata; the first call computes the index with numpy and copies it into
-the caller's buffer, every later call checks the cached tensor with three asserts and
-returns a slice of it. On the CPU the pinned staging copy of the PR is a plain copy.
+:class:`SeedMetadata` is the seeds' cache (vLLM PR 47474), written from the PR report
+in ``shared/seeds``: a ``_token_to_req_indices_cache`` slot on the step metadata; the
+first call computes the index with numpy and copies it into the caller's buffer, every
+later call checks the cached tensor with three asserts and returns a new slice of it.
+Its hit branch is the one stock vLLM 0.33 ships
+(``CommonAttentionMetadata.token_to_req_indices`` in ``vllm/v1/attention/backend.py``,
+checked by ``tests/benchmarks``); its miss differs (on the CPU the PR's pinned staging
+copy is a plain copy; vLLM 0.33 computes on the device).
+
+:class:`KeptSliceMetadata` is the cheapest correct-looking cache of the same value: it
+keeps the slice it returned and hands it back, checking nothing. It is not in any
+seed; it is the floor a cache that stores its result can reach in Python.
 """
 
 from __future__ import annotations
@@ -14,7 +22,12 @@ import dataclasses
 import numpy as np
 import torch
 
-__all__ = ["SeedMetadata", "seed_token_to_req_indices"]
+__all__ = [
+    "KeptSliceMetadata",
+    "SeedMetadata",
+    "kept_slice_token_to_req_indices",
+    "seed_token_to_req_indices",
+]
 
 
 def seed_token_to_req_indices(self: SeedMetadata, buffer: torch.Tensor) -> torch.Tensor:
@@ -50,3 +63,22 @@ class SeedMetadata:
     _token_to_req_indices_cache: torch.Tensor | None = None
 
     token_to_req_indices = seed_token_to_req_indices
+
+
+def kept_slice_token_to_req_indices(
+    self: KeptSliceMetadata, buffer: torch.Tensor
+) -> torch.Tensor:
+    """The seed's miss, then the slice it returned, kept: a hit checks nothing."""
+    kept = self._kept_slice
+    if kept is None:
+        kept = self._kept_slice = seed_token_to_req_indices(self, buffer)
+    return kept
+
+
+@dataclasses.dataclass
+class KeptSliceMetadata(SeedMetadata):
+    """:class:`SeedMetadata` with a slot for the slice a hit hands back."""
+
+    _kept_slice: torch.Tensor | None = None
+
+    token_to_req_indices = kept_slice_token_to_req_indices

@@ -61,6 +61,72 @@ def environment() -> str:
     )
 
 
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on: CPU model, cores, memory, Python, torch."""
+    import numpy
+    import torch
+
+    return {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "arch": platform.machine(),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": f"{platform.python_version()} ({platform.python_implementation()})",
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "numpy": numpy.__version__,
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_gib() -> float | None:
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return round(pages * size / 2**30, 1)
+
+
+def source_state() -> dict[str, Any]:
+    """The code the numbers were measured on: ``git rev-parse HEAD``, and whether the
+    tree had uncommitted changes (``dirty``, with the paths ``git status`` names).
+
+    Outside a git checkout (or without git) the commit is ``None``.
+    """
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain")
+    changed = [] if status is None else [line[3:] for line in status.splitlines()]
+    return {
+        "commit": head.strip() if head else None,
+        "dirty": bool(changed) if status is not None else None,
+        "dirty_paths": changed,
+    }
+
+
 def time_stmt(
     label: str,
     stmt: str,

@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks._report import markdown_table
 from benchmarks._sim import demo, dsv4_sim
-from benchmarks._timing import Timing, progress
+from benchmarks._timing import Timing, machine, progress, source_state
 from benchmarks.bench_dsv4 import batch_layout
 
 TOKENS: tuple[int, ...] = (1, 64, 512, 4096)
@@ -268,11 +268,22 @@ def run(
             f"CUDA {torch.version.cuda}"
         ),
         "command": "python scripts/gpu_bench.py",
+        "source": source_state(),
+        "machine": machine(),
         "steps_per_run": steps,
         "repeats": repeats,
         "points": [p.to_dict() for p in points],
         "skipped_for_time": skipped,
     }
+
+
+def _at_commit(data: dict[str, Any]) -> str:
+    """`` at commit ...`` for a run that recorded its commit (older runs did not)."""
+    source = data.get("source") or {}
+    if not source.get("commit"):
+        return ""
+    dirty = ", with uncommitted changes" if source.get("dirty") else ""
+    return f", at commit `{source['commit'][:12]}`{dirty}"
 
 
 def render(data: dict[str, Any]) -> str:
@@ -307,8 +318,8 @@ def render(data: dict[str, Any]) -> str:
     ]
     text = [
         f"Measured on {data['gpu']}, {data['date']}, with `{data['command']}` "
-        f"({data['environment']}). Counts are per step; times are the median over "
-        f"{data['repeats']} runs of {data['steps_per_run']} steps.",
+        f"({data['environment']}){_at_commit(data)}. Counts are per step; times are "
+        f"the median over {data['repeats']} runs of {data['steps_per_run']} steps.",
         "",
         markdown_table(header, rows, "rrlrrrrrr"),
     ]
@@ -329,7 +340,12 @@ NOT_MEASURED = (
     "buffers and reports per step the host-to-device copies issued for the request\n"
     "index (uncached: one per consumer; stepcache: one), the kernel launches and the\n"
     "build time, writes them to `docs/benchmarks/gpu.json` with the date and the GPU's\n"
-    "name, and puts the table here."
+    "name, and puts the table here.\n"
+    "\n"
+    "The CUDA tests (`tests/cuda`, run by `scripts/gpu_check.sh`: pinned staging, a\n"
+    "copy that does not block the host, CUDA-graph capture and replay) have no\n"
+    "recorded GPU run either: no GPU was available. CUDA-graph safety is tested on the\n"
+    "CPU only (see [Limits](limits.md))."
 )
 
 

@@ -13,12 +13,18 @@ layout and string-hash seed move some rows by tens of percent for its whole life
 Two groups of rows:
 
 * the request index, DSv4's ``token_to_req_indices(buffer)``: stepcache's
-  (:mod:`stepcache.integrations.request_index`, three declared dependencies and a
-  validated result) against the seeds' hand-written hit of vLLM PR 47474 (three
-  asserts and a slice, :mod:`benchmarks._seed`);
-* a generic cached method: stepcache keyed and unkeyed, with and without a tensor
-  dependency, against ``functools.lru_cache``, ``functools.cached_property``,
-  ``cachetools.cachedmethod`` and two hand-written caches.
+  (:mod:`stepcache.integrations.request_index`: a hit re-checks two tensors and an
+  int and returns the stored tensor) against stock vLLM's method (the seeds'
+  hand-written hit of vLLM PR 47474, the same hit branch as vLLM 0.33's
+  ``CommonAttentionMetadata.token_to_req_indices``: three asserts and a new slice each
+  call, :mod:`benchmarks._seed`) and against a hand-written cache that keeps its slice
+  (returns it and checks nothing: the floor of a cache that stores the result);
+* a generic method (``return k``): stepcache keyed and unkeyed, with and without a
+  tensor dependency, in disabled mode, against the plain undecorated method,
+  ``functools.lru_cache``, ``functools.cached_property``, ``cachetools.cachedmethod``
+  and two hand-written caches.
+
+A goal has a limit set by an issue; a comparison is a ratio reported with no limit.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import torch
 
 import stepcache
 from benchmarks._report import Goal, GoalResult, goals_table, markdown_table
-from benchmarks._seed import SeedMetadata
+from benchmarks._seed import KeptSliceMetadata, SeedMetadata
 from benchmarks._sim import dsv4_sim, request_index
 from benchmarks._timing import (
     Case,
@@ -86,6 +92,9 @@ class Meta:
     def ct(self, k: int) -> int:
         return k
 
+    def plain(self, k: int) -> int:
+        return k
+
     def hand(self, k: int) -> int:
         try:
             return self._hand[k]  # type: ignore[no-any-return]
@@ -100,12 +109,26 @@ class Meta:
         return value
 
 
-# Row labels, used by the goals and the plot.
-RIX = "request index: stepcache"
-RIX_CHECKS = "request index: stepcache, checks mode"
-RIX_SEED = "request index: seeds' hand-written (3 asserts + slice)"
+# Row labels, used by the goals, the comparisons, the plot and the README's figures
+# (benchmarks._readme). Each says what the timed call does.
+RIX = (
+    "request index: stepcache hit "
+    "(re-checks 2 tensors, 1 int and its result's version; returns the stored tensor)"
+)
+RIX_CHECKS = "request index: stepcache hit, checks mode"
+RIX_SEED = (
+    "request index: stock vLLM's method "
+    "(the seeds' hand-written hit: 3 asserts + new slice each call)"
+)
+RIX_KEPT = (
+    "request index: hand-written cache that keeps its slice (returns it, no checks)"
+)
 KEY = "stepcache, key of one argument"
 KEY_CHECKS = "stepcache, key of one argument, checks mode"
+KEY_DISABLED = (
+    "stepcache, key of one argument, disabled mode (calls the function every time)"
+)
+PLAIN = "plain undecorated method (return k)"
 GETTER = "stepcache, zero-argument getter"
 LRU = "functools.lru_cache"
 CPROP = "functools.cached_property"
@@ -116,6 +139,10 @@ def _checks() -> Any:
     return stepcache.debug("checks")
 
 
+def _disabled() -> Any:
+    return stepcache.disabled()
+
+
 def cases(number: int) -> list[Case]:
     """Every row: its label, the statement timed, and how many calls per run."""
     slow = max(number // 10, 1)
@@ -123,8 +150,11 @@ def cases(number: int) -> list[Case]:
         Case(RIX, "rix(step, buf)", number),
         Case(RIX_CHECKS, "rix(step_checks, buf)", slow, _checks),
         Case(RIX_SEED, "seed.token_to_req_indices(buf)", number),
+        Case(RIX_KEPT, "kept.token_to_req_indices(buf)", number),
         Case(KEY, "m.sc_key(3)", number),
         Case(KEY_CHECKS, "m_checks.sc_key(3)", slow, _checks),
+        Case(KEY_DISABLED, "m_off.sc_key(3)", number, _disabled),
+        Case(PLAIN, "m.plain(3)", number),
         Case("stepcache, key + one tensor dependency", "m.sc_key_dep(3)", number),
         Case(GETTER, "m.sc_getter()", number),
         Case("stepcache, getter + one tensor dependency", "m.sc_getter_dep()", number),
@@ -145,9 +175,12 @@ def namespace() -> dict[str, Any]:
     lens = [3, 1, 1, 0, 2, 1, 1, 1]
     step = dsv4_sim.make_step(lens, pad_to=16)
     seed = SeedMetadata(step.query_start_loc, step.query_start_loc_cpu, 16)
+    kept = KeptSliceMetadata(step.query_start_loc, step.query_start_loc_cpu, 16)
     return {
         "m": Meta(),
         "m_checks": Meta(),
+        "m_off": Meta(),
+        "kept": kept,
         "step_checks": dsv4_sim.make_step(lens, pad_to=16),
         "rix": request_index.token_to_req_indices,
         "step": step,
@@ -163,6 +196,15 @@ GOALS = [
     Goal(KEY_CHECKS, KEY, 5.0, "issues 3, 5"),
     Goal(KEY, CT, 0.2, "issue 2"),
     Goal(GETTER, CPROP, 1.5, "issue 2"),
+]
+
+#: ratios reported with no limit (measured, baseline): what a reader needs to weigh
+#: the goals against the cheapest alternatives and against switching caching off
+COMPARISONS = [
+    (RIX, RIX_KEPT),
+    (RIX_KEPT, RIX_SEED),
+    (KEY_DISABLED, PLAIN),
+    (KEY, PLAIN),
 ]
 
 
@@ -181,6 +223,18 @@ class HitResults:
     repeats: int
     #: each goal's ratio in each process (in the order of :data:`GOALS`)
     goal_ratios: tuple[tuple[float, ...], ...]
+    #: each comparison's ratio in each process (in the order of :data:`COMPARISONS`)
+    comparison_ratios: tuple[tuple[float, ...], ...] = ()
+
+    def comparisons(self) -> list[tuple[str, str, float]]:
+        """(measured, baseline, median over the processes of the ratio) of each
+        comparison."""
+        return [
+            (measured, baseline, statistics.median(r))
+            for (measured, baseline), r in zip(
+                COMPARISONS, self.comparison_ratios, strict=True
+            )
+        ]
 
     @property
     def processes(self) -> int:
@@ -195,6 +249,17 @@ class HitResults:
             "goals": [
                 {**g.to_dict(), "ratio_per_process": list(r)}
                 for g, r in zip(self.goals, self.goal_ratios, strict=True)
+            ],
+            "comparisons": [
+                {
+                    "measured": measured,
+                    "baseline": baseline,
+                    "ratio": ratio,
+                    "ratio_per_process": list(r),
+                }
+                for (measured, baseline, ratio), r in zip(
+                    self.comparisons(), self.comparison_ratios, strict=True
+                )
             ],
         }
 
@@ -229,15 +294,17 @@ def run(number: int = 100_000, repeats: int = 21, processes: int = 1) -> HitResu
         label: Timing.of(label, [ns for runs in all_runs for ns in runs[label]])
         for label in all_runs[0]
     }
-    ratios = tuple(
-        tuple(
-            statistics.median(runs[g.measured]) / statistics.median(runs[g.baseline])
+
+    def per_process(measured: str, baseline: str) -> tuple[float, ...]:
+        return tuple(
+            statistics.median(runs[measured]) / statistics.median(runs[baseline])
             for runs in all_runs
         )
-        for g in GOALS
-    )
+
+    ratios = tuple(per_process(g.measured, g.baseline) for g in GOALS)
     goals = [g.check(statistics.median(r)) for g, r in zip(GOALS, ratios, strict=True)]
-    return HitResults(timings, goals, number, repeats, ratios)
+    compared = tuple(per_process(m, b) for m, b in COMPARISONS)
+    return HitResults(timings, goals, number, repeats, ratios, compared)
 
 
 def render(results: HitResults) -> str:
@@ -254,9 +321,16 @@ def render(results: HitResults) -> str:
         f"{g.goal.measured} / {g.goal.baseline}: {min(r):.2f}x-{max(r):.2f}x"
         for g, r in zip(results.goals, results.goal_ratios, strict=True)
     )
+    compared = [
+        [f"{measured} / {baseline}", f"{ratio:.2f}x"]
+        for measured, baseline, ratio in results.comparisons()
+    ]
     parts = [
-        markdown_table(["hit", "median ns/call", "min", "max"], rows, "lrrr"),
+        markdown_table(["call", "median ns/call", "min", "max"], rows, "lrrr"),
         goals_table(results.goals),
+        markdown_table(
+            ["comparison (ratio of medians, no goal)", "measured"], compared, "lr"
+        ),
     ]
     if results.processes > 1:
         parts.append(

@@ -23,7 +23,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks._timing import environment, progress
+from benchmarks._timing import environment, progress, source_state
 
 VARIANTS = ("uncached", "handwritten", "stepcache")
 POINTS = ((8, 4), (61, 4), (8, 1024), (61, 1024))
@@ -89,9 +89,17 @@ def main(argv: list[str] | None = None) -> None:
     if shutil.which("valgrind") is None:
         print("bench_instructions: valgrind is not installed; nothing measured")
         return
+    source = source_state()
+    code = (
+        f"commit `{source['commit'][:12]}`"
+        + (" with uncommitted changes" if source["dirty"] else "")
+        if source["commit"]
+        else "an unrecorded commit"
+    )
     lines = [
         f"`python -m benchmarks.bench_instructions --steps {args.steps}` on "
-        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; {environment()}.",
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, at {code}; "
+        f"{environment()}.",
         "Instructions per step (valgrind callgrind, the steps only, garbage collection",
         "off, a fixed hash seed and no address randomization): counts that repeat",
         "from run to run, where wall-clock times do not.",

@@ -1,13 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Run every CPU benchmark and write docs/benchmarks.md and its PNG plots.
+"""Run every CPU benchmark and write docs/benchmarks.md, its plots and README's figures.
 
 Run: ``python -m benchmarks.run_all`` (about 10 minutes on 2 cores) or
 ``python -m benchmarks.run_all --quick`` (a smoke run of a minute or so, written to
 ``build/benchmarks-quick/`` unless ``--out`` says otherwise). The page gets the
-command, the date, the environment, every table, the goals with met / not met, the
-plots (``docs/benchmarks/*.png``) and the raw numbers
-(``docs/benchmarks/results.json``). The GPU section is kept from
-``docs/benchmarks/gpu.json`` when that exists (see ``benchmarks.bench_gpu``).
+command, the date, the commit, the machine, every table, the goals with met / not
+met, the plots (``docs/benchmarks/*.png``) and the raw numbers
+(``docs/benchmarks/results.json``: the same, with ``git rev-parse HEAD`` and whether
+the tree had uncommitted changes). The measured figures of ``README.md`` and
+``docs/index.md`` (the block between ``<!-- bench:start -->`` and
+``<!-- bench:end -->``, :mod:`benchmarks._readme`) are rewritten from that
+``results.json``; a run into another folder writes copies of both pages there
+instead. The GPU section is kept from ``docs/benchmarks/gpu.json`` when that exists
+(see ``benchmarks.bench_gpu``).
+
+Needs the ``.[dev]`` extras (cachetools, matplotlib) and git on the PATH (for the
+commit; without it the commit is recorded as ``null``).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -23,7 +32,9 @@ from typing import Any
 import torch
 
 from benchmarks import (
+    _engine_page,
     _plots,
+    _readme,
     bench_dsv4,
     bench_floor,
     bench_gpu,
@@ -32,7 +43,9 @@ from benchmarks import (
     bench_stages,
 )
 from benchmarks._report import GoalResult, goals_table
-from benchmarks._timing import environment, progress
+from benchmarks._timing import environment, machine, progress, source_state
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FULL: dict[str, Any] = {
     "hit": {"number": 100_000, "repeats": 21, "processes": bench_hit.PROCESSES},
@@ -77,6 +90,7 @@ def _soak_goals(soak: bench_soak.SoakResults) -> str:
 def page(
     *,
     command: str,
+    raw: dict[str, Any],
     started: datetime.datetime,
     minutes: float,
     quick: bool,
@@ -87,12 +101,14 @@ def page(
     floor: bench_floor.FloorResults,
     gpu_section: str,
     instructions_section: str = "",
+    engine_section: str = "",
 ) -> str:
     worst: GoalResult = max(dsv4.goals, key=lambda g: g.ratio)
     worst_point = dsv4.points[dsv4.goals.index(worst)]
     dsv4_goal = (
-        f"| DSv4 step: stepcache / hand-written build time (median of the per-round "
-        f"ratios), worst of "
+        f"| DSv4 step simulation, metadata build time: stepcache (its request index "
+        f"and decorated sparse-index builder) / the seeds' hand-written caches (a slot "
+        f"and a dict, checked inline); median of the per-round ratios, worst of "
         f"{len(dsv4.points)} points ({worst_point.tokens} tokens, "
         f"{worst_point.layers} layers) | {worst.ratio:.3f}x | <= {worst.goal.limit}x | "
         f"{'yes' if dsv4.goal_met else '**no**'} "
@@ -111,15 +127,18 @@ def page(
         ]
     lines += [
         f"Measured with `{command}` on {started:%Y-%m-%d %H:%M} UTC "
-        f"({minutes:.1f} minutes).",
+        f"({minutes:.1f} minutes), {_code(raw)}.",
         "",
-        f"Environment: {environment()}.",
+        f"Environment: {environment()}; CPU: {raw['machine']['cpu']}, "
+        f"{raw['machine']['memory_gib']} GiB of memory.",
         "",
         "Machines are noisy, so every number is the median over repeated runs, with the",
         "minimum and maximum, and the rows compared by a goal are timed interleaved in",
         "one process. Goals are ratios of medians; for the DSv4 step, the median of the",
         "per-round ratios (below). The tests never assert on timings.",
-        "The raw numbers are in `benchmarks/results.json` beside this page.",
+        "The raw numbers, with the commit, the command and the machine, are in",
+        "[`benchmarks/results.json`](benchmarks/results.json) beside this page; the",
+        "figures in the README and on the home page are generated from it.",
         "",
         "## Goals",
         "",
@@ -135,16 +154,28 @@ def page(
         "over the processes of its ratio in one process.",
         "",
         "- *request index*: DSv4's `token_to_req_indices(buffer)` on a step of 8",
-        "  requests padded to 16 tokens. stepcache's is",
-        "  `stepcache.integrations.request_index.token_to_req_indices` as shipped (its",
-        "  declared dependencies, two tensors and an int, and any guard on its result",
-        "  are checked on every hit). The seeds' hand-written hit is vLLM PR",
-        "  47474's method, written from the PR report (`benchmarks/_seed.py`): three",
-        "  asserts (device, dtype, rows) and a slice.",
-        "- the other rows cache the same trivial method (`return k`) in each way.",
+        "  requests padded to 16 tokens, three ways that do different work on a hit.",
+        "  *stepcache hit* is `stepcache.integrations.request_index.token_to_req_indices`",
+        "  as shipped: a hit re-checks its declared dependencies (two tensors, by",
+        "  identity and version counter, and an int) and the version counter of its",
+        "  result (`guard_result`), and returns the stored tensor. *stock vLLM's",
+        "  method* is the seeds' hand-written hit (vLLM PR 47474, `benchmarks/_seed.py`),",
+        "  whose hit branch is the one vLLM 0.33 ships in",
+        "  `CommonAttentionMetadata.token_to_req_indices` (a test compares the source):",
+        "  three asserts (device, dtype, rows) and a new slice of the cached tensor on",
+        "  every call. *hand-written cache that keeps its slice* returns the slice it",
+        "  returned first and checks nothing: the floor for a cache that stores its",
+        "  result, and the fair baseline for stepcache's own checks. A ratio against",
+        "  stock vLLM's method says what replacing vLLM's method saves per hit, not",
+        "  what stepcache's checks cost.",
+        "- the other rows cache the same trivial method (`return k`) in each way;",
+        "  *plain undecorated method* calls it with no cache, and *disabled mode* calls",
+        "  the stepcache-decorated method under `stepcache.disabled()`, which calls",
+        "  through every time: what switching caching off costs per call.",
         "- the checks-mode rows use owners of their own, so their entries were stored in",
         "  checks mode: a hit compares the deep fingerprints (the contents of small CPU",
         "  tensors), validates `expect` and hands out the guarded view.",
+        "- a *goal* has a limit set by an issue; a *comparison* is reported with none.",
         "",
         bench_hit.render(hit),
         "",
@@ -260,7 +291,18 @@ def page(
         "",
         gpu_section,
         "",
+        "## 5. The vLLM plugin against stock vLLM",
+        "",
+        engine_section,
+        "",
         "## Reproduce",
+        "",
+        "From the repository root, in the environment `bash scripts/setup_env.sh --full`",
+        "makes (`.venv`, with the dev extras: cachetools, matplotlib), with git on the",
+        "PATH so that the run can record its commit. Commit first: a run on a tree with",
+        "uncommitted changes says so, and names them. A full run rewrites this page,",
+        "`benchmarks/results.json`, the plots, and the figures in `README.md` and",
+        "`index.md`; commit them together.",
         "",
         "    python -m benchmarks.run_all            # everything, writes this page",
         "    python -m benchmarks.run_all --quick    # smoke run, into build/",
@@ -272,9 +314,41 @@ def page(
         "    python -m benchmarks.bench_instructions --markdown "
         "docs/benchmarks/instructions.md",
         "    python scripts/gpu_bench.py             # on a machine with one GPU",
+        "    python -m benchmarks.bench_engine       # the plugin; needs .venv-engine",
+        "    python -m benchmarks._readme            # figures from the results files",
         "",
     ]
     return "\n".join(lines)
+
+
+def _code(raw: dict[str, Any]) -> str:
+    """The commit the run measured, as a phrase for the page."""
+    source = raw["source"]
+    if source["commit"] is None:
+        return "at a commit it could not read (no git checkout)"
+    dirty = (
+        "with uncommitted changes in "
+        + ", ".join(f"`{p}`" for p in source["dirty_paths"])
+        if source["dirty"]
+        else "with no uncommitted changes"
+    )
+    return f"at commit `{source['commit']}` {dirty}"
+
+
+def _pages(out: Path) -> list[tuple[Path, str]]:
+    """The pages with a figures block, and the path from each to the docs folder:
+    the checkout's own for a run into ``docs``, copies in ``out`` otherwise."""
+    if out.resolve() == (ROOT / "docs").resolve():
+        return [(ROOT / "README.md", "docs/"), (ROOT / "docs" / "index.md", "")]
+    pages = []
+    for source, docs in (
+        (ROOT / "README.md", "docs/"),
+        (ROOT / "docs" / "index.md", ""),
+    ):
+        copy = out / source.name
+        copy.write_text(source.read_text())
+        pages.append((copy, docs))
+    return pages
 
 
 def _instructions(path: Path) -> str:
@@ -296,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out: Path = args.out or Path("build/benchmarks-quick" if args.quick else "docs")
     settings = QUICK if args.quick else FULL
-    command = "python -m benchmarks.run_all" + (" --quick" if args.quick else "")
+    given = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "-m", "benchmarks.run_all", *given])
+    source = source_state()  # before the run writes anything
     torch.set_num_threads(1)
     started = datetime.datetime.now(datetime.UTC)
     t0 = time.monotonic()
@@ -323,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     raw = {
         "command": command,
         "date": f"{started:%Y-%m-%d %H:%M} UTC",
+        "source": source,
+        "machine": machine(),
         "environment": environment(),
         "minutes": minutes,
         "hit": hit.to_dict(),
@@ -334,8 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     (figures / "results.json").write_text(
         json.dumps(raw, indent=2, sort_keys=True) + "\n"
     )
+    engine = _readme.load_engine(out)
     text = page(
         command=command,
+        raw=raw,
         started=started,
         minutes=minutes,
         quick=args.quick,
@@ -346,9 +426,16 @@ def main(argv: list[str] | None = None) -> int:
         floor=floor,
         gpu_section=bench_gpu.section(out),
         instructions_section=_instructions(figures / "instructions.md"),
+        engine_section=_engine_page.section(engine),
     )
     (out / "benchmarks.md").write_text(text)
-    progress(f"run_all: wrote {out / 'benchmarks.md'} and {figures}/*.png")
+    pages = _pages(out)
+    for path, docs in pages:
+        _readme.rewrite(path, raw, docs, engine=engine)
+    progress(
+        f"run_all: wrote {out / 'benchmarks.md'}, {figures}/*.png and the figures "
+        f"in {', '.join(str(p) for p, _ in pages)}"
+    )
     return 0
 
 

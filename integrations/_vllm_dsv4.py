@@ -1,21 +1,33 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vLLM's DeepSeek V4 caches and builders, replaced or decorated with stepcache.
+"""vLLM's DeepSeek V4 and V4.1 step caches, kept as vLLM wrote them and made safe.
 
-* The FlashInfer sparse-index cache: ``DeepseekV4FlashInferMLAAttention.
-  _build_sparse_index_metadata`` keeps a per-step dict on the SWA metadata. The patch
-  silences that dict and routes the index builder that the method calls (the
-  module's ``build_flashinfer_mixed_sparse_indices``) through
-  :func:`stepcache.integrations.sparse_index.sparse_index`, keyed by the calling
-  layer's kind and row count. The method's other results (the layer's own compressed
-  KV cache, the sequence lengths) are still computed by vLLM's code on every call.
+* The FlashInfer sparse-index cache. ``DeepseekV4FlashInferMLAAttention.
+  _build_sparse_index_metadata`` (DeepSeek V4 and, in its own module, V4.1) keeps the
+  step's ``(sparse_indices, sparse_topk_lens)`` pairs in a dict on the step's SWA
+  metadata, ``flashinfer_sparse_index_cache``: the first layer of a kind builds, the
+  others of that kind read the dict, and vLLM empties it with ``clear()`` when it
+  rewrites the metadata in place for a draft step. That dict is the cache; the
+  plugin keeps it and changes one thing: **the dict belongs to one metadata object**.
+  Stock vLLM's dict is a dataclass field, so ``dataclasses.replace()`` and
+  ``copy.copy`` hand the same dict, with the pairs built for the original's tokens, to
+  metadata describing other tokens. The patched method binds the dict to the object
+  it is called with; a dict bound to another object is replaced by a fresh one (which
+  builds), a plain dict vLLM put there is adopted with its entries. Everything else
+  is vLLM's own code, called as is: the index builder is the module's
+  ``build_flashinfer_mixed_sparse_indices`` looked up when the method runs (a test's
+  fake put there, before or after the plugin loads, is what builds), ``clear()``
+  empties the dict, and nothing outlives the metadata object.
 * ``_get_c128_boundary``: a pure function of the batch layout that every DSv4
-  compressor builder of a step computes again (a Python loop over the requests).
+  compressor builder of a step computes again (a Python loop over the requests),
+  computed once per layout by :func:`stepcache.step_cached`.
 """
 
 from __future__ import annotations
 
-import contextvars
-import functools
+import copy
+import sys
+import weakref
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -27,156 +39,227 @@ from ._vllm_patch import (
     REQUIRED,
     SkipPatch,
     Undo,
+    counters,
     expect_dataclass_fields,
     expect_function,
     marked,
     replace_attribute,
-)
-from .sparse_index import (
-    SparseIndexPair,
-    layer_kind,
-    sparse_index,
+    settings,
+    verify_against_stock,
 )
 
 __all__ = [
     "C128_BOUNDARY_NAME",
     "SPARSE_INDEX_NAME",
+    "SPARSE_INDEX_V41_NAME",
+    "OwnedIndexCache",
     "apply_c128_boundary",
     "apply_sparse_index",
-    "build_sparse_index_metadata",
+    "apply_sparse_index_v41",
     "get_c128_boundary",
-    "routed_index_builder",
+    "owned_index_cache",
 ]
 
 SPARSE_INDEX_NAME = "vllm.dsv4.flashinfer_sparse_index"
+SPARSE_INDEX_V41_NAME = "vllm.dsv41.flashinfer_sparse_index"
 C128_BOUNDARY_NAME = "vllm.dsv4._get_c128_boundary"
 
+_FIELD = "flashinfer_sparse_index_cache"
+_SWA_MODULE = "vllm.v1.attention.backends.mla.sparse_swa"
+
+#: vLLM's functions, kept by the patches that call them
 _original: dict[str, Any] = {}
 
-#: (swa_metadata, layer kind, num_rows) of the _build_sparse_index_metadata call
-#: running in this context, until its index build has been routed
-_Route = tuple[object, str, int | None]
-_route: contextvars.ContextVar[_Route | None] = contextvars.ContextVar(
-    "stepcache_dsv4_sparse_route", default=None
-)
+Result = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-class _NoCache(dict[str, SparseIndexPair]):
-    """Stands in for vLLM's per-step dict: it never holds anything, so vLLM's lookup
-    always misses and its build goes to the routed builder (stepcache's cache)."""
+class OwnedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
+    """vLLM's per-step sparse-index dict, bound to the metadata object it serves.
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return default
+    A plain ``dict`` in every other way: vLLM reads it with ``get``, fills it with
+    ``[key] = pair`` and empties it with ``clear()``, unchanged.
+    """
 
-    def __setitem__(self, key: str, value: SparseIndexPair) -> None:
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: object, entries: dict[str, Any] | None = None) -> None:
+        super().__init__(entries or {})
+        try:
+            self._owner: Callable[[], object] = weakref.ref(owner)
+        except TypeError:  # an owner without weak references: keep it alive
+            self._owner = lambda: owner
+
+    def owner(self) -> object:
+        """The metadata object the dict belongs to (``None`` once it is gone)."""
+        return self._owner()
+
+
+def owned_index_cache(swa_metadata: Any) -> OwnedIndexCache:
+    """``swa_metadata``'s own sparse-index dict, installed on its field: the dict
+    there if it belongs to ``swa_metadata``; a plain dict vLLM put there, adopted with
+    its entries; a fresh one in place of a dict bound to another object (carried over
+    by ``dataclasses.replace()`` or ``copy.copy``)."""
+    cache = getattr(swa_metadata, _FIELD)
+    if type(cache) is OwnedIndexCache:
+        if cache.owner() is swa_metadata:
+            return cache
+        cache = None  # another object's pairs: not for this one
+    owned = OwnedIndexCache(swa_metadata, cache)
+    setattr(swa_metadata, _FIELD, owned)
+    return owned
+
+
+def _v4_key(self: Any, swa_only: bool, num_rows: int | None) -> str | None:
+    """The key vLLM 0.33's DeepSeek V4 method uses (``None``: the call does not
+    cache, C4A layers)."""
+    if swa_only:
+        key = "swa_only"
+    elif self.compress_ratio == 128:
+        key = "c128a"
+    else:
         return None
+    return key if num_rows is None else f"{key}:{num_rows}"
 
 
-_NO_CACHE = _NoCache()
+def _v41_key(self: Any, swa_only: bool, num_rows: int | None) -> str | None:
+    """The key of vLLM 0.33's DeepSeek V4.1 method: only SWA-only layers cache."""
+    return "swa_only" if swa_only else None
 
 
-def build_sparse_index_metadata(
-    self: Any,
-    kv_cache: torch.Tensor | None,
-    swa_k_cache: torch.Tensor,
-    swa_metadata: Any,
-    attn_metadata: Any,
-    swa_only: bool,
-    num_rows: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """vLLM's ``_build_sparse_index_metadata``, with stepcache's sparse-index cache."""
-    if type(swa_metadata.flashinfer_sparse_index_cache) is not _NoCache:
-        swa_metadata.flashinfer_sparse_index_cache = _NO_CACHE
-    route = (swa_metadata, layer_kind(swa_only, self.compress_ratio), num_rows)
-    token = _route.set(route)
-    try:
-        result: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] = (
-            _original["method"](
+def _sparse_index_method(
+    name: str,
+    original: Callable[..., Result],
+    key_of: Callable[[Any, bool, int | None], str | None],
+    has_num_rows: bool,
+) -> Callable[..., Result]:
+    def _build_sparse_index_metadata(
+        self: Any,
+        kv_cache: torch.Tensor | None,
+        swa_k_cache: torch.Tensor,
+        swa_metadata: Any,
+        attn_metadata: Any,
+        swa_only: bool,
+        num_rows: int | None = None,
+    ) -> Result:
+        cache = owned_index_cache(swa_metadata)
+        key = key_of(self, swa_only, num_rows)
+        counters.count(
+            name, "uncached" if key is None else "hits" if key in cache else "misses"
+        )
+        extra = {"num_rows": num_rows} if has_num_rows else {}
+        result = original(
+            self,
+            kv_cache=kv_cache,
+            swa_k_cache=swa_k_cache,
+            swa_metadata=swa_metadata,
+            attn_metadata=attn_metadata,
+            swa_only=swa_only,
+            **extra,
+        )
+        if settings.verify:
+            # stock vLLM on a copy of the metadata whose dict is empty: it builds
+            stock_metadata = copy.copy(swa_metadata)
+            setattr(stock_metadata, _FIELD, {})
+            stock = original(
                 self,
                 kv_cache=kv_cache,
                 swa_k_cache=swa_k_cache,
-                swa_metadata=swa_metadata,
+                swa_metadata=stock_metadata,
                 attn_metadata=attn_metadata,
                 swa_only=swa_only,
-                num_rows=num_rows,
+                **extra,
             )
-        )
+            verify_against_stock(name, result, stock)
         return result
-    finally:
-        _route.reset(token)
+
+    if not has_num_rows:
+
+        def without_num_rows(
+            self: Any,
+            kv_cache: torch.Tensor | None,
+            swa_k_cache: torch.Tensor,
+            swa_metadata: Any,
+            attn_metadata: Any,
+            swa_only: bool,
+        ) -> Result:
+            return _build_sparse_index_metadata(
+                self, kv_cache, swa_k_cache, swa_metadata, attn_metadata, swa_only
+            )
+
+        return marked(without_num_rows, name)
+    return marked(_build_sparse_index_metadata, name)
 
 
-def routed_index_builder(*args: Any, **kwargs: Any) -> SparseIndexPair:
-    """vLLM's ``build_flashinfer_mixed_sparse_indices``; a call from inside
-    :func:`build_sparse_index_metadata` goes through stepcache's cache."""
-    builder = _original["builder"]
-    route = _route.get()
-    if route is None:
-        pair: SparseIndexPair = builder(*args, **kwargs)
-        return pair
-    _route.set(None)  # one build per method call: a second one is not the same
-    swa_metadata, kind, num_rows = route
-    return sparse_index(
-        swa_metadata, kind, num_rows, functools.partial(builder, *args, **kwargs)
+_V4_PARAMS = (
+    ("self", REQUIRED),
+    ("kv_cache", REQUIRED),
+    ("swa_k_cache", REQUIRED),
+    ("swa_metadata", REQUIRED),
+    ("attn_metadata", REQUIRED),
+    ("swa_only", REQUIRED),
+)
+
+
+def _apply_sparse_index(
+    module: ModuleType, name: str, key_of: Callable[..., str | None], num_rows: bool
+) -> Undo:
+    cls = getattr(module, "DeepseekV4FlashInferMLAAttention", None)
+    if not isinstance(cls, type):
+        raise SkipPatch(f"{module.__name__}.DeepseekV4FlashInferMLAAttention is absent")
+    params = (*_V4_PARAMS, ("num_rows", None)) if num_rows else _V4_PARAMS
+    method = expect_function(cls, "_build_sparse_index_metadata", params)
+    if not callable(getattr(module, "build_flashinfer_mixed_sparse_indices", None)):
+        raise SkipPatch(
+            f"{module.__name__}.build_flashinfer_mixed_sparse_indices is absent"
+        )
+    # the method's source must still read and fill the dict the plugin binds
+    code = method.__code__
+    if _FIELD not in code.co_names:
+        raise SkipPatch(
+            f"{module.__name__}.DeepseekV4FlashInferMLAAttention."
+            f"_build_sparse_index_metadata does not use {_FIELD} any more"
+        )
+    swa_module = sys.modules.get(_SWA_MODULE)
+    if swa_module is None:
+        raise SkipPatch(f"{module.__name__} is imported but {_SWA_MODULE} is not")
+    expect_dataclass_fields(
+        getattr(swa_module, "DeepseekSparseSWAMetadata", None), (_FIELD,)
     )
+    _original[name] = method
+    return replace_attribute(
+        cls,
+        "_build_sparse_index_metadata",
+        _sparse_index_method(name, method, key_of, num_rows),
+    )
+
+
+def apply_sparse_index(module: ModuleType) -> Undo:
+    """Bind DeepSeek V4's FlashInfer sparse-index dict to its metadata object."""
+    return _apply_sparse_index(module, SPARSE_INDEX_NAME, _v4_key, num_rows=True)
+
+
+def apply_sparse_index_v41(module: ModuleType) -> Undo:
+    """The same for DeepSeek V4.1's copy of the method (no ``num_rows``)."""
+    return _apply_sparse_index(module, SPARSE_INDEX_V41_NAME, _v41_key, num_rows=False)
 
 
 @stepcache.step_cached(
     depends_on=("query_start_loc_cpu", "seq_lens_cpu_upper_bound"),
     name=C128_BOUNDARY_NAME,
 )
-def get_c128_boundary(metadata: Any) -> bool | None:
-    """vLLM's ``_get_c128_boundary(metadata)``, once per layout."""
+def _cached_c128_boundary(metadata: Any) -> bool | None:
     result: bool | None = _original["c128_boundary"](metadata)
     return result
 
 
-def apply_sparse_index(module: ModuleType) -> Undo:
-    """Route the FlashInfer DSv4 sparse-index build through stepcache."""
-    cls = getattr(module, "DeepseekV4FlashInferMLAAttention", None)
-    if not isinstance(cls, type):
-        raise SkipPatch(f"{module.__name__}.DeepseekV4FlashInferMLAAttention is absent")
-    method = expect_function(
-        cls,
-        "_build_sparse_index_metadata",
-        (
-            ("self", REQUIRED),
-            ("kv_cache", REQUIRED),
-            ("swa_k_cache", REQUIRED),
-            ("swa_metadata", REQUIRED),
-            ("attn_metadata", REQUIRED),
-            ("swa_only", REQUIRED),
-            ("num_rows", None),
-        ),
-    )
-    builder = getattr(module, "build_flashinfer_mixed_sparse_indices", None)
-    if not callable(builder):
-        raise SkipPatch(
-            f"{module.__name__}.build_flashinfer_mixed_sparse_indices is absent"
+def get_c128_boundary(metadata: Any) -> bool | None:
+    """vLLM's ``_get_c128_boundary(metadata)``, once per layout."""
+    result = _cached_c128_boundary(metadata)
+    if settings.verify:
+        verify_against_stock(
+            C128_BOUNDARY_NAME, result, _original["c128_boundary"](metadata)
         )
-    swa_module = _imported(module, "vllm.v1.attention.backends.mla.sparse_swa")
-    expect_dataclass_fields(
-        getattr(swa_module, "DeepseekSparseSWAMetadata", None),
-        ("flashinfer_sparse_index_cache",),
-    )
-    _original["method"] = method
-    _original["builder"] = builder
-    undo_method = replace_attribute(
-        cls,
-        "_build_sparse_index_metadata",
-        marked(build_sparse_index_metadata, SPARSE_INDEX_NAME),
-    )
-    undo_builder = replace_attribute(
-        module,
-        "build_flashinfer_mixed_sparse_indices",
-        marked(routed_index_builder, SPARSE_INDEX_NAME),
-    )
-
-    def undo() -> None:
-        undo_builder()
-        undo_method()
-
-    return undo
+    return result
 
 
 def apply_c128_boundary(module: ModuleType) -> Undo:
@@ -186,12 +269,3 @@ def apply_c128_boundary(module: ModuleType) -> Undo:
     return replace_attribute(
         module, "_get_c128_boundary", marked(get_c128_boundary, C128_BOUNDARY_NAME)
     )
-
-
-def _imported(module: ModuleType, name: str) -> ModuleType:
-    import sys
-
-    found = sys.modules.get(name)
-    if found is None:
-        raise SkipPatch(f"{module.__name__} is imported but {name} is not")
-    return found

@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """vLLM's ``CommonAttentionMetadata`` caches, replaced by stepcache's.
 
-vLLM 0.33 caches two things in fields of ``CommonAttentionMetadata``:
-``_token_to_req_indices_cache`` and ``_num_computed_tokens_cache``. A field is carried
-by ``replace()`` and ``copy.copy``, and survives an in-place reassignment of
-``query_start_loc`` (the V1 multi-token draft loop), so such an object returns the
-rows of the layout it had before. The replacements declare what they are computed
-from, and recompute when it changes.
+vLLM 0.32 and 0.33 cache the request index in a field of ``CommonAttentionMetadata``,
+``_token_to_req_indices_cache``. A field is carried by ``replace()`` and
+``copy.copy``, and survives an in-place reassignment of ``query_start_loc`` (the V1
+multi-token draft loop), so such an object returns the rows of the layout it had
+before. The replacement declares what it is computed from, and recomputes when it
+changes. (``_num_computed_tokens_cache`` is left to vLLM: in a real engine every
+caller asks a fresh object once, so caching it never hit.)
 
 How copies share the step's entries:
 
@@ -27,8 +28,8 @@ How copies share the step's entries:
 from __future__ import annotations
 
 import contextlib
-import threading
-import weakref
+import copy
+import sys
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -40,10 +41,13 @@ from ._vllm_patch import (
     REQUIRED,
     SkipPatch,
     Undo,
+    counters,
     expect_dataclass_fields,
     expect_function,
     marked,
     replace_attribute,
+    settings,
+    verify_against_stock,
 )
 from .request_index import (
     INDEX_DEPENDS_ON,
@@ -55,16 +59,16 @@ from .request_index import (
 )
 
 __all__ = [
+    "COPY_NAME",
     "INDEX_NAME",
     "apply_copy",
-    "apply_num_computed_tokens",
     "apply_token_to_req_indices",
     "copy_sharing_store",
     "uses_kernel",
+    "version_of",
 ]
 
 INDEX_NAME = "vllm.CommonAttentionMetadata.token_to_req_indices"
-NUM_COMPUTED_NAME = "vllm.CommonAttentionMetadata.compute_num_computed_tokens"
 COPY_NAME = "vllm.CommonAttentionMetadata.__copy__"
 
 #: vLLM's methods, kept by the patches that call them
@@ -78,55 +82,57 @@ def uses_kernel(device: torch.device) -> bool:
 
 
 # -- which layout an index in the field was computed from ------------------------------
+def version_of(tensor: torch.Tensor) -> int | None:
+    """``tensor``'s version counter; ``None`` for an inference tensor (made under
+    ``torch.inference_mode()``, as vLLM's steps run), which has none."""
+    if tensor.is_inference():
+        return None
+    return tensor._version
+
+
 class _Origin(NamedTuple):
-    ref: weakref.ref[torch.Tensor]
     query_start_loc: torch.Tensor
-    qsl_version: int
+    qsl_version: int | None
     query_start_loc_cpu: torch.Tensor
-    qsl_cpu_version: int
+    qsl_cpu_version: int | None
     num_actual_tokens: int
 
 
-_origins: dict[int, _Origin] = {}
-_origins_lock = threading.Lock()
-
-
-def _forget(key: int, ref: weakref.ref[torch.Tensor]) -> None:
-    with _origins_lock:
-        origin = _origins.get(key)
-        if origin is not None and origin.ref is ref:
-            del _origins[key]
+#: The attribute on an index tensor the plugin made: the layout it was computed from.
+#: It lives and dies with the tensor: no table, no lock, no weakref callback (a
+#: callback that took a lock held while allocating could deadlock on a collection).
+_ORIGIN = "_stepcache_origin"
 
 
 def _remember(full: torch.Tensor, meta: Any) -> None:
-    key = id(full)
-
-    def forget(ref: weakref.ref[torch.Tensor]) -> None:
-        _forget(key, ref)
-
-    ref = weakref.ref(full, forget)
     qsl, qsl_cpu = meta.query_start_loc, meta.query_start_loc_cpu
-    with _origins_lock:
-        _origins[key] = _Origin(
-            ref, qsl, qsl._version, qsl_cpu, qsl_cpu._version, meta.num_actual_tokens
-        )
+    setattr(
+        full,
+        _ORIGIN,
+        _Origin(
+            qsl, version_of(qsl), qsl_cpu, version_of(qsl_cpu), meta.num_actual_tokens
+        ),
+    )
 
 
 def _reusable_seed(meta: Any) -> torch.Tensor | None:
-    """The index in ``meta``'s field if we computed it for ``meta``'s current layout."""
+    """The index in ``meta``'s field if we computed it for ``meta``'s current layout
+    (the same tensors, unchanged since; an inference tensor's changes cannot be seen,
+    so an index computed from one is never reused)."""
     seed = getattr(meta, "_token_to_req_indices_cache", None)
     if not isinstance(seed, torch.Tensor):
         return None
-    with _origins_lock:
-        origin = _origins.get(id(seed))
-    if origin is None or origin.ref() is not seed:
+    origin: _Origin | None = getattr(seed, _ORIGIN, None)
+    if origin is None:
         return None  # not made by the plugin: its layout is unknown
     qsl, qsl_cpu = meta.query_start_loc, meta.query_start_loc_cpu
     if (
         origin.query_start_loc is qsl
-        and origin.qsl_version == qsl._version
         and origin.query_start_loc_cpu is qsl_cpu
-        and origin.qsl_cpu_version == qsl_cpu._version
+        and origin.qsl_version is not None
+        and origin.qsl_cpu_version is not None
+        and origin.qsl_version == version_of(qsl)
+        and origin.qsl_cpu_version == version_of(qsl_cpu)
         and origin.num_actual_tokens == meta.num_actual_tokens
     ):
         return seed
@@ -176,35 +182,50 @@ def token_to_req_indices(self: Any, buffer: torch.Tensor) -> torch.Tensor:
     return result
 
 
-@stepcache.step_cached(
-    depends_on=("query_start_loc", "seq_lens"), name=NUM_COMPUTED_NAME
-)
-def compute_num_computed_tokens(self: Any) -> torch.Tensor:
-    """``seq_lens - query_lens`` on the device (vLLM's code), once per layout."""
-    # The field may hold a value carried over from another layout: empty it so that
-    # vLLM's own code computes.
-    self._num_computed_tokens_cache = None
-    result: torch.Tensor = _original["compute_num_computed_tokens"](self)
+def token_to_req_indices_verified(self: Any, buffer: torch.Tensor) -> torch.Tensor:
+    """:func:`token_to_req_indices`; with ``STEPCACHE_VLLM=verify``, also vLLM's
+    method on a copy with an empty field and a buffer of its own, compared."""
+    result = token_to_req_indices(self, buffer)
+    if settings.verify:
+        stock_meta = copy.copy(self)
+        stock_meta.__dict__["_token_to_req_indices_cache"] = None
+        stock = _original["token_to_req_indices"](stock_meta, buffer.clone())
+        verify_against_stock(INDEX_NAME, result, stock)
     return result
 
 
 def copy_sharing_store(self: Any) -> Any:
     """A shallow copy (as ``copy.copy`` makes one) that shares the original's step
     cache: entries whose dependencies are the same objects on both are reused."""
+    counters.count(COPY_NAME, "copies")
     cls: Any = type(self)
     new = cls.__new__(cls)
     new.__dict__.update(self.__dict__)
     # A closed store (its step is over) is not shared: the copy gets a fresh one.
     with contextlib.suppress(stepcache.StepCacheError):
         stepcache.attach(new, stepcache.cache_of(self))
+    if settings.verify:
+        # copy.copy's default for this class: the original's attributes, shared
+        verify_against_stock(COPY_NAME, _fields(new), _fields(self))
     return new
 
 
+def _fields(meta: Any) -> dict[str, Any]:
+    """What a copy carries, compared by identity (a shallow copy shares every
+    value): the object's attributes but stepcache's own."""
+    return {k: id(v) for k, v in vars(meta).items() if not k.startswith("_stepcache")}
+
+
 # -- the patches -----------------------------------------------------------------------
+_BACKEND = "vllm.v1.attention.backend"
+
+
 def _metadata_class(module: ModuleType) -> type:
-    cls = getattr(module, "CommonAttentionMetadata", None)
+    # the patch waits for a DSv4 module; the class is in vLLM's attention backend
+    backend = sys.modules.get(_BACKEND)
+    cls = getattr(backend, "CommonAttentionMetadata", None)
     if not isinstance(cls, type):
-        raise SkipPatch(f"{module.__name__}.CommonAttentionMetadata is absent")
+        raise SkipPatch(f"{_BACKEND}.CommonAttentionMetadata is absent")
     return cls
 
 
@@ -217,24 +238,7 @@ def apply_token_to_req_indices(module: ModuleType) -> Undo:
     )
     _original["token_to_req_indices"] = original
     return replace_attribute(
-        cls, "token_to_req_indices", marked(token_to_req_indices, INDEX_NAME)
-    )
-
-
-def apply_num_computed_tokens(module: ModuleType) -> Undo:
-    """Install :func:`compute_num_computed_tokens` as the method of that name."""
-    cls = _metadata_class(module)
-    expect_dataclass_fields(
-        cls, ("query_start_loc", "seq_lens", "_num_computed_tokens_cache")
-    )
-    original = expect_function(
-        cls, "compute_num_computed_tokens", (("self", REQUIRED),)
-    )
-    _original["compute_num_computed_tokens"] = original
-    return replace_attribute(
-        cls,
-        "compute_num_computed_tokens",
-        marked(compute_num_computed_tokens, NUM_COMPUTED_NAME),
+        cls, "token_to_req_indices", marked(token_to_req_indices_verified, INDEX_NAME)
     )
 
 
@@ -242,7 +246,7 @@ def apply_copy(module: ModuleType) -> Undo:
     """Give ``CommonAttentionMetadata`` the ``__copy__`` of :func:`copy_sharing_store`,
     if ``copy.copy`` copies it the default way (its ``__dict__``)."""
     cls = _metadata_class(module)
-    where = f"{module.__name__}.CommonAttentionMetadata"
+    where = f"{_BACKEND}.CommonAttentionMetadata"
     if "__copy__" in vars(cls):
         raise SkipPatch(f"{where} defines __copy__ already")
     if "__slots__" in vars(cls):

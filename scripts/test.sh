@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The test command: installs everything into .venv, then lint, types, docs and tests.
+# The test command: installs everything into .venv (and the real-engine venv
+# .venv-engine), then lint, types, docs and tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh --full
+bash scripts/setup_env.sh --engine
+# a vLLM-marked or engine test that skips fails: a broken install must not pass
+export STEPCACHE_REQUIRE_VLLM=1
 PY=.venv/bin/python
 echo "== ruff"
 $PY -m ruff check stepcache stepcache_pytest.py integrations tests benchmarks scripts docs

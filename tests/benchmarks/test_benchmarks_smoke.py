@@ -18,6 +18,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import (  # noqa: E402
+    _engine_page,
+    _readme,
     bench_dsv4,
     bench_floor,
     bench_gpu,
@@ -34,7 +36,8 @@ def test_hit_rows_and_goals() -> None:
     assert set(results.timings) == {c.label for c in bench_hit.cases(20)}
     assert [g.goal for g in results.goals] == bench_hit.GOALS
     text = bench_hit.render(results)
-    assert "seeds' hand-written" in text and "| goal (ratio of medians)" in text
+    assert "stock vLLM's method" in text and "| goal (ratio of medians)" in text
+    assert [c[:2] for c in results.comparisons()] == bench_hit.COMPARISONS
 
 
 def test_hit_in_fresh_processes() -> None:
@@ -43,6 +46,13 @@ def test_hit_in_fresh_processes() -> None:
     # every row pools the runs of both processes
     assert all(t.min_ns <= t.median_ns <= t.max_ns for t in results.timings.values())
     assert len(results.goal_ratios) == len(bench_hit.GOALS)
+    assert [len(r) for r in results.comparison_ratios] == [2] * len(
+        bench_hit.COMPARISONS
+    )
+    for (_, _, ratio), ratios in zip(
+        results.comparisons(), results.comparison_ratios, strict=True
+    ):
+        assert min(ratios) <= ratio <= max(ratios)
     for goal, ratios in zip(results.goals, results.goal_ratios, strict=True):
         assert len(ratios) == 2
         assert min(ratios) <= goal.ratio <= max(ratios)
@@ -209,6 +219,20 @@ def test_run_all_writes_the_page_and_plots(
         assert f"(benchmarks/{name}.png)" in page
     raw = json.loads((tmp_path / "benchmarks" / "results.json").read_text())
     assert set(raw) >= {"hit", "dsv4", "soak", "floor", "environment", "date"}
+    # what was measured, how and where
+    assert raw["command"] == f"python -m benchmarks.run_all --quick --out {tmp_path}"
+    assert set(raw["source"]) == {"commit", "dirty", "dirty_paths"}
+    assert raw["machine"]["torch"] == torch.__version__
+    assert {c.label for c in bench_hit.cases(1)} <= set(raw["hit"]["ns_per_call"])
+    assert "comparison (ratio of medians, no goal)" in page
+    # no engine.json in the run's folder: the vLLM section says how to make one
+    assert "## 5. The vLLM plugin against stock vLLM" in page
+    assert _engine_page.section(None) in page
+    assert bench_hit.RIX_KEPT in page and bench_hit.KEY_DISABLED in page
+    # a run into another folder rewrites copies of the pages there, not the checkout's
+    for name, docs in (("README.md", "docs/"), ("index.md", "")):
+        text = (tmp_path / name).read_text()
+        assert _readme.current_block(text) == _readme.block(raw, docs)
 
 
 def test_copy_counter_counts_host_to_device_copies() -> None:
@@ -256,6 +280,7 @@ def test_gpu_results_replace_the_pages_gpu_section(tmp_path: Path) -> None:
     bench_gpu.write(_fake_gpu_data(), tmp_path)
     text = page.read_text()
     assert "Measured on Fake GPU, 2026-01-01 00:00 UTC" in text
+    assert "at commit" not in text  # the fake run recorded none
     assert "not been measured" not in text and text.endswith("## After\n")
     assert (tmp_path / "benchmarks" / "gpu.json").exists()
 
@@ -284,6 +309,10 @@ def test_gpu_point_code_path_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None
     assert all(p.h2d == 0 and p.kernels == 6 for p in points)  # no CUDA copies on CPU
     data = {**_fake_gpu_data(), "points": [p.to_dict() for p in points]}
     assert bench_gpu.render(data).count("| 3 | 4 |") == 3
+    data["source"] = {"commit": "a" * 40, "dirty": True, "dirty_paths": ["x"]}
+    assert "at commit `aaaaaaaaaaaa`, with uncommitted changes." in bench_gpu.render(
+        data
+    )
 
 
 def test_stages_time_every_builder_and_layer() -> None:

@@ -2,7 +2,10 @@
 """The request index on a CUDA device: pinned staging kept alive, a copy that does not
 block the host, and a captured CUDA graph that reads the cached index of each step.
 
-Run by ``scripts/gpu_check.sh``; skipped where CUDA is not available."""
+Run by ``scripts/gpu_check.sh``; skipped where CUDA is not available. These tests have
+no recorded run on a GPU yet (none was available when they were written): until one is
+recorded in docs/limits.md, the docs claim CUDA-graph safety as designed and tested on
+the CPU only."""
 
 from __future__ import annotations
 

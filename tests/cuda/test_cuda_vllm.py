@@ -3,7 +3,8 @@
 interpreted), the plugin only caches it, and fixes stock vLLM's stale rows.
 
 Run by ``scripts/gpu_check.sh``; skipped where CUDA or vLLM is not available, and in a
-process where tests/vllm switched Triton's interpreter on (run this folder alone)."""
+process where tests/vllm switched Triton's interpreter on (run this folder alone). No
+run on a GPU has been recorded yet (see docs/limits.md)."""
 
 from __future__ import annotations
 

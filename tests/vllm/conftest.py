@@ -12,6 +12,9 @@ both here. Nothing else in this repository imports vLLM at collection time.
 If vLLM was imported before (by another plugin of the pytest process), the kernels
 cannot be interpreted any more: the tests that need them fail with that explanation
 (the fixture ``stock_kernel``), and the others run.
+
+``STEPCACHE_REQUIRE_VLLM=1`` (the test command sets it) turns the skip of a test here
+into a failure: a broken vLLM install fails the run instead of skipping its tests.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+#: Set to 1: a skipped test of this folder fails (scripts/test.sh sets it).
+REQUIRE_ENV = "STEPCACHE_REQUIRE_VLLM"
 
 #: why vLLM's Triton kernels cannot run in this process (None: they can)
 NO_KERNELS: str | None = None
@@ -48,6 +54,20 @@ else:
             NO_KERNELS = "this Triton has no NVIDIA backend to interpret"
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Under ``STEPCACHE_REQUIRE_VLLM=1``, a skipped test of this folder fails."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get(REQUIRE_ENV) == "1":
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else ""
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{REQUIRE_ENV}=1 and this vLLM test was skipped: {reason} "
+            "(the vLLM this run installed does not work here)"
+        )
+
+
 @pytest.fixture(scope="session")
 def vllm_mod() -> ModuleType:
     """vLLM itself; every test of this folder skips when it is not importable."""
@@ -61,22 +81,78 @@ def stock_kernel(vllm_mod: ModuleType) -> None:
         pytest.fail(f"vLLM's Triton kernels cannot run on this CPU: {NO_KERNELS}")
 
 
-@pytest.fixture
-def plugin(vllm_mod: ModuleType) -> Iterator[ModuleType]:
-    """The stepcache vLLM plugin, registered for the test and removed after it."""
+def import_patched_modules() -> None:
+    """Import every module the plugin patches, so that each patch applies at once."""
+    import vllm.models.deepseek_v4.compressor
+    import vllm.models.deepseek_v4.nvidia.flashinfer_sparse
+    import vllm.models.deepseek_v41.nvidia.flashinfer_sparse
+    import vllm.v1.attention.backend
+    import vllm.v1.attention.backends.mla.sparse_swa  # noqa: F401
+
+
+def registered(
+    monkeypatch: pytest.MonkeyPatch, mode: str = "1"
+) -> Iterator[ModuleType]:
+    """The plugin, registered with ``STEPCACHE_VLLM=mode``, removed after."""
     from stepcache.integrations import vllm as plugin_module
 
     plugin_module.unregister()
-    # Import the patched modules first, so every patch applies now.
-    import vllm.models.deepseek_v4.compressor
-    import vllm.models.deepseek_v4.nvidia.flashinfer_sparse
-    import vllm.v1.attention.backend
-    import vllm.v1.attention.backends.utils  # noqa: F401
-
+    import_patched_modules()
+    monkeypatch.setenv(plugin_module.ENV, mode)
     plugin_module.register()
     assert set(plugin_module.status().values()) == {"applied"}, plugin_module.status()
     yield plugin_module
     plugin_module.unregister()
+
+
+@pytest.fixture
+def register_plugin(
+    vllm_mod: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Any]:
+    """A function that registers the plugin with ``STEPCACHE_VLLM=mode`` (default
+    ``1``) and returns it; the plugin is removed after the test."""
+    from stepcache.integrations import vllm as plugin_module
+
+    def register(mode: str = "1") -> ModuleType:
+        gen = registered(monkeypatch, mode)
+        return next(gen)
+
+    yield register
+    plugin_module.unregister()
+
+
+@pytest.fixture
+def patched_modules(vllm_mod: ModuleType) -> None:
+    """Every module the plugin patches, imported."""
+    import_patched_modules()
+
+
+@pytest.fixture(params=["1", "verify"])
+def plugin(
+    request: pytest.FixtureRequest,
+    vllm_mod: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[ModuleType]:
+    """The stepcache vLLM plugin, registered for the test and removed after it: on
+    (``STEPCACHE_VLLM=1``) and in parity mode (``verify``), each test in both."""
+    yield from registered(monkeypatch, request.param)
+
+
+@pytest.fixture
+def plugin_on(
+    vllm_mod: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ModuleType]:
+    """The plugin with ``STEPCACHE_VLLM=1`` only (for tests that count calls of
+    vLLM's code, which parity mode calls once more)."""
+    yield from registered(monkeypatch)
+
+
+@pytest.fixture
+def verify_plugin(
+    vllm_mod: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ModuleType]:
+    """The plugin registered with ``STEPCACHE_VLLM=verify``."""
+    yield from registered(monkeypatch, "verify")
 
 
 @pytest.fixture

