@@ -25,13 +25,13 @@ patches the owner's class for the duration of one builder call).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import dataclasses
 import numpy as np
 import torch
 

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import dataclasses
 import torch
 
 from stepcache._errors import CacheValidationError, StepCacheError

@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-
 import dataclasses
+from collections.abc import Iterator, Mapping
 
 from stepcache._sizes import nbytes
 from stepcache._state import all_functions
