@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from stepcache import _envs, _fingerprint, _state
+from stepcache._entry import fingerprints
 from stepcache._errors import CacheValidationError, StaleCacheError
 from stepcache._fingerprint import tag
 from stepcache._spec import normalize_device
@@ -717,6 +718,7 @@ def _miss(
     deps: tuple[Any, ...],
 ) -> Any:
     _check_device_alias(fn, store, key)
+    fps = fingerprints(deps)
     deep_before = tuple(_fingerprint.deep(x) for x in deps)
     value, read = _reads(owner, lambda: fn.invoke(a))
     declared = set(fn.dep_names)
@@ -760,7 +762,7 @@ def _miss(
         watched[name] = _fingerprint.fingerprint(attr)
     # compared deeply on a hit: not what the lookup compared by value or snapshot,
     # and not a repeat of an earlier dependency's object
-    kinds = [_fingerprint.fingerprint(x)[1] for x in deps]
+    kinds = fps[1::2]
     deep_check = tuple(
         i
         for i, (x, kind) in enumerate(zip(deps, kinds, strict=True))
@@ -776,6 +778,6 @@ def _miss(
         deep_check=deep_check,
         probes=tuple(_fingerprint.content_probe(deps[i]) for i in deep_check),
     )
-    fn.store(store, key, owner, deps, value, info)
+    fn.store(store, key, owner, fps, value, info)
     info.handed = _guard(value, fn, key, info)
     return info.handed

@@ -12,7 +12,7 @@ from collections.abc import Callable, Container, Hashable, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
 from stepcache import _debug, _state, _store
-from stepcache._entry import ABSENT, Entry
+from stepcache._entry import ABSENT, Entry, fingerprints
 from stepcache._errors import CacheValidationError, StepCacheError
 from stepcache._fingerprint import result_guard
 from stepcache._hit import Hit, compile_hit
@@ -370,13 +370,14 @@ class CachedFunction:
                 self.count_hit()
                 return entry.value
             self.stale(entry, owner, store)
+        fps = fingerprints(deps)
         value = self.fn(*a) if self._simple else self.invoke(a)
         if self.expect is not None:
             try:
                 validate(value, self.expect, self.resolver(a), "")
             except CacheValidationError as exc:
                 raise CacheValidationError(f"{self.where(key)}{exc}") from None
-        self.store(store, key, owner, deps, value)
+        self.store(store, key, owner, fps, value)
         return value
 
     def bypass(self, a: tuple[Any, ...]) -> Any:
@@ -396,14 +397,14 @@ class CachedFunction:
         store: Any,
         key: Any,
         owner: object,
-        deps: tuple[Any, ...],
+        fps: tuple[Any, ...],
         value: Any,
         info: Any = None,
     ) -> Entry:
-        """Insert the entry of a computed ``value`` and count the miss: every miss,
-        production or debug, ends here."""
+        """Insert the entry of a computed ``value`` (its dependencies' fingerprints
+        ``fps``) and count the miss: every miss, production or debug, ends here."""
         guard = result_guard(value) if self.guard else None
-        entry = Entry.of(value, weakref.ref(owner), deps, guard, info)
+        entry = Entry.of(value, weakref.ref(owner), fps, guard, info)
         store.insert(self.fid, self.keyed, key, entry)
         self.misses += 1
         store.count(self.fid, 0)

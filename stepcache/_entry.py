@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from stepcache._fingerprint import MATCH, MATCH_GLOBALS, fingerprint
 
-__all__ = ["ABSENT", "CONDITION_GLOBALS", "Entry", "condition"]
+__all__ = ["ABSENT", "CONDITION_GLOBALS", "Entry", "condition", "fingerprints"]
 
 #: an entry without dependencies serves only the owner that computed it
 _BOUND: Final = "{e}.bound() is {owner}"
@@ -50,6 +50,17 @@ def condition(
 CONDITION_GLOBALS: Final = dict(MATCH_GLOBALS)
 
 
+def fingerprints(deps: Sequence[Any]) -> tuple[Any, ...]:
+    """The dependencies' fingerprints, flat (``o0, v0, o1, v1, ...``). Taken before
+    the computation: a dependency changed while it runs must not be recorded as the
+    state the value was computed from."""
+    if not deps:
+        return ()
+    if len(deps) == 1:
+        return fingerprint(deps[0])
+    return sum(map(fingerprint, deps), ())
+
+
 class Entry:
     """One cached value: ``value``; ``bound``, a weak reference to the owner that
     computed it (entries without dependencies serve only that owner) or ``None``;
@@ -80,20 +91,15 @@ class Entry:
         cls,
         value: Any,
         owner_ref: weakref.ref[Any],
-        deps: Sequence[Any],
+        fps: tuple[Any, ...],
         guard: tuple[Any, Any] | None,
         info: Any = None,
     ) -> Entry:
-        """The entry of ``value`` computed from ``deps``, for the owner ``owner_ref``
+        """The entry of ``value``, computed from dependencies whose `fingerprints`
+        (taken before the computation) are ``fps``, for the owner ``owner_ref``
         refers to."""
-        if not deps:
-            flat: tuple[Any, ...] = ()
-        elif len(deps) == 1:
-            flat = fingerprint(deps[0])
-        else:
-            flat = sum(map(fingerprint, deps), ())
         g, gtag = guard if guard is not None else (None, None)
-        return cls(value, None if deps else owner_ref, flat, g, gtag, info)
+        return cls(value, None if fps else owner_ref, fps, g, gtag, info)
 
     def matches(self, owner: object, xs: Sequence[Any]) -> bool:
         """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``
