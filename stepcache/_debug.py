@@ -36,9 +36,8 @@ import numpy as np
 import torch
 
 from stepcache import _envs, _fingerprint, _state
-from stepcache._entry import fingerprints
 from stepcache._errors import CacheValidationError, StaleCacheError
-from stepcache._fingerprint import tag
+from stepcache._fingerprint import fingerprints, tag
 from stepcache._spec import normalize_device
 from stepcache._store import StepCache, store_for
 

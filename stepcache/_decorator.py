@@ -12,9 +12,9 @@ from collections.abc import Callable, Container, Hashable, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
 from stepcache import _debug, _state, _store
-from stepcache._entry import ABSENT, Entry, fingerprints
+from stepcache._entry import ABSENT, Entry
 from stepcache._errors import CacheValidationError, StepCacheError
-from stepcache._fingerprint import result_guard
+from stepcache._fingerprint import fingerprints, result_guard
 from stepcache._hit import Hit, compile_hit
 from stepcache._spec import Arg, Attr, TensorSpec, validate
 from stepcache._state import BYPASS

@@ -12,9 +12,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, Final
 
-from stepcache._fingerprint import MATCH, MATCH_GLOBALS, fingerprint
+from stepcache._fingerprint import MATCH, MATCH_GLOBALS
 
-__all__ = ["ABSENT", "CONDITION_GLOBALS", "Entry", "condition", "fingerprints"]
+__all__ = ["ABSENT", "CONDITION_GLOBALS", "Entry", "condition"]
 
 #: an entry without dependencies serves only the owner that computed it
 _BOUND: Final = "{e}.bound() is {owner}"
@@ -48,17 +48,6 @@ def condition(
 
 #: the names :func:`condition`'s source reads
 CONDITION_GLOBALS: Final = dict(MATCH_GLOBALS)
-
-
-def fingerprints(deps: Sequence[Any]) -> tuple[Any, ...]:
-    """The dependencies' fingerprints, flat (``o0, v0, o1, v1, ...``). Taken before
-    the computation: a dependency changed while it runs must not be recorded as the
-    state the value was computed from."""
-    if not deps:
-        return ()
-    if len(deps) == 1:
-        return fingerprint(deps[0])
-    return sum(map(fingerprint, deps), ())
 
 
 class Entry:

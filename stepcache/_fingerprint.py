@@ -23,7 +23,7 @@ tensors and numpy arrays, the contents.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -40,6 +40,7 @@ __all__ = [
     "deep_unchanged",
     "describe",
     "fingerprint",
+    "fingerprints",
     "matches",
     "result_guard",
     "snapshot",
@@ -137,21 +138,36 @@ _VALUE_CLASSES: Final = frozenset(
 )
 
 
+def fingerprints(deps: Sequence[Any]) -> tuple[Any, ...]:
+    """The fingerprints ``(o, v)`` of ``deps``, flat (``o0, v0, o1, v1, ...``), as an
+    entry stores them (see the module doc). Taken before the computation: an input
+    changed while it runs must not be recorded as the state it was computed from.
+
+    >>> fingerprints((3, [1, 2]))
+    (3, VAL, (<class 'list'>, (1, 2)), SNAP)
+    """
+    flat: list[Any] = []
+    for x in deps:
+        cls = x.__class__
+        if cls is torch.Tensor and not x.is_inference():
+            flat += (x, x._version)  # the common case first
+        elif cls in _VALUE_CLASSES:
+            flat += (x, VAL)
+        elif isinstance(x, torch.Tensor):
+            flat += (x, tag(x))
+        elif _is_value(x):
+            flat += (x, VAL)
+        elif (snap := snapshot(x)) is not None:
+            flat += (snap, SNAP)
+        else:
+            flat += (x, ID)
+    return tuple(flat)
+
+
 def fingerprint(x: Any) -> tuple[Any, Any]:
-    """``(o, v)`` as an entry stores it for one dependency (see the module doc)."""
-    cls = x.__class__
-    if cls is torch.Tensor:  # before isinstance(), which asks torch's metaclass
-        return x, tag(x)
-    if cls in _VALUE_CLASSES:
-        return x, VAL
-    if isinstance(x, torch.Tensor):
-        return x, tag(x)
-    if _is_value(x):
-        return x, VAL
-    snap = snapshot(x)
-    if snap is not None:
-        return snap, SNAP
-    return x, ID
+    """The fingerprint ``(o, v)`` of one input."""
+    o, v = fingerprints((x,))
+    return o, v
 
 
 #: the globals :data:`MATCH` reads (``_sc_`` names: a parameter cannot shadow them)
