@@ -445,7 +445,8 @@ def test_every_patch_runs_on_inference_tensors_as_a_step_makes_them(
     from vllm.models.deepseek_v4 import compressor
 
     with torch.inference_mode():
-        cam = make_metadata([3, 1, 2], pad_to=8, context=130)
+        # a request that crosses a 128-token boundary: 126 % 128 + 3 >= 128
+        cam = make_metadata([3, 1, 2], pad_to=8, context=126)
         assert cam.query_start_loc.is_inference()
         groups = [copy.copy(cam) for _ in range(3)]
         rows = [
