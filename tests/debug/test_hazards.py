@@ -284,7 +284,8 @@ def test_use_after_close_is_caught_in_checks_mode(checks: None) -> None:
 
 
 def _two_steps_one_buffer() -> tuple[torch.Tensor, Meta]:
-    buffer = torch.zeros(16, dtype=torch.int32)
+    with torch.inference_mode(False):  # persistent: allocated before any step
+        buffer = torch.zeros(16, dtype=torch.int32)
     md1 = step([2, 2])
     old = index_into(md1, buffer)
     md2 = step([1, 3])
