@@ -17,27 +17,14 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from engine_runs import Runs, engine_python
+from require_vllm import skip_fails
 
-#: Set to 1: a skipped test of this folder fails (scripts/test.sh sets it).
-REQUIRE_ENV = "STEPCACHE_REQUIRE_VLLM"
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """Under ``STEPCACHE_REQUIRE_VLLM=1``, a skipped test of this folder fails."""
-    outcome = yield
-    report = outcome.get_result()
-    if report.skipped and os.environ.get(REQUIRE_ENV) == "1":
-        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else ""
-        report.outcome = "failed"
-        report.longrepr = (
-            f"{REQUIRE_ENV}=1 and this engine test was skipped: {reason} "
-            "(scripts/test.sh builds .venv-engine; see scripts/setup_env.sh)"
-        )
+pytest_runtest_makereport = skip_fails(
+    "engine", "(scripts/test.sh builds .venv-engine; see scripts/setup_env.sh)"
+)
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """``STEPCACHE_REQUIRE_VLLM=1`` turns the skip of a tests/vllm or tests/engine test
-into a failure: the hooks of both conftests, run on a small suite by pytester."""
+into a failure: the hook both conftests install (``tests/require_vllm.py``), run on a
+small suite by pytester."""
 
 from __future__ import annotations
 
-import inspect
 import textwrap
 from pathlib import Path
 
@@ -15,14 +15,12 @@ pytest_plugins = ["pytester"]
 HERE = Path(__file__).resolve().parent
 
 
-def _hook_source(conftest: Path) -> str:
-    """The conftest's ``pytest_runtest_makereport`` hook, with what it needs."""
-    source = conftest.read_text()
-    start = source.index("@pytest.hookimpl(hookwrapper=True)")
-    end = source.index("\n\n\n", start)
-    env = "REQUIRE_ENV = 'STEPCACHE_REQUIRE_VLLM'\n"
+def _conftest(folder: str) -> str:
+    """A conftest with the hook of ``folder``'s conftest."""
+    what = {"vllm": "vLLM", "engine": "engine"}[folder]
     return (
-        "import os\nfrom typing import Any\nimport pytest\n" + env + source[start:end]
+        "from require_vllm import skip_fails\n"
+        f"pytest_runtest_makereport = skip_fails({what!r}, '')\n"
     )
 
 
@@ -47,7 +45,8 @@ def test_a_skip_fails_only_when_required(
     folder: str,
     required: bool,
 ) -> None:
-    pytester.makeconftest(_hook_source(HERE.parent / folder / "conftest.py"))
+    pytester.makeconftest(_conftest(folder))
+    monkeypatch.setenv("PYTHONPATH", str(HERE.parent))  # tests/: require_vllm
     pytester.makepyfile(test_suite=SUITE)
     if required:
         monkeypatch.setenv("STEPCACHE_REQUIRE_VLLM", "1")
@@ -65,6 +64,5 @@ def test_a_skip_fails_only_when_required(
 
 def test_the_hooks_are_in_both_conftests() -> None:
     for folder in ("vllm", "engine"):
-        assert "def pytest_runtest_makereport" in inspect.cleandoc(
-            (HERE.parent / folder / "conftest.py").read_text()
-        )
+        text = (HERE.parent / folder / "conftest.py").read_text()
+        assert "pytest_runtest_makereport = skip_fails(" in text

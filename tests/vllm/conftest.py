@@ -27,9 +27,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-
-#: Set to 1: a skipped test of this folder fails (scripts/test.sh sets it).
-REQUIRE_ENV = "STEPCACHE_REQUIRE_VLLM"
+from require_vllm import skip_fails
 
 #: why vLLM's Triton kernels cannot run in this process (None: they can)
 NO_KERNELS: str | None = None
@@ -54,18 +52,9 @@ else:
             NO_KERNELS = "this Triton has no NVIDIA backend to interpret"
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """Under ``STEPCACHE_REQUIRE_VLLM=1``, a skipped test of this folder fails."""
-    outcome = yield
-    report = outcome.get_result()
-    if report.skipped and os.environ.get(REQUIRE_ENV) == "1":
-        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else ""
-        report.outcome = "failed"
-        report.longrepr = (
-            f"{REQUIRE_ENV}=1 and this vLLM test was skipped: {reason} "
-            "(the vLLM this run installed does not work here)"
-        )
+pytest_runtest_makereport = skip_fails(
+    "vLLM", "(the vLLM this run installed does not work here)"
+)
 
 
 @pytest.fixture(scope="session")
