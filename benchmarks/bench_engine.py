@@ -117,16 +117,13 @@ def _cam() -> Any:
     )
 
 
-def _swa_and_attn() -> tuple[Any, Any]:
+def swa_metadata() -> Any:
+    """A two-request DeepSeek V4 SWA metadata object (one decode, one prefill) of
+    vLLM's real class; the plugin's tests use it too."""
     import torch
-    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadata
 
-    attn = object.__new__(flashinfer_sparse.DeepseekV4FlashInferMLAAttention)
-    attn.compress_ratio = 1
-    attn.window_size = 4
-    attn.topk_indices_buffer = torch.zeros((3, 0), dtype=torch.int32)
-    swa = DeepseekSparseSWAMetadata(
+    return DeepseekSparseSWAMetadata(
         block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
         slot_mapping=torch.tensor([0, 1], dtype=torch.int64),
         block_size=64,
@@ -143,6 +140,17 @@ def _swa_and_attn() -> tuple[Any, Any]:
         num_decode_tokens=1,
         num_prefill_tokens=2,
     )
+
+
+def _swa_and_attn() -> tuple[Any, Any]:
+    import torch
+    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
+
+    attn = object.__new__(flashinfer_sparse.DeepseekV4FlashInferMLAAttention)
+    attn.compress_ratio = 1
+    attn.window_size = 4
+    attn.topk_indices_buffer = torch.zeros((3, 0), dtype=torch.int32)
+    swa = swa_metadata()
     return attn, swa
 
 

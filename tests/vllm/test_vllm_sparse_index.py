@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks.bench_engine import swa_metadata
+
 pytestmark = pytest.mark.vllm
 
 
@@ -68,25 +70,7 @@ def make_attn(compress_ratio: int, topk_width: int) -> Any:
 
 
 def make_swa_metadata() -> Any:
-    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadata
-
-    return DeepseekSparseSWAMetadata(
-        block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
-        slot_mapping=torch.tensor([0, 1], dtype=torch.int64),
-        block_size=64,
-        seq_lens=torch.tensor([8, 10], dtype=torch.int32),
-        query_start_loc=torch.tensor([0, 1, 3], dtype=torch.int32),
-        query_start_loc_cpu=torch.tensor([0, 1, 3], dtype=torch.int32),
-        token_to_req_indices=torch.tensor([0, 1, 1], dtype=torch.int32),
-        decode_swa_indices=torch.tensor([[5, 6, -1, -1]], dtype=torch.int32),
-        decode_swa_lens=torch.tensor([2], dtype=torch.int32),
-        decode_swa_width=4,
-        is_valid_token=torch.tensor([True], dtype=torch.bool),
-        num_decodes=1,
-        num_prefills=1,
-        num_decode_tokens=1,
-        num_prefill_tokens=2,
-    )
+    return swa_metadata()
 
 
 def make_flashmla_metadata(c128a: bool) -> Any:
