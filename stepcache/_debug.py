@@ -35,9 +35,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from stepcache import _envs, _fingerprint, _state
+from stepcache import _envs, _state
 from stepcache._errors import CacheValidationError, StaleCacheError
-from stepcache._fingerprint import fingerprints, tag
+from stepcache._fingerprint import (
+    SNAP,
+    VAL,
+    content_probe,
+    deep,
+    deep_unchanged,
+    describe,
+    fingerprint,
+    fingerprints,
+    matches,
+    tag,
+    tensors,
+)
 from stepcache._spec import normalize_device
 from stepcache._store import StepCache, store_for
 
@@ -48,12 +60,15 @@ if TYPE_CHECKING:
 __all__ = [
     "DebugReport",
     "Detection",
+    "GuardedTensor",
     "call",
     "clear_debug_report",
     "debug_report",
+    "first_difference",
 ]
 
 _MAX_REPORT = 10_000
+_MISSING = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,43 +217,39 @@ def _detect(
     key: Any,
     message: str,
 ) -> StaleCacheError | CacheValidationError:
-    where = fn.where(key)
-    text = f"{where}: {message}"
+    """Record a detection in the report and return its error, to raise."""
+    global _total
+    text = f"{fn.where(key)}: {message}"
     with _report_lock:
         if len(_report) < _MAX_REPORT:
             _report.append(Detection(kind, fn.name, repr(key), text))
-        _count_detection()
+        _total += 1
     return error(text)
 
 
-# -- what an entry remembers in debug mode ------------------------------------------------
 @dataclasses.dataclass
 class _Info:
-    """Debug facts about one entry, stored as the entry's last element."""
+    """What debug mode records of an entry when it is stored (``Entry.info``)."""
 
+    #: the deep fingerprint of each dependency
     deep: tuple[Any, ...]
-    #: (tensor, its tag at store time) for each tensor in the value
+    #: (tensor, its tag when stored) for each tensor of the value; verify mode moves a
+    #: tag on after an equal recomputation into the same buffer
     versions: list[tuple[torch.Tensor, Any]]
-    #: owner attributes read by the builder or key function but declared nowhere
+    #: fingerprints of the owner attributes the builder read but nothing declares
     watched: dict[str, tuple[Any, Any]]
     store: weakref.ref[StepCache]
-    #: what hits hand out: the value with its tensors guarded (made once, at the miss)
-    handed: Any = None
-    #: the dependencies whose deep fingerprint a hit compares: not those compared by
-    #: value or snapshot (the lookup already found them equal), and not a repeat of
-    #: an earlier dependency's object (the lookup found it identical again)
+    #: the dependencies a hit compares deeply (not those compared by value or
+    #: snapshot, nor a repeat of an earlier one's object), and a content probe of each
     deep_check: tuple[int, ...] = ()
-    #: for each of deep_check, a numpy view of a small CPU tensor's contents (or None)
     probes: tuple[Any, ...] = ()
+    #: what hits hand out: the value with its tensors guarded
+    handed: Any = None
 
 
-# -- recording which owner attributes a call reads ------------------------------------------
 def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
-    """Run ``work()`` and return its result with the owner attributes it read.
-
-    The owner's class gets a recording ``__getattribute__`` for the duration of the
-    call (debug mode only; not thread-safe), then its own one back.
-    """
+    """``work()`` and the owner attributes it read: the owner's class records them
+    with a ``__getattribute__`` of its own for the call (hence not thread-safe)."""
     cls = type(owner)
     own = cls.__dict__.get("__getattribute__")
     original = cls.__getattribute__
@@ -260,19 +271,6 @@ def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
             cls.__getattribute__ = own  # type: ignore[method-assign]
         else:
             del cls.__getattribute__
-
-
-# -- guarded values ---------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class _Guard:
-    fn_name: str
-    key: str
-    #: how messages name the function and key
-    where: str
-    #: the entry's debug facts; ``info.versions[index]`` is the version this view
-    #: must still have (verify mode refreshes it after an equal recomputation)
-    info: _Info
-    index: int
 
 
 class GuardedTensor(torch.Tensor):
@@ -309,7 +307,8 @@ class GuardedTensor(torch.Tensor):
         >>> stepcache.clear_debug_report()
     """
 
-    _sc_guard: _Guard
+    #: (function, key, the entry's _Info, index into info.versions)
+    _sc_guard: tuple[CachedFunction, Any, _Info, int]
 
     @classmethod
     def __torch_function__(
@@ -320,242 +319,178 @@ class GuardedTensor(torch.Tensor):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         with torch._C.DisableTorchFunctionSubclass():
-            for t in _guarded_in(args, kwargs):
-                _check_guard(t)
+            for arg in (*args, *(kwargs or {}).values()):
+                for t in arg if isinstance(arg, (tuple, list)) else (arg,):
+                    if isinstance(t, GuardedTensor):
+                        _check_guard(t)
             return func(*args, **(kwargs or {}))
-
-
-def _guarded_in(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Iterator[Any]:
-    for a in args:
-        if isinstance(a, GuardedTensor):
-            yield a
-        elif isinstance(a, (tuple, list)):
-            yield from (x for x in a if isinstance(x, GuardedTensor))
-    if kwargs:
-        yield from (x for x in kwargs.values() if isinstance(x, GuardedTensor))
 
 
 def _check_guard(t: GuardedTensor) -> None:
     guard = t.__dict__.get("_sc_guard")
     if guard is None:
         return
-    store = guard.info.store()
-    expected = guard.info.versions[guard.index][1]
-    if store is not None and store._closed:
-        message = (
-            f"{guard.where}: this value was "
-            "handed out by a step cache that has since been closed (the step is over), "
-            "and it was used again. Fix: finish using step values within the step, or "
-            "keep a copy with .clone()."
+    fn, key, info, i = guard
+    store = info.store()
+    if store is not None and store.closed:
+        raise _detect(
+            StaleCacheError,
+            "use-after-close",
+            fn,
+            key,
+            "this value was handed out by a step cache that has since been closed "
+            "(the step is over), and it was used again. Fix: finish using step values "
+            "within the step, or keep a copy with .clone().",
         )
-        _record_guard("use-after-close", guard, message)
-        raise StaleCacheError(message)
-    now = tag(t)
+    expected, now = info.versions[i][1], tag(t)
     if now != expected:
-        message = (
-            f"{guard.where}: this tensor was "
-            "overwritten by a subsequent write to its storage after the cache handed it "
-            f"out (version {expected} -> {now}): the next step's build "
-            "wrote the same persistent buffer, or someone mutated a cached value in "
-            "place. To keep the value beyond the step, clone() it."
+        raise _detect(
+            StaleCacheError,
+            "buffer-overwritten",
+            fn,
+            key,
+            "this tensor was overwritten by a subsequent write to its storage after "
+            f"the cache handed it out (version {expected} -> {now}): the next step's "
+            "build wrote the same persistent buffer, or someone mutated a cached "
+            "value in place. To keep the value beyond the step, clone() it.",
         )
-        _record_guard("buffer-overwritten", guard, message)
-        raise StaleCacheError(message)
 
 
-def _record_guard(kind: str, guard: _Guard, message: str) -> None:
-    with _report_lock:
-        if len(_report) < _MAX_REPORT:
-            _report.append(Detection(kind, guard.fn_name, guard.key, message))
-        _count_detection()
-
-
-def _count_detection() -> None:
-    global _total
-    _total += 1
+def _map(value: Any, leaf: Callable[[torch.Tensor], Any]) -> Any:
+    """``value`` with ``leaf(t)`` for each tensor ``t``, through plain tuples, lists
+    and dicts (other containers are left as they are)."""
+    if isinstance(value, torch.Tensor):
+        return leaf(value)
+    if type(value) in (tuple, list):
+        return type(value)(_map(v, leaf) for v in value)
+    if type(value) is dict:
+        return {k: _map(v, leaf) for k, v in value.items()}
+    return value
 
 
 def _guard(value: Any, fn: CachedFunction, key: Any, info: _Info) -> Any:
-    if not _envs.STEPCACHE_DEBUG_GUARD:
-        return value
+    """``value`` with each of its tensors handed out as a `GuardedTensor`."""
     index = {id(t): i for i, (t, _) in enumerate(info.versions)}
-    where = fn.where(key) if fn.keyed else fn.where()
-    return _wrap(value, (fn.name, repr(key), where), info, index)
 
+    def guarded(t: torch.Tensor) -> torch.Tensor:
+        i = index.get(id(t))
+        if i is None or isinstance(t, GuardedTensor):
+            return t
+        view = t.as_subclass(GuardedTensor)
+        view.__dict__["_sc_guard"] = (fn, key, info, i)
+        return view
 
-def _wrap(
-    value: Any, label: tuple[str, str, str], info: _Info, index: dict[int, int]
-) -> Any:
-    if isinstance(value, torch.Tensor) and not isinstance(value, GuardedTensor):
-        i = index.get(id(value))
-        if i is None:
-            return value
-        guarded = value.as_subclass(GuardedTensor)
-        guarded.__dict__["_sc_guard"] = _Guard(*label, info, i)
-        return guarded
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_wrap(v, label, info, index) for v in value)
-    if isinstance(value, list):
-        return [_wrap(v, label, info, index) for v in value]
-    return value
-
-
-def _clone(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        with torch._C.DisableTorchFunctionSubclass():
-            return value.detach().clone()
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_clone(v) for v in value)
-    if isinstance(value, list):
-        return [_clone(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    return value
+    return _map(value, guarded) if _envs.STEPCACHE_DEBUG_GUARD else value
 
 
 def _recompute(
     fn: CachedFunction, a: tuple[Any, ...], value: Any, info: _Info | None
 ) -> str | None:
-    """Compute afresh and compare with the cached value as it was before.
+    """Compute afresh and return where the result differs from ``value`` as it was.
 
-    A builder that writes into a persistent buffer rewrites the cached tensors' storage
-    here; if the contents are equal, the entry and the views already handed out stay
-    valid (their expected versions move on). Returns where the values differ, if they do.
+    A builder that writes into a persistent buffer rewrites the cached tensors here;
+    an equal result keeps the entry and its handed-out views valid (their expected
+    tags move on).
     """
-    before = _clone(value)
-    fresh = fn.invoke(a)
-    difference = first_difference(before, fresh)
+    with torch._C.DisableTorchFunctionSubclass():
+        before = _map(value, lambda t: t.detach().clone())
+    difference = first_difference(before, fn.invoke(a))
     if difference is None and info is not None:
-        for i, (t, _) in enumerate(info.versions):
-            info.versions[i] = (t, tag(t))
+        info.versions[:] = [(t, tag(t)) for t, _ in info.versions]
     return difference
 
 
-# -- comparisons -------------------------------------------------------------------------------
-def first_difference(cached: Any, fresh: Any, path: str = "result") -> str | None:
-    """Where two values first differ, in the style of PyTorch's guard messages."""
-    if isinstance(cached, torch.Tensor) or isinstance(fresh, torch.Tensor):
-        if not (isinstance(cached, torch.Tensor) and isinstance(fresh, torch.Tensor)):
-            return f"{path}: expected {_short(cached)}, actual {_short(fresh)}"
+def first_difference(expected: Any, actual: Any, path: str = "result") -> str | None:
+    """Where ``actual`` first differs from ``expected`` (``None``: they are equal):
+    tensors by device, dtype, shape and values (NaN equals NaN), tuples, lists and
+    dicts item by item, anything else by type and ``==``.
+
+    >>> first_difference((1, torch.tensor([1, 2])), (1, torch.tensor([1, 3])))
+    "tensor 'result[1]' value mismatch at flat index 1. expected 2, actual 3"
+    >>> first_difference([1.0], (1.0,))
+    "'result': expected [1.0], actual (1.0,)"
+    """
+    if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
-            if cached.shape != fresh.shape:
-                for i, (n, m) in enumerate(
-                    zip(cached.shape, fresh.shape, strict=False)
-                ):
-                    if n != m:
-                        return f"tensor '{path}' size mismatch at index {i}. expected {n}, actual {m}"
-                return f"tensor '{path}' ndim mismatch. expected {cached.dim()}, actual {fresh.dim()}"
-            if cached.dtype != fresh.dtype:
-                return f"tensor '{path}' dtype mismatch. expected {cached.dtype}, actual {fresh.dtype}"
-            flat_c = cached.detach().cpu().reshape(-1)
-            flat_f = fresh.detach().cpu().reshape(-1)
-            if torch.equal(flat_c, flat_f):
+            for what in ("device", "dtype", "ndim"):
+                e, a = getattr(expected, what), getattr(actual, what)
+                if e != a:
+                    return f"tensor '{path}' {what} mismatch. expected {e}, actual {a}"
+            sizes = zip(expected.shape, actual.shape, strict=True)
+            for i, (n, m) in enumerate(sizes):
+                if n != m:
+                    return f"tensor '{path}' size mismatch at index {i}. expected {n}, actual {m}"
+            e, a = (t.detach().cpu().reshape(-1) for t in (expected, actual))
+            same = (e == a) | ((e != e) & (a != a))
+            if bool(same.all()):
                 return None
-            diff = (flat_c != flat_f).nonzero()
-            i = int(diff[0]) if diff.numel() else 0
+            i = int((~same).nonzero()[0])
             return (
                 f"tensor '{path}' value mismatch at flat index {i}. "
-                f"expected {flat_c[i].item()}, actual {flat_f[i].item()}"
+                f"expected {e[i].item()}, actual {a[i].item()}"
             )
-    if isinstance(cached, np.ndarray) or isinstance(fresh, np.ndarray):
-        if np.array_equal(np.asarray(cached), np.asarray(fresh)):
-            return None
-        return (
-            f"array '{path}' differs: expected {_short(cached)}, actual {_short(fresh)}"
+    mismatch = f"'{path}': expected {describe(expected)}, actual {describe(actual)}"
+    if type(expected) is not type(actual):
+        return mismatch
+    if isinstance(expected, np.ndarray):
+        return None if np.array_equal(expected, actual) else mismatch
+    if isinstance(expected, (tuple, list)):
+        if len(expected) != len(actual):
+            return f"'{path}' length mismatch. expected {len(expected)}, actual {len(actual)}"
+        pairs = enumerate(zip(expected, actual, strict=True))
+        found = (first_difference(e, a, f"{path}[{i}]") for i, (e, a) in pairs)
+        return next((f for f in found if f is not None), None)
+    if isinstance(expected, dict):
+        if expected.keys() != actual.keys():
+            keys = [sorted(map(repr, d)) for d in (expected, actual)]
+            return f"'{path}' keys mismatch. expected {keys[0]}, actual {keys[1]}"
+        found = (
+            first_difference(v, actual[k], f"{path}[{k!r}]")
+            for k, v in expected.items()
         )
-    if isinstance(cached, (tuple, list)) and isinstance(fresh, (tuple, list)):
-        if len(cached) != len(fresh):
-            return (
-                f"'{path}' length mismatch. expected {len(cached)}, actual {len(fresh)}"
-            )
-        for i, (a, b) in enumerate(zip(cached, fresh, strict=True)):
-            found = first_difference(a, b, f"{path}[{i}]")
-            if found:
-                return found
-        return None
-    if isinstance(cached, dict) and isinstance(fresh, dict):
-        if cached.keys() != fresh.keys():
-            return f"'{path}' keys differ: expected {sorted(map(repr, cached))}, actual {sorted(map(repr, fresh))}"
-        for k in cached:
-            found = first_difference(cached[k], fresh[k], f"{path}[{k!r}]")
-            if found:
-                return found
-        return None
+        return next((f for f in found if f is not None), None)
     try:
-        same = bool(cached == fresh)
-    except Exception:
-        same = cached is fresh
-    return (
-        None if same else f"'{path}': expected {_short(cached)}, actual {_short(fresh)}"
-    )
-
-
-def _short(x: Any) -> str:
-    return _fingerprint.describe(x)
+        return None if bool(expected == actual) else mismatch
+    except Exception:  # an == that does not give a bool
+        return None if expected is actual else mismatch
 
 
 def _deep_difference(before: Any, after: Any) -> str:
-    """Which part of a deep fingerprint changed."""
-    names = ("kind", "shape", "dtype", "data_ptr", "contents")
-    if before[0] == after[0] == "tensor":
-        for i, name in enumerate(names):
-            if i and before[i] != after[i]:
-                if (
-                    name == "contents"
-                    and before[i] is not None
-                    and after[i] is not None
-                ):
-                    pairs = zip(_flat(before[i]), _flat(after[i]), strict=False)
-                    for j, (a, b) in enumerate(pairs):
-                        if a != b:
-                            return f"contents mismatch at flat index {j}. expected {a}, actual {b}"
-                return f"{name} mismatch. expected {before[i]}, actual {after[i]}"
-    if before[0] == after[0] == "ndarray":
-        if before[2] != after[2]:
-            return f"shape mismatch. expected {before[2]}, actual {after[2]}"
-        if before[4] is not None and after[4] is not None:
-            a = np.frombuffer(before[4], dtype=np.dtype(before[3]))
-            b = np.frombuffer(after[4], dtype=np.dtype(after[3]))
-            if a.shape == b.shape:
-                j = int(np.flatnonzero(a != b)[0]) if (a != b).any() else 0
-                return f"contents mismatch at flat index {j}. expected {a[j]}, actual {b[j]}"
-        return "contents changed"
+    """Which part of a deep fingerprint (`stepcache._fingerprint.deep`) changed."""
+    if before[0] == after[0] and before[0] in ("tensor", "ndarray"):
+        names = ("shape", "dtype", "address", "contents")
+        for name, b, a in zip(names, before[1:], after[1:], strict=True):
+            if b == a:
+                continue
+            if name == "contents" and b is not None and a is not None:
+                if before[0] == "ndarray":  # contents as bytes
+                    b, a = (np.frombuffer(c, before[2]).tolist() for c in (b, a))
+                j = next(
+                    (j for j, (x, y) in enumerate(zip(b, a, strict=True)) if x != y), 0
+                )
+                return f"contents mismatch at flat index {j}. expected {b[j]}, actual {a[j]}"
+            return f"{name} mismatch. expected {b}, actual {a}"
     return f"expected {before!r:.80}, actual {after!r:.80}"
 
 
-def _flat(values: Any) -> list[Any]:
-    if not isinstance(values, list):
-        return [values]
-    out: list[Any] = []
-    for v in values:
-        out.extend(_flat(v))
-    return out
+_DEVICE_TEXT = re.compile(r"(cpu|cuda|xpu|mps|hip|npu|meta)(:\d+)?")
 
 
-# -- device aliases in keys -----------------------------------------------------------------
-_DEVICE_TEXT = re.compile(r"^(cpu|cuda|xpu|mps|hip|npu|meta)(:\d+)?$")
-
-
-def _device_canonical(part: Any) -> Any:
-    if isinstance(part, torch.device):
-        return ("device", normalize_device(part))
-    if isinstance(part, str) and _DEVICE_TEXT.match(part):
-        return ("device", normalize_device(part))
-    return part
-
-
-def _canonical_key(key: Any) -> Any:
+def _canonical(key: Any) -> Any:
+    """``key`` with each device (a `torch.device`, or a string naming one) normalised."""
     if isinstance(key, tuple):
-        return tuple(_canonical_key(k) for k in key)
-    return _device_canonical(key)
+        return tuple(_canonical(k) for k in key)
+    if isinstance(key, torch.device) or (
+        isinstance(key, str) and _DEVICE_TEXT.fullmatch(key)
+    ):
+        return ("device", normalize_device(key))
+    return key
 
 
 def _check_device_alias(fn: CachedFunction, store: StepCache, key: Any) -> None:
-    if not fn.keyed:
-        return
-    canon = _canonical_key(key)
-    for other in store.keys(fn.fid):
-        if other != key and _canonical_key(other) == canon:
+    canon = _canonical(key)
+    for other in store.keys(fn.fid) if fn.keyed else ():
+        if other != key and _canonical(other) == canon:
             raise _detect(
                 StaleCacheError,
                 "device-alias",
@@ -569,7 +504,6 @@ def _check_device_alias(fn: CachedFunction, store: StepCache, key: Any) -> None:
             )
 
 
-# -- the debug call -------------------------------------------------------------------------------
 def call(fn: CachedFunction, a: tuple[Any, ...], key: Any) -> Any:
     """A call of ``fn`` with the key ``key`` (not a bypass) in checks or verify mode."""
     owner = a[fn.owner_index]
@@ -594,27 +528,26 @@ def _hit(
     deps: tuple[Any, ...],
     entry: Entry,
 ) -> Any:
-    value = entry.value
-    info: _Info | None = entry.info  # None: stored in production mode
+    value, info = entry.value, entry.info  # info is None if stored in production
     if info is not None:
         for i, probe in zip(info.deep_check, info.probes, strict=True):
-            dep, x, before = fn.dep_names[i], deps[i], info.deep[i]
-            if not _fingerprint.deep_unchanged(x, before, probe):
-                after = _fingerprint.deep(x)
+            x, before = deps[i], info.deep[i]
+            if not deep_unchanged(x, before, probe):
                 raise _detect(
                     StaleCacheError,
                     "dependency-changed",
                     fn,
                     key,
-                    f"dependency '{dep}' changed without the cache noticing: "
-                    f"{_deep_difference(before, after)} (now {_short(x)}). It was "
-                    "changed through a path that does not bump the version counter "
-                    "(a write through .numpy(), .data assignment, a kernel writing "
-                    "through data_ptr(), or an in-place change of a numpy array). "
-                    "Fix: change it with torch in-place ops or assign a new object.",
+                    f"dependency '{fn.dep_names[i]}' changed without the cache "
+                    f"noticing: {_deep_difference(before, deep(x))} (now "
+                    f"{describe(x)}). It was changed through a path that does not bump "
+                    "the version counter (a write through .numpy(), .data assignment, "
+                    "a kernel writing through data_ptr(), or an in-place change of a "
+                    "numpy array). Fix: change it with torch in-place ops or assign a "
+                    "new object.",
                 )
-        # (with guard_result the lookup compared these versions already: a written
-        # buffer is a recomputation there, not a detection here)
+        # with guard_result the lookup compared these tags already: a written buffer
+        # was a recomputation there, not a detection here
         for t, version in () if fn.guard else info.versions:
             if tag(t) != version:
                 raise _detect(
@@ -622,38 +555,31 @@ def _hit(
                     "buffer-overwritten",
                     fn,
                     key,
-                    f"the cached tensor {_short(t)} was overwritten after it was "
+                    f"the cached tensor {describe(t)} was overwritten after it was "
                     f"stored (version {version} -> {tag(t)}): another step's build "
                     "wrote the same persistent buffer while this step's cache still "
                     "held a view into it, or a consumer mutated the cached value in "
                     "place. Fix: one step at a time per buffer (close the old step "
                     "first), or clone() values that must outlive the step.",
                 )
-        changed = (
-            [
-                name
-                for name, (o, v) in info.watched.items()
-                if not _fingerprint.matches(getattr(owner, name, _MISSING), o, v)
-            ]
-            if info.watched
-            else None
-        )
-        if changed:
-            difference = _recompute(fn, a, value, info)
-            if difference is not None:
-                names = ", ".join(f"'{n}'" for n in changed)
-                raise _detect(
-                    StaleCacheError,
-                    "undeclared-input",
-                    fn,
-                    key,
-                    f"owner attribute {names} changed since the entry was stored, "
-                    f"and the function reads it, but neither the key nor depends_on "
-                    f"names it; the cached value is stale: {difference}. Fix: add "
-                    f"{names} to depends_on.",
-                )
-            for name in changed:
-                info.watched[name] = _fingerprint.fingerprint(getattr(owner, name))
+        changed = [
+            name
+            for name, (o, v) in info.watched.items()
+            if not matches(getattr(owner, name, _MISSING), o, v)
+        ]
+        if changed and (difference := _recompute(fn, a, value, info)) is not None:
+            names = ", ".join(f"'{n}'" for n in changed)
+            raise _detect(
+                StaleCacheError,
+                "undeclared-input",
+                fn,
+                key,
+                f"owner attribute {names} changed since the entry was stored, and the "
+                "function reads it, but neither the key nor depends_on names it; the "
+                f"cached value is stale: {difference}. Fix: add {names} to depends_on.",
+            )
+        for name in changed:
+            info.watched[name] = fingerprint(getattr(owner, name))
     violation = fn.violation(value, a)
     if violation is not None:
         raise _detect(
@@ -682,28 +608,20 @@ def _hit(
     return info.handed
 
 
-_MISSING = object()
-
-
 def _suggest(fn: CachedFunction, info: _Info | None) -> str:
-    declared = set(fn.dep_names) | set(fn.key_names)
-    candidates = []
-    if fn.key_fn is None:
-        candidates = [
-            f"parameter '{n}'"
-            for n in fn.names
-            if n != fn.owner_name and n not in declared
-        ]
-    if info is not None:
-        candidates += [f"owner attribute '{n}'" for n in sorted(info.watched)]
+    declared = {*fn.dep_names, *fn.key_names, fn.owner_name}
+    candidates = (
+        [] if fn.key_fn else [f"parameter '{n}'" for n in fn.names if n not in declared]
+    )
+    candidates += [
+        f"owner attribute '{n}'" for n in sorted(info.watched if info else ())
+    ]
     if not candidates:
         return (
             "Fix: add the input that distinguishes these calls to key= or depends_on=."
         )
     return (
-        "Candidates: "
-        + ", ".join(candidates)
-        + ". Fix: add the one that distinguishes "
+        f"Candidates: {', '.join(candidates)}. Fix: add the one that distinguishes "
         "these calls to key= (parameters) or depends_on= (owner attributes)."
     )
 
@@ -718,64 +636,59 @@ def _miss(
 ) -> Any:
     _check_device_alias(fn, store, key)
     fps = fingerprints(deps)
-    deep_before = tuple(_fingerprint.deep(x) for x in deps)
+    deep_before = tuple(deep(x) for x in deps)
     value, read = _reads(owner, lambda: fn.invoke(a))
     declared = set(fn.dep_names)
-    if fn.key_fn is not None:
-        _, key_read = _reads(owner, lambda: fn.key_of(a))
+    if fn.key_fn is not None and fn.dep_names:
+        key_read = _reads(owner, lambda: fn.key_of(a))[1] - declared
         undeclared = sorted(
-            n
-            for n in key_read
-            if n not in declared and not callable(getattr(owner, n, None))
+            n for n in key_read if not callable(getattr(owner, n, None))
         )
-        if undeclared and fn.dep_names:
+        if undeclared:
             raise _detect(
                 StaleCacheError,
                 "key-reads-undeclared",
                 fn,
                 key,
-                f"the key function reads owner attribute(s) {undeclared} that depends_on "
-                "does not name: an in-place change that keeps the key equal would not be "
-                f"noticed. Fix: add {undeclared} to depends_on.",
+                f"the key function reads owner attribute(s) {undeclared} that "
+                "depends_on does not name: an in-place change that keeps the key "
+                f"equal would not be noticed. Fix: add {undeclared} to depends_on.",
             )
     for dep, x, before in zip(fn.dep_names, deps, deep_before, strict=True):
-        if _fingerprint.deep(x) != before:
+        if (after := deep(x)) != before:
             raise _detect(
                 StaleCacheError,
                 "builder-mutates-dependency",
                 fn,
                 key,
                 f"the function itself changed its declared dependency '{dep}' "
-                f"({_deep_difference(before, _fingerprint.deep(x))}), so the entry "
-                "could never be reused. Fix: remove it from depends_on (validate an "
-                "output buffer with expect=TensorSpec(device=Arg(...)) instead).",
+                f"({_deep_difference(before, after)}), so the entry could never be "
+                "reused. Fix: remove it from depends_on (validate an output buffer "
+                "with expect=TensorSpec(device=Arg(...)) instead).",
             )
     violation = fn.violation(value, a)
     if violation is not None:
         raise _detect(CacheValidationError, "validation", fn, key, violation[2:])
-    watched: dict[str, tuple[Any, Any]] = {}
-    for name in sorted(read - declared):
-        attr = getattr(owner, name, _MISSING)
-        if attr is _MISSING or callable(attr) or name == "_stepcache":
-            continue
-        watched[name] = _fingerprint.fingerprint(attr)
-    # compared deeply on a hit: not what the lookup compared by value or snapshot,
-    # and not a repeat of an earlier dependency's object
+    watched = {
+        name: fingerprint(attr)
+        for name in sorted(read - declared - {"_stepcache"})
+        if not callable(attr := getattr(owner, name, _MISSING)) and attr is not _MISSING
+    }
     kinds = fps[1::2]
     deep_check = tuple(
         i
-        for i, (x, kind) in enumerate(zip(deps, kinds, strict=True))
-        if kind is not _fingerprint.VAL
-        and kind is not _fingerprint.SNAP
-        and not any(deps[j] is x for j in range(i))
+        for i, x in enumerate(deps)
+        if kinds[i] is not VAL
+        and kinds[i] is not SNAP
+        and all(d is not x for d in deps[:i])
     )
     info = _Info(
         deep_before,
-        [(t, tag(t)) for t in _fingerprint.tensors(value)],
+        [(t, tag(t)) for t in tensors(value)],
         watched,
         weakref.ref(store),
-        deep_check=deep_check,
-        probes=tuple(_fingerprint.content_probe(deps[i]) for i in deep_check),
+        deep_check,
+        tuple(content_probe(deps[i]) for i in deep_check),
     )
     fn.store(store, key, owner, fps, value, info)
     info.handed = _guard(value, fn, key, info)

@@ -243,41 +243,34 @@ def result_guard(value: Any) -> tuple[Any, Any]:
 
 
 def deep(x: Any) -> Any:
-    """A deep, comparable fingerprint for debug mode.
-
-    For a tensor it adds what the production fingerprint cannot see: the data pointer,
-    shape and dtype (a ``.data =`` swap) and, for small CPU tensors, the contents (a
-    write through ``.numpy()`` or ``data_ptr()``, or any write to an inference tensor).
+    """A deep, comparable fingerprint for debug mode: for a tensor or numpy array,
+    ``(kind, shape, dtype, address, contents)``, which sees what the production
+    fingerprint cannot: a ``.data =`` swap and, for small CPU tensors and arrays, the
+    contents (a write through ``.numpy()`` or ``data_ptr()``, or any write to an
+    inference tensor). Contents are a flat list (a tensor's) or bytes (an array's).
     """
     if isinstance(x, torch.Tensor):
-        content: Any = None
-        if x.is_cpu and x.numel() <= DEEP_CONTENT_LIMIT and x.layout is torch.strided:
-            content = x.tolist()
+        content = x.reshape(-1).tolist() if _small_cpu(x) else None
         return ("tensor", x.shape, x.dtype, x.data_ptr(), content)
     if isinstance(x, np.ndarray):
-        body: Any = x.tobytes() if x.size <= DEEP_CONTENT_LIMIT else None
-        return ("ndarray", id(x), x.shape, x.dtype.str, body)
+        body = x.tobytes() if x.size <= DEEP_CONTENT_LIMIT else None
+        return ("ndarray", x.shape, x.dtype.str, id(x), body)
     if _is_value(x):
         return ("value", type(x), x)
     snap = snapshot(x)
-    if snap is not None:
-        return ("snapshot", snap)
-    return ("object", id(x))
+    return ("snapshot", snap) if snap is not None else ("object", id(x))
+
+
+def _small_cpu(x: torch.Tensor) -> bool:
+    return x.is_cpu and x.layout is torch.strided and x.numel() <= DEEP_CONTENT_LIMIT
 
 
 def content_probe(x: Any) -> tuple[np.ndarray, bytes] | None:
-    """A numpy view of a small CPU tensor's memory, and its bytes now (else None).
-
-    Reading the view again is the cheapest way to see a write that did not move the
-    version counter; :func:`deep_unchanged` uses it when it is given one.
-    """
+    """A numpy view of a small CPU tensor's memory and its bytes now, or ``None``:
+    re-reading the view is the cheapest way to see a write that did not move the
+    version counter (:func:`deep_unchanged`)."""
     try:
-        if (
-            isinstance(x, torch.Tensor)
-            and x.is_cpu
-            and x.layout is torch.strided
-            and x.numel() <= DEEP_CONTENT_LIMIT
-        ):
+        if isinstance(x, torch.Tensor) and _small_cpu(x):
             view = x.detach().numpy()
             return view, view.tobytes()
     except Exception:
@@ -298,21 +291,10 @@ def deep_unchanged(
     >>> deep_unchanged(t, before, probe), deep_unchanged(t, before)
     (False, False)
     """
-    try:
-        if before[0] == "tensor" and isinstance(x, torch.Tensor):
-            if (
-                x.data_ptr() != before[3]
-                or x.dtype is not before[2]
-                or x.shape != before[1]
-            ):
-                return False
-            if before[4] is None:
-                return True
-            if probe is not None:
-                return probe[0].tobytes() == probe[1]
-            return bool(x.tolist() == before[4])
-    except Exception:
-        pass  # an odd tensor: the general comparison decides
+    if probe is not None and before[0] == "tensor" and isinstance(x, torch.Tensor):
+        if (x.data_ptr(), x.dtype, x.shape) != (before[3], before[2], before[1]):
+            return False
+        return probe[0].tobytes() == probe[1]
     return bool(deep(x) == before)
 
 
