@@ -90,23 +90,16 @@ class StepCache:
     )
 
     def __init__(self, owner: object | None = None) -> None:
-        #: function id -> entry (unkeyed functions) or {key: entry} (keyed functions);
-        #: what a hit reads, and what only this module writes
+        #: function id -> entry (unkeyed functions) or {key: entry} (keyed ones): what
+        #: a hit reads, and what only this module writes
         self.table: dict[int, Any] = {}
-        self._owner_ref: weakref.ref[Any] | None = None
-        if owner is not None:
-            try:
-                self._owner_ref = weakref.ref(owner)
-            except TypeError:
-                _weak(owner)  # raises the typed error
-        #: id(owner) -> weak ref, for owners that share this store on purpose (made
-        #: by the first attach())
+        self._owner_ref = None if owner is None else _weak(owner)
+        #: id(owner) -> weak reference, for the owners attach() shares this store with
         self._attached: dict[int, weakref.ref[Any]] | None = None
         self._closed = False
         #: function id -> [misses, bypasses, invalidations] seen through this store
         self._counts: dict[int, list[int]] = {}
-        #: objects that must live as long as the step (pinned staging for async
-        #: copies; made by the first keep_alive())
+        #: objects that must live as long as the step (keep_alive())
         self._kept: list[Any] | None = None
         if _tracking:
             _live[weakref.ref(self, _live_pop)] = None
@@ -118,9 +111,7 @@ class StepCache:
         return self._closed
 
     def __len__(self) -> int:
-        return sum(
-            len(v) if isinstance(v, dict) else 1 for v in list(self.table.values())
-        )
+        return sum(1 for _ in self.entries())
 
     def keep_alive(self, obj: Any) -> None:
         """Hold a reference to ``obj`` until the step ends (close, or the owner goes).
@@ -133,9 +124,8 @@ class StepCache:
                 "keep_alive() on a closed StepCache (its step is over)"
             )
         if self._kept is None:
-            self._kept = [obj]
-        else:
-            self._kept.append(obj)
+            self._kept = []
+        self._kept.append(obj)
 
     def clear(self) -> None:
         """Drop every entry (and kept object); the store stays open for the same owner."""
@@ -154,28 +144,16 @@ class StepCache:
         """Per-function counts for this store: entries, bytes, misses, bypasses,
         invalidations (hits are counted process-wide, see [`stats()`][stepcache.stats])."""
         out: dict[str, dict[str, int]] = {}
-        for fid in self._counts:
-            misses, bypasses, invalidations = self._counts[fid]
-            out[name_of(fid)] = {
-                "entries": 0,
-                "bytes": 0,
-                "misses": misses,
-                "bypasses": bypasses,
-                "invalidations": invalidations,
-            }
-        for fid, entry in self.entries():
-            row = out.setdefault(
-                name_of(fid),
-                {
-                    "entries": 0,
-                    "bytes": 0,
-                    "misses": 0,
-                    "bypasses": 0,
-                    "invalidations": 0,
-                },
+        columns = ("entries", "bytes", "misses", "bypasses", "invalidations")
+        for fid in (*self._counts, *(fid for fid, _ in self.entries())):
+            out.setdefault(name_of(fid), dict.fromkeys(columns, 0))
+        for fid, (misses, bypasses, invalidations) in self._counts.items():
+            out[name_of(fid)].update(
+                misses=misses, bypasses=bypasses, invalidations=invalidations
             )
-            row["entries"] += 1
-            row["bytes"] += nbytes(entry.value)
+        for fid, entry in self.entries():
+            out[name_of(fid)]["entries"] += 1
+            out[name_of(fid)]["bytes"] += nbytes(entry.value)
         return out
 
     def __copy__(self) -> StepCache:
@@ -234,11 +212,8 @@ class StepCache:
     def entries(self) -> Iterator[tuple[int, Entry]]:
         """Yield (function id, entry) pairs of the live entries."""
         for fid, slot in list(self.table.items()):
-            if isinstance(slot, dict):
-                for entry in list(slot.values()):
-                    yield fid, entry
-            else:
-                yield fid, slot
+            for entry in list(slot.values()) if isinstance(slot, dict) else (slot,):
+                yield fid, entry
 
 
 class _Placeholder(dict[Any, Any]):
@@ -288,51 +263,36 @@ def _weak(owner: object) -> weakref.ref[Any]:
 def _read(owner: object) -> StepCache | None:
     """The store the owner holds now, without creating one.
 
-    The attribute is read the generic way (a declared slot, or the instance's
-    attributes), never through ``owner.__dict__``: on CPython 3.11+ that would turn
-    the instance's inline attribute values into a dict object of its own.
+    Read the generic way (a declared slot, or the instance's attributes), never through
+    ``owner.__dict__``: on CPython 3.11+ that would turn the instance's inline
+    attribute values into a dict object of its own.
     """
     try:
         store = getattr(owner, ATTR, None)
     except Exception:  # an odd __getattr__
         store = None
-    if store is None or store is NO_STORE:
-        hit = _side.get(id(owner))
-        return hit[1] if hit is not None and hit[0]() is owner else None
-    return store if isinstance(store, StepCache) else None
+    if isinstance(store, StepCache):
+        return store
+    side = _side.get(id(owner))
+    return side[1] if side is not None and side[0]() is owner else None
 
 
 def _write(owner: object, store: StepCache) -> None:
-    """Keep ``store`` in ``owner`` (its attributes, its declared slot, or the side
+    """Keep ``store`` in ``owner`` (its attributes or its declared slot, else the side
     table), and give the owner's class the placeholder."""
-    cls = type(owner)
     try:
-        # past the class's __setattr__ (a frozen dataclass's, say): the store is
-        # not a field
+        # past the class's __setattr__ (a frozen dataclass's, say): not a field
         object.__setattr__(owner, ATTR, store)
-    except (AttributeError, TypeError):
-        pass  # slotted without a slot for it, or a class: the side table
+    except (AttributeError, TypeError):  # slotted without a slot for it
+        key = id(owner)
+
+        def forget(ref: weakref.ref[Any]) -> None:
+            if _side.get(key, (None,))[0] is ref:
+                _side.pop(key, None)
+
+        _side[key] = (weakref.ref(owner, forget), store)
     else:
-        if cls.__dict__.get(ATTR, _UNSET) is not NO_STORE:
-            _place(cls)
-        return
-    key = id(owner)
-    ref = weakref.ref(owner, _SideDropper(key))
-    _side[key] = (ref, store)
-
-
-class _SideDropper:
-    """Weak-ref callback: forget a side-table store when its owner goes."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: int) -> None:
-        self.key = key
-
-    def __call__(self, ref: weakref.ref[Any]) -> None:
-        hit = _side.get(self.key)
-        if hit is not None and hit[0] is ref:
-            del _side[self.key]
+        _place(type(owner))
 
 
 def store_for(owner: object) -> StepCache:
@@ -489,14 +449,10 @@ def attach(owner: object, cache: StepCache) -> StepCache:
 def live_caches() -> list[StepCache]:
     """Every store still alive in this process (what `stats()` counts live entries in).
 
-    Stores are tracked only once this has been called: until then a new store is not
-    registered, which spares each step's stores a weak reference with a callback
-    (measured with the caches cold, as they are at a step's first call: about 3 us to
-    make and 3 us when the store dies, per store). The first call finds the stores
-    alive then by a scan of the objects the garbage collector tracks (one pass over
-    the heap), and turns tracking on. The scan does not see objects moved out of the
-    collector's reach by ``gc.freeze()``: a store frozen before the first call is not
-    listed.
+    Stores are tracked only from the first call on, which spares each step's stores a
+    weak reference with a callback (docs/benchmarks.md). That call finds the stores
+    alive then by one pass over the objects the garbage collector tracks (a store
+    moved out of its reach by ``gc.freeze()`` is not listed).
     """
     global _tracking
     if not _tracking:
