@@ -66,33 +66,32 @@ class CachedFunction:
         try:
             params = tuple(inspect.signature(fn).parameters.values())
         except (TypeError, ValueError) as exc:
-            raise StepCacheError(
-                f"{self.name}: cannot read its signature ({exc})"
-            ) from exc
+            raise self._error(f"cannot read its signature ({exc})") from exc
         self.params = params
         self.names = [p.name for p in params]
         self.index = {n: i for i, n in enumerate(self.names)}
+        self._listing = f" (parameters: {', '.join(self.names)})"
         if any(n.startswith("_sc_") for n in self.names):
-            raise StepCacheError(
-                f"{self.name}: parameter names starting with '_sc_' are reserved"
-            )
+            raise self._error("parameter names starting with '_sc_' are reserved")
         plain = [p.name for p in params if p.kind not in _STARS]
         if not plain:
-            raise StepCacheError(
-                f"{self.name}: a step-cached function needs an owner parameter "
-                "(its first parameter, or the one named by owner=)"
+            raise self._error(
+                "a step-cached function needs an owner parameter (its first "
+                "parameter, or the one named by owner=)"
             )
         self.owner_name = owner if owner is not None else plain[0]
         if self.owner_name not in plain:
-            self._bad("owner", repr(self.owner_name))
+            raise self._error(
+                f"owner={self.owner_name!r} is not a parameter{self._listing}"
+            )
         self.owner_index = self.names.index(self.owner_name)
         self.key_fn, self.key_names = self._check_key(key)
         self.keyed = key is not None
         self.dep_names = self._check_deps(depends_on)
         self.expect = self._check_expect(expect)
         if not isinstance(guard_result, bool):
-            raise StepCacheError(
-                f"{self.name}: guard_result must be True or False (got {guard_result!r})"
+            raise self._error(
+                f"guard_result must be True or False (got {guard_result!r})"
             )
         self.guard = guard_result
         self.only = self._check_only(only)
@@ -144,98 +143,84 @@ class CachedFunction:
         _state.register(self)
 
     # -- decoration-time checks ---------------------------------------------------------
-    def _bad(self, what: str, got: str) -> None:
-        raise StepCacheError(
-            f"{self.name}: {what}={got} is not a parameter "
-            f"(parameters: {', '.join(self.names)})"
-        )
+    def _error(self, message: str) -> StepCacheError:
+        return StepCacheError(f"{self.name}: {message}")
 
     def _check_key(
         self, key: KeyArg
     ) -> tuple[Callable[..., Any] | None, tuple[str, ...]]:
-        if key is None:
-            return None, ()
-        if isinstance(key, str) or (
-            isinstance(key, Sequence) and all(isinstance(k, str) for k in key)
-        ):
-            names = (key,) if isinstance(key, str) else tuple(key)
-            if not names:
-                raise StepCacheError(f"{self.name}: key=() names no parameter")
-            for k in names:
-                if k not in self.names:
-                    raise StepCacheError(
-                        f"{self.name}: key names {k!r}, which is not a parameter "
-                        f"(parameters: {', '.join(self.names)})"
-                    )
-            return None, names
-        if callable(key):
+        if key is None or callable(key):
             return key, ()
-        raise StepCacheError(
-            f"{self.name}: key must be a callable, a parameter name or a tuple of "
-            f"parameter names (got {key!r})"
-        )
+        if not isinstance(key, (str, Sequence)) or not all(
+            isinstance(k, str) for k in key
+        ):
+            raise self._error(
+                "key must be a callable, a parameter name or a tuple of parameter "
+                f"names (got {key!r})"
+            )
+        names = (key,) if isinstance(key, str) else tuple(key)
+        if not names:
+            raise self._error("key=() names no parameter")
+        for k in names:
+            if k not in self.names:
+                raise self._error(
+                    f"key names {k!r}, which is not a parameter{self._listing}"
+                )
+        return None, names
 
     def _check_deps(self, depends_on: Sequence[str]) -> tuple[str, ...]:
         names = (depends_on,) if isinstance(depends_on, str) else tuple(depends_on)
         for d in names:
             if not isinstance(d, str) or not d.isidentifier():
-                raise StepCacheError(
-                    f"{self.name}: depends_on takes attribute or parameter names "
-                    f"(got {d!r})"
+                raise self._error(
+                    f"depends_on takes attribute or parameter names (got {d!r})"
                 )
             if d == self.owner_name:
-                raise StepCacheError(
-                    f"{self.name}: depends_on names the owner {d!r} itself; name its "
-                    "attributes instead"
+                raise self._error(
+                    f"depends_on names the owner {d!r} itself; name its attributes "
+                    "instead"
                 )
         return names
 
     def _check_expect(self, expect: Expect) -> Expect:
         specs = (expect,) if isinstance(expect, TensorSpec) else expect
-        if not (
-            expect is None
-            or (
-                isinstance(specs, tuple)
-                and all(e is None or isinstance(e, TensorSpec) for e in specs)
-            )
+        if not isinstance(specs, tuple | None) or not all(
+            e is None or isinstance(e, TensorSpec) for e in specs or ()
         ):
-            raise StepCacheError(
-                f"{self.name}: expect must be a TensorSpec or a tuple of them "
-                f"(got {expect!r})"
+            raise self._error(
+                f"expect must be a TensorSpec or a tuple of them (got {expect!r})"
             )
         for spec in specs or ():
             for ref in spec.refs() if spec is not None else ():
                 if isinstance(ref, Arg) and ref.name not in self.names:
-                    raise StepCacheError(
-                        f"{self.name}: expect refers to Arg({ref.name!r}), which is not "
-                        f"a parameter (parameters: {', '.join(self.names)})"
+                    raise self._error(
+                        f"expect refers to Arg({ref.name!r}), which is not a "
+                        f"parameter{self._listing}"
                     )
         return expect
 
     def _check_only(
         self, only: Mapping[str, Container[Any]] | None
     ) -> dict[str, Container[Any]]:
-        if only is None:
-            return {}
-        if not isinstance(only, Mapping):
-            raise StepCacheError(
-                f"{self.name}: only= takes a mapping of parameter names to collections "
+        if only is not None and not isinstance(only, Mapping):
+            raise self._error(
+                "only= takes a mapping of parameter names to collections "
                 f"(got {only!r})"
             )
-        for name, allowed in only.items():
+        for name, allowed in (only or {}).items():
             if name not in self.names or name == self.owner_name:
-                raise StepCacheError(
-                    f"{self.name}: only= names {name!r}, which is not a parameter "
-                    f"besides the owner (parameters: {', '.join(self.names)})"
+                raise self._error(
+                    f"only= names {name!r}, which is not a parameter besides the "
+                    f"owner{self._listing}"
                 )
             if isinstance(allowed, (str, bytes)) or not hasattr(
                 allowed, "__contains__"
             ):
-                raise StepCacheError(
-                    f"{self.name}: only={{{name!r}: ...}} must be a collection of the "
-                    f"values to cache, such as a frozenset (got {allowed!r})"
+                raise self._error(
+                    f"only={{{name!r}: ...}} must be a collection of the values to "
+                    f"cache, such as a frozenset (got {allowed!r})"
                 )
-        return dict(only)
+        return dict(only or {})
 
     # -- counters -----------------------------------------------------------------------
     @property
@@ -285,11 +270,9 @@ class CachedFunction:
                     return BYPASS
             if self.key_fn is not None:
                 key = self.invoke(a, self.key_fn)
-            elif self.key_names:
-                values = [a[self.index[n]] for n in self.key_names]
-                key = values[0] if len(values) == 1 else tuple(values)
             else:
-                return None
+                values = tuple(a[self.index[n]] for n in self.key_names)
+                key = values[0] if len(values) == 1 else values or None
         except Exception as exc:
             what = "its key function" if self.key_fn is not None else "its only= test"
             raise StepCacheError(
@@ -299,15 +282,13 @@ class CachedFunction:
 
     def checked(self, key: Any) -> Any:
         """``key``, if it can key a dict; else a typed error naming the function."""
-        if key is not BYPASS and key is not None:
-            try:
-                hash(key)
-            except TypeError as exc:
-                raise StepCacheError(
-                    f"{self.where()}: the key {key!r} is unhashable ({exc}). Fix: "
-                    "return a tuple of ints/strings (e.g. tuple(values) instead of a "
-                    "list)."
-                ) from None
+        try:
+            hash(key)
+        except TypeError as exc:
+            raise StepCacheError(
+                f"{self.where()}: the key {key!r} is unhashable ({exc}). Fix: return a "
+                "tuple of ints/strings (e.g. tuple(values) instead of a list)."
+            ) from None
         return key
 
     def dep_values(self, a: tuple[Any, ...], key: Any = NO_KEY) -> tuple[Any, ...]:
@@ -327,21 +308,17 @@ class CachedFunction:
 
     def resolver(self, a: tuple[Any, ...]) -> Callable[[Arg | Attr], Any]:
         """Resolves an `expect` reference for the call ``a``."""
-
-        def resolve(ref: Arg | Attr) -> Any:
-            if isinstance(ref, Arg):
-                return a[self.index[ref.name]]
-            return getattr(a[self.owner_index], ref.name)
-
-        return resolve
+        owner = a[self.owner_index]
+        return lambda r: (
+            a[self.index[r.name]] if r.__class__ is Arg else getattr(owner, r.name)
+        )
 
     def violation(self, value: Any, a: tuple[Any, ...]) -> str | None:
         """What `validate` finds wrong with ``value`` (``": result ..."``), or
         ``None`` if it meets ``expect``."""
-        if self.expect is None:
-            return None
         try:
-            validate(value, self.expect, self.resolver(a), "")
+            if self.expect is not None:
+                validate(value, self.expect, self.resolver(a), "")
         except CacheValidationError as exc:
             return str(exc)
         return None
