@@ -19,21 +19,13 @@ __all__ = ["BYPASS", "SLOW", "all_functions", "name_of", "new_id", "register"]
 class _Bypass:
     """The key that means "compute, don't cache"."""
 
-    _instance: _Bypass | None = None
-
-    def __new__(cls) -> _Bypass:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
     def __repr__(self) -> str:
         return "stepcache.BYPASS"
 
     def __reduce__(self) -> str:
-        return "BYPASS"
+        return "BYPASS"  # pickles and copies as this module's BYPASS itself
 
 
-#: Returned by a key function: compute the value and do not cache it.
 BYPASS: Final = _Bypass()
 """Returned by a key function: compute the value and do not cache it.
 

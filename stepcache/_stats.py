@@ -106,63 +106,34 @@ class StatsTable(Mapping[str, FunctionStats]):
     def to_dict(self) -> dict[str, dict[str, int]]:
         """Plain data, for JSON."""
         return {
-            r.name: {
-                "hits": r.hits,
-                "misses": r.misses,
-                "bypasses": r.bypasses,
-                "invalidations": r.invalidations,
-                "live_entries": r.live_entries,
-                "live_bytes": r.live_bytes,
-            }
+            r.name: {k: v for k, v in dataclasses.asdict(r).items() if k != "name"}
             for r in self.rows
         }
 
     def __str__(self) -> str:
+        if not self.rows:
+            return "stepcache: no decorated function has been called"
         body = [
-            (
-                r.name,
-                str(r.hits),
-                str(r.misses),
-                str(r.bypasses),
-                str(r.invalidations),
-                str(r.live_entries),
-                _human(r.live_bytes),
-            )
+            (r.name, *map(str, dataclasses.astuple(r)[1:-1]), _human(r.live_bytes))
             for r in self.rows
         ]
-        if not body:
-            return "stepcache: no decorated function has been called"
-        widths = [
-            max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(_COLUMNS)
-        ]
-        lines = [
-            "  ".join(
-                _pad(c, w, i)
-                for i, (c, w) in enumerate(zip(_COLUMNS, widths, strict=True))
-            )
-        ]
-        lines.append("  ".join("-" * w for w in widths))
-        for b in body:
-            lines.append(
-                "  ".join(
-                    _pad(c, w, i)
-                    for i, (c, w) in enumerate(zip(b, widths, strict=True))
-                )
-            )
-        return "\n".join(lines)
+        widths = [max(map(len, column)) for column in zip(_COLUMNS, *body, strict=True)]
 
+        def line(cells: tuple[str, ...]) -> str:
+            pairs = zip(cells, widths, strict=True)
+            return "  ".join(
+                c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(pairs)
+            )
 
-def _pad(text: str, width: int, column: int) -> str:
-    return text.ljust(width) if column == 0 else text.rjust(width)
+        dashes = "  ".join("-" * w for w in widths)
+        return "\n".join([line(_COLUMNS), dashes, *map(line, body)])
 
 
 def _human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB"):
-        if value < 1024 or unit == "MiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
+    if n < 1024:
+        return f"{n} B"
+    kib = n / 1024
+    return f"{kib:.1f} KiB" if kib < 1024 else f"{kib / 1024:.1f} MiB"
 
 
 def stats(*, include_idle: bool = False) -> StatsTable:

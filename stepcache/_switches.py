@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from stepcache import _envs, _state
 
@@ -31,6 +32,20 @@ _lock = threading.RLock()
 def _apply() -> None:
     disabled_now, mode = _state.switches
     _state.SLOW[0] = disabled_now or mode != "off"
+
+
+@contextlib.contextmanager
+def _switched(
+    index: int, value: object, setter: Callable[[Any], None]
+) -> Iterator[None]:
+    """Switch ``index`` set to ``value`` (with ``setter``) for a block, then back."""
+    with _lock:
+        before = _state.switches[index]
+        setter(value)
+    try:
+        yield
+    finally:
+        setter(before)
 
 
 def set_disabled(value: bool) -> None:
@@ -100,13 +115,8 @@ def disabled() -> Iterator[None]:
         >>> stepcache.stats()["ex.disabled"].bypasses
         2
     """
-    with _lock:
-        before = get_disabled()
-        set_disabled(True)
-    try:
+    with _switched(0, True, set_disabled):
         yield
-    finally:
-        set_disabled(before)
 
 
 def set_debug(mode: str) -> None:
@@ -162,10 +172,5 @@ def debug(mode: str = "checks") -> Iterator[None]:
         'checks'
         'verify'
     """
-    with _lock:
-        before = get_debug()
-        set_debug(mode)
-    try:
+    with _switched(1, mode, set_debug):
         yield
-    finally:
-        set_debug(before)
