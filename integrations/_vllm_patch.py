@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, Final
 
-import torch
-
 import stepcache
+from stepcache._debug import first_difference
 
 __all__ = [
     "MARK",
@@ -137,73 +136,10 @@ class Settings:
 settings = Settings()
 
 
-def first_difference(ours: object, stock: object, where: str = "result") -> str | None:
-    """The first way ``ours`` differs from ``stock`` (``None``: they are equal):
-    tensors by device, dtype, shape and values; tuples and lists item by item;
-    anything else by ``==``.
-
-    >>> import torch
-    >>> first_difference((1, torch.tensor([1, 2])), (1, torch.tensor([1, 3])))
-    'result[1] values differ at index 1: expected 3, got 2'
-    >>> first_difference(torch.zeros(2), torch.zeros(3))
-    'result shape differs: expected (3,), got (2,)'
-    """
-    if isinstance(stock, torch.Tensor) or isinstance(ours, torch.Tensor):
-        if not (isinstance(stock, torch.Tensor) and isinstance(ours, torch.Tensor)):
-            return f"{where} differs: expected {_kind(stock)}, got {_kind(ours)}"
-        for what in ("device", "dtype"):
-            if getattr(ours, what) != getattr(stock, what):
-                return (
-                    f"{where} {what} differs: expected {getattr(stock, what)}, "
-                    f"got {getattr(ours, what)}"
-                )
-        if ours.shape != stock.shape:
-            return (
-                f"{where} shape differs: expected {tuple(stock.shape)}, "
-                f"got {tuple(ours.shape)}"
-            )
-        a, b = ours.detach().cpu(), stock.detach().cpu()
-        same = (a == b) | (a != a) & (b != b)  # NaN where both are NaN
-        if not bool(same.all()):
-            index = tuple(int(i) for i in (~same).nonzero()[0])
-            at = index[0] if len(index) == 1 else index
-            return (
-                f"{where} values differ at index {at}: expected "
-                f"{b[index].item()!r}, got {a[index].item()!r}"
-            )
-        return None
-    if isinstance(stock, tuple | list) and type(ours) is type(stock):
-        assert isinstance(ours, tuple | list)
-        if len(ours) != len(stock):
-            return f"{where} length differs: expected {len(stock)}, got {len(ours)}"
-        for i, (x, y) in enumerate(zip(ours, stock, strict=True)):
-            found = first_difference(x, y, f"{where}[{i}]")
-            if found is not None:
-                return found
-        return None
-    if isinstance(stock, Mapping) and isinstance(ours, Mapping):
-        if set(ours) != set(stock):
-            return f"{where} keys differ: expected {sorted(stock)}, got {sorted(ours)}"
-        for key in stock:
-            found = first_difference(ours[key], stock[key], f"{where}[{key!r}]")
-            if found is not None:
-                return found
-        return None
-    if type(ours) is not type(stock) or ours != stock:
-        return f"{where} differs: expected {stock!r}, got {ours!r}"
-    return None
-
-
-def _kind(value: object) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)}"
-    return f"{value!r} (a {type(value).__name__})"
-
-
 def verify_against_stock(name: str, ours: object, stock: object) -> None:
     """Raise :class:`stepcache.StaleCacheError` naming the patch ``name`` and the first
     difference, if ``ours`` is not what stock vLLM computed."""
-    found = first_difference(ours, stock)
+    found = first_difference(stock, ours)
     counters.count(name, "verified")
     if found is not None:
         raise stepcache.StaleCacheError(

@@ -100,4 +100,4 @@ def test_a_c128_boundary_that_differs_from_stock_raises_in_verify_mode(
         compressor._get_c128_boundary(cam)
     message = str(caught.value)
     assert "vllm.dsv4._get_c128_boundary" in message
-    assert "result differs: expected False, got True" in message
+    assert "'result': expected False, actual True" in message

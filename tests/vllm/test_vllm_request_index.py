@@ -400,8 +400,8 @@ def test_verify_mode_checks_the_index_against_vllms_kernel(
         other.token_to_req_indices(torch.zeros(16, dtype=torch.int32))
     assert str(caught.value).startswith(
         "stepcache verify: the patch vllm.CommonAttentionMetadata.token_to_req_indices "
-        "gave another value than stock vLLM: result values differ at index 1: "
-        "expected 1, got 0."
+        "gave another value than stock vLLM: tensor 'result' value mismatch at flat "
+        "index 1. expected 1, actual 0."
     )
 
 

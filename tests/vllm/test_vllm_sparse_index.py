@@ -363,7 +363,10 @@ def test_verify_mode_compares_with_stock_and_names_the_patch(
         build(attn, swa_metadata, "swa_only")
     message = str(caught.value)
     assert "vllm.dsv4.flashinfer_sparse_index" in message
-    assert "result[2] values differ at index (0, 0): expected 2, got 1" in message
+    assert (
+        "tensor 'result[2]' value mismatch at flat index 0. expected 2, actual 1"
+        in message
+    )
 
 
 def test_verify_mode_passes_when_the_cache_is_right(
