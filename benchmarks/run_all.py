@@ -39,6 +39,7 @@ from benchmarks import (
     bench_floor,
     bench_gpu,
     bench_hit,
+    bench_import,
     bench_soak,
     bench_stages,
 )
@@ -53,6 +54,7 @@ FULL: dict[str, Any] = {
     "soak": {"steps": 100_000, "warmup": 1_000},
     "stages": {"layers": 8, "tokens": 4, "rounds": bench_stages.ROUNDS},
     "floor": {"rounds": bench_floor.ROUNDS},
+    "imports": {"processes": bench_import.PROCESSES},
 }
 QUICK: dict[str, Any] = {
     "hit": {"number": 2_000, "repeats": 3, "processes": 2},
@@ -65,6 +67,7 @@ QUICK: dict[str, Any] = {
     "soak": {"steps": 2_000, "warmup": 200},
     "stages": {"layers": 8, "tokens": 4, "rounds": 5},
     "floor": {"tokens": (1,), "rounds": 3},
+    "imports": {"processes": 2, "warmup": 0},
 }
 
 
@@ -102,6 +105,7 @@ def page(
     gpu_section: str,
     instructions_section: str = "",
     engine_section: str = "",
+    imports: bench_import.ImportResults | None = None,
 ) -> str:
     worst: GoalResult = max(dsv4.goals, key=lambda g: g.ratio)
     worst_point = dsv4.points[dsv4.goals.index(worst)]
@@ -114,7 +118,14 @@ def page(
         f"{'yes' if dsv4.goal_met else '**no**'} "
         f"({sum(g.met for g in dsv4.goals)} of {len(dsv4.goals)} points) | issue 5 |"
     )
-    goals = "\n".join([goals_table(hit.goals), dsv4_goal, _soak_goals(soak)])
+    goals = "\n".join(
+        [
+            goals_table(hit.goals),
+            dsv4_goal,
+            _soak_goals(soak),
+            *([bench_import.goal_rows(imports)] if imports else []),
+        ]
+    )
     lines = [
         "# Benchmarks",
         "",
@@ -295,6 +306,10 @@ def page(
         "",
         engine_section,
         "",
+        "## 6. Import time",
+        "",
+        _import_section(imports),
+        "",
         "## Reproduce",
         "",
         "From the repository root, in the environment `bash scripts/setup_env.sh --full`",
@@ -311,6 +326,7 @@ def page(
         "    python -m benchmarks.bench_soak",
         "    python -m benchmarks.bench_stages       # the DSv4 step, stage by stage",
         "    python -m benchmarks.bench_floor        # the DSv4 step, part by part",
+        "    python -m benchmarks.bench_import       # import time, modules loaded",
         "    python -m benchmarks.bench_instructions --markdown "
         "docs/benchmarks/instructions.md",
         "    python scripts/gpu_bench.py             # on a machine with one GPU",
@@ -319,6 +335,30 @@ def page(
         "",
     ]
     return "\n".join(lines)
+
+
+def _import_section(imports: bench_import.ImportResults | None) -> str:
+    """Section 6: what ``import stepcache`` adds to ``import torch``."""
+    if imports is None:
+        return "Not measured in this run: run `python -m benchmarks.bench_import`."
+    return "\n".join(
+        [
+            "`python -m benchmarks.bench_import`: `import stepcache` after `import "
+            "torch` in a fresh process, cumulative time of the `stepcache` entry in "
+            f"`-X importtime`, median of {imports.processes} processes (min-max), each "
+            f"running `{bench_import.COMMAND}` from the repository root, after "
+            f"{imports.warmup} warm-up process(es) not counted (they leave the files "
+            "and bytecode in the OS's cache). The `torch` row is the cumulative time "
+            "of the `torch` entry of the same processes: `import torch` alone, with "
+            "nothing imported before it but what Python's start-up imports. Both "
+            "include `-X importtime`'s own overhead. Then one more fresh process "
+            "compares `sys.modules` before and after `import stepcache` (torch "
+            "already imported) and checks that the modules that load lazily are not "
+            "among those it added.",
+            "",
+            bench_import.render(imports),
+        ]
+    )
 
 
 def _code(raw: dict[str, Any]) -> str:
@@ -377,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.UTC)
     t0 = time.monotonic()
     print(f"Environment: {environment()}", flush=True)
+    # in fresh processes of its own: what this process has loaded does not matter
+    imports = bench_import.run(**settings["imports"])
+    print(bench_import.render(imports), "\n", flush=True)
     hit = bench_hit.run(**settings["hit"])
     print(bench_hit.render(hit), "\n", flush=True)
     dsv4 = bench_dsv4.run(**settings["dsv4"])
@@ -408,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         "soak": soak.to_dict(),
         "stages": stages.to_dict(),
         "floor": floor.to_dict(),
+        "imports": imports.to_dict(),
     }
     (figures / "results.json").write_text(
         json.dumps(raw, indent=2, sort_keys=True) + "\n"
@@ -427,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         gpu_section=bench_gpu.section(out),
         instructions_section=_instructions(figures / "instructions.md"),
         engine_section=_engine_page.section(engine),
+        imports=imports,
     )
     (out / "benchmarks.md").write_text(text)
     pages = _pages(out)

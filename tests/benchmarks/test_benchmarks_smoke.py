@@ -24,6 +24,7 @@ from benchmarks import (  # noqa: E402
     bench_floor,
     bench_gpu,
     bench_hit,
+    bench_import,
     bench_soak,
     bench_stages,
     run_all,
@@ -205,6 +206,7 @@ def test_run_all_writes_the_page_and_plots(
         "soak": {"steps": 20, "warmup": 2},
         "stages": {"layers": 3, "tokens": 2, "rounds": 1},
         "floor": {"tokens": (2,), "layers": (3,), "rounds": 1},
+        "imports": {"processes": 1, "warmup": 0},
     }
     monkeypatch.setattr(run_all, "QUICK", tiny)
     assert run_all.main(["--quick", "--out", str(tmp_path)]) == 0
@@ -213,12 +215,24 @@ def test_run_all_writes_the_page_and_plots(
     assert "The GPU numbers have not been measured yet" in page
     assert "### Where the difference goes" in page and "layer 2 (c4a)" in page
     assert "minimal decorator / hand-written" in page
+    assert "## 6. Import time" in page and "median of 1 processes" in page
+    assert "| import stepcache over import torch (" in page
     for name in ("hit_cost", "dsv4_build_time", "dsv4_ratio", "soak"):
         png = tmp_path / "benchmarks" / f"{name}.png"
         assert png.read_bytes()[:4] == b"\x89PNG"
         assert f"(benchmarks/{name}.png)" in page
     raw = json.loads((tmp_path / "benchmarks" / "results.json").read_text())
-    assert set(raw) >= {"hit", "dsv4", "soak", "floor", "environment", "date"}
+    assert set(raw) >= {
+        "hit",
+        "dsv4",
+        "soak",
+        "floor",
+        "imports",
+        "environment",
+        "date",
+    }
+    assert raw["imports"]["lazy_loaded"] == []
+    assert len(raw["imports"]["stepcache_us_per_process"]) == 1
     # what was measured, how and where
     assert raw["command"] == f"python -m benchmarks.run_all --quick --out {tmp_path}"
     assert set(raw["source"]) == {"commit", "dirty", "dirty_paths"}
@@ -330,3 +344,55 @@ def test_stages_time_every_builder_and_layer() -> None:
     table = bench_stages.render(results)
     assert "**sum of the medians**" in table
     assert results.to_dict()["median_ns"]["layer 2 (c4a)"]["stepcache"] > 0
+
+
+def test_import_time_and_the_modules_import_stepcache_loads() -> None:
+    results = bench_import.run(processes=2, warmup=0)
+    assert len(results.torch_us) == len(results.stepcache_us) == 2
+    assert all(us > 0 for us in [*results.torch_us, *results.stepcache_us])
+    t = results.stepcache
+    assert t.min_ns <= t.median_ns <= t.max_ns
+    loaded = results.modules.loaded
+    assert "stepcache" in loaded and "torch" not in loaded  # torch came first
+    assert results.modules.is_this_checkout
+    # the core loads nothing that should load lazily
+    lazy = [m for m in loaded if m.split(".")[0] in ("attrs", "attr", "vllm", "pytest")]
+    lazy += [m for m in loaded if m.startswith(("stepcache.profiler", "stepcache.int"))]
+    lazy += [
+        m for m in loaded if m.startswith(("stepcache.pytest", "stepcache_pytest"))
+    ]
+    assert lazy == [] and results.modules.lazy_loaded == [] and results.lazy_met
+    raw = results.to_dict()
+    assert raw["command"] == 'python -X importtime -c "import torch; import stepcache"'
+    assert raw["lazy_checked"] == list(bench_import.LAZY)
+    text = bench_import.render(results)
+    assert "`import stepcache` after `import torch`" in text
+    assert "loaded of those: none." in text
+    assert "median of 2 fresh processes" in bench_import.goal_rows(results)
+
+
+def test_the_module_check_names_what_loaded_eagerly() -> None:
+    check = bench_import.ModuleCheck(
+        loaded=["attrs", "json", "stepcache", "stepcache.integrations.vllm", "numpy.x"],
+        stepcache_file=str(ROOT / "stepcache" / "__init__.py"),
+    )
+    assert check.lazy_loaded == ["attrs", "stepcache.integrations.vllm"]
+    assert check.outside_stdlib == ["attrs", "stepcache", "stepcache.integrations.vllm"]
+    assert check.other_packages == ["attrs"]
+    results = bench_import.ImportResults(1, 0, [10], [60_000], check)
+    assert not results.time_met and not results.lazy_met
+    assert bench_import.goal_rows(results).count("| **no** | issue 19 |") == 2
+    assert not bench_import.ModuleCheck(
+        ["stepcache"], "/elsewhere/x.py"
+    ).is_this_checkout
+
+
+def test_importtime_top_level_entries() -> None:
+    out = (
+        "import time: self [us] | cumulative | imported package\n"
+        "import time:       100 |        300 |   torch._C\n"
+        "import time:       400 |        700 | torch\n"
+        "import time:         5 |         55 |     stepcache._envs\n"
+        "import time:        50 |         90 | stepcache\n"
+    )
+    assert bench_import.top_level_us(out) == {"torch": 700, "stepcache": 90}
