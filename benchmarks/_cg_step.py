@@ -5,6 +5,11 @@ Run by :mod:`benchmarks.bench_instructions` as
 ``valgrind --tool=callgrind --instr-atstart=no python -m benchmarks._cg_step VARIANT
 STEPS LAYERS TOKENS``: start-up and five warm-up steps run uninstrumented, then
 ``callgrind_control -i on`` counts the instructions of ``STEPS`` steps.
+
+The variants ``hit`` and ``hit-without-switch-test`` count ``STEPS`` hits of a method
+keyed by one argument instead: as stepcache generates its hit, and with the hit's
+test of the switch flag (``if _sc_SLOW[0]:``) compiled out. The difference is what
+testing the switches costs per hit.
 """
 
 from __future__ import annotations
@@ -13,24 +18,64 @@ import gc
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from benchmarks._sim import demo, dsv4_sim
+
+
+def _count(run: Callable[[], object], times: int) -> None:
+    pid = str(os.getpid())
+    subprocess.run(["callgrind_control", "-i", "on", pid], capture_output=True)
+    for _ in range(times):
+        run()
+    subprocess.run(["callgrind_control", "-i", "off", pid], capture_output=True)
+
+
+SWITCH_TEST = "if _sc_SLOW[0]:"
+
+
+def hits(variant: str, times: int) -> None:
+    """``times`` hits of a keyed method (see the module doc)."""
+    from stepcache import _hit
+
+    if variant == "hit-without-switch-test":
+        make = _hit.source
+
+        def without(*args: Any) -> str:
+            text = make(*args)
+            if SWITCH_TEST not in text:
+                raise RuntimeError(f"the generated hit has no {SWITCH_TEST!r}")
+            return text.replace(SWITCH_TEST, "if False:")  # compiled away
+
+        setattr(_hit, "source", without)  # noqa: B010 (a patch of the module)
+
+    import stepcache
+
+    class Meta:
+        @stepcache.step_cached(key="k")
+        def value(self, k: int) -> int:
+            return k
+
+    meta = Meta()
+    meta.value(1)
+    _count(lambda: meta.value(1), times)
 
 
 def main(argv: list[str]) -> None:
     variant, steps, layers, tokens = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     gc.disable()  # a collection would land in one variant's count only
+    if variant.startswith("hit"):
+        hits(variant, steps)
+        return
     kinds = demo.layer_kinds(layers)
     builders = dsv4_sim.Builders(8192)
     lens = [1] * min(tokens, 256) + ([tokens - 256] if tokens > 256 else [])
     metas = [dsv4_sim.make_step(lens) for _ in range(steps + 5)]
     for meta in metas[:5]:
         demo.build_step(meta, builders, variant, kinds)  # type: ignore[arg-type]
-    pid = str(os.getpid())
-    subprocess.run(["callgrind_control", "-i", "on", pid], capture_output=True)
-    for meta in metas[5:]:
-        demo.build_step(meta, builders, variant, kinds)  # type: ignore[arg-type]
-    subprocess.run(["callgrind_control", "-i", "off", pid], capture_output=True)
+    later = iter(metas[5:])
+    _count(lambda: demo.build_step(next(later), builders, variant, kinds), steps)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

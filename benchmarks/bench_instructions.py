@@ -27,6 +27,7 @@ from benchmarks._timing import environment, progress, source_state
 
 VARIANTS = ("uncached", "handwritten", "stepcache")
 POINTS = ((8, 4), (61, 4), (8, 1024), (61, 1024))
+HIT_VARIANTS = ("hit", "hit-without-switch-test")
 
 
 @functools.cache
@@ -79,11 +80,34 @@ def count(variant: str, steps: int, layers: int, tokens: int) -> int:
     return int(found.group(1))
 
 
+def switch_test_rows(hits: int) -> list[str]:
+    """What the hit's test of the switch flag costs: instructions per hit of a method
+    keyed by one argument, as generated and with that test compiled out."""
+    progress(f"  counting {hits:,} hits with and without the switch test ...")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = [pool.submit(count, v, hits, 0, 0) for v in HIT_VARIANTS]
+        with_test, without = (job.result() / hits for job in jobs)
+    return [
+        "",
+        f"Instructions per hit of a method keyed by one argument ({hits:,} hits, the "
+        "loop and the call included): as stepcache generates the hit, and with the "
+        "hit's test of the switch flag (`if _sc_SLOW[0]:`, true while `disabled()` "
+        "or debug mode is on) compiled out of the same source.",
+        "",
+        "| hit | instr/hit |",
+        "| --- | ---: |",
+        f"| as generated | {with_test:,.0f} |",
+        f"| without the switch test | {without:,.0f} |",
+        f"| the switch test | {with_test - without:,.0f} |",
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0] if __doc__ else None
     )
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--hits", type=int, default=20_000)
     parser.add_argument("--markdown", type=Path, help="also write the table here")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
@@ -121,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"| {per['stepcache'] / per['handwritten']:.3f}x "
                 f"| {per['uncached'] / per['stepcache']:.2f}x |"
             )
+    lines += switch_test_rows(args.hits)
     text = "\n".join(lines)
     print(text)
     if args.markdown:
