@@ -18,16 +18,14 @@ __all__ = [
 DEBUG_MODES = ("off", "checks", "verify")
 
 
+_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
 def _flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name} must be 0 or 1 (got {raw!r})")
+    value = os.environ.get(name, "").strip().lower()
+    if value in _ON or value in _OFF:
+        return value in _ON if value else default
+    raise ValueError(f"{name} must be 0 or 1 (got {os.environ[name]!r})")
 
 
 def parse_debug_mode(raw: str, *, source: str = "debug mode") -> str:
@@ -36,12 +34,8 @@ def parse_debug_mode(raw: str, *, source: str = "debug mode") -> str:
     ``"1"`` means ``"checks"`` and ``"0"`` or ``""`` mean ``"off"``.
     """
     value = raw.strip().lower()
-    if value in ("", "0", "off", "false", "no"):
-        return "off"
-    if value in ("1", "true", "yes", "on", "checks"):
-        return "checks"
-    if value == "verify":
-        return "verify"
+    if value in _OFF or value in _ON or value in DEBUG_MODES:
+        return "off" if value in _OFF else "checks" if value in _ON else value
     raise ValueError(f"{source} must be one of {DEBUG_MODES} or 0/1 (got {raw!r})")
 
 

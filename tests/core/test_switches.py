@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Switches: disabled() calls straight through (counted as bypasses), nestably; the
-STEPCACHE_DISABLE and STEPCACHE_DEBUG variables; switching swaps code, not per-call tests."""
+STEPCACHE_DISABLE and STEPCACHE_DEBUG variables; a switch flipped while functions run."""
 
 from __future__ import annotations
 
