@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Switches: disabled() calls straight through (counted as bypasses), nestably; the
-STEPCACHE_DISABLE and STEPCACHE_DEBUG variables; a switch flipped while functions run."""
+STEPCACHE_DISABLE and STEPCACHE_DEBUG variables; functions decorated while a switch is on."""
 
 from __future__ import annotations
 
