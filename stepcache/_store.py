@@ -135,10 +135,9 @@ class StepCache:
     def close(self) -> None:
         """End the step: drop every entry and refuse any later use."""
         # the flag first: a miss that inserts meanwhile sees it and empties the store
+        # (and values handed out in debug mode read it themselves)
         self._closed = True
-        self.table = {}
-        self._kept = None
-        # values handed out in debug mode check this flag themselves when read
+        self.clear()
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per-function counts for this store: entries, bytes, misses, bypasses,
@@ -173,12 +172,9 @@ class StepCache:
 
     # -- used by the decorator's slow path ----------------------------------------------
     def belongs_to(self, owner: object) -> bool:
-        ref = self._owner_ref
-        if ref is not None and ref() is owner:
+        if self._owner_ref is not None and self._owner_ref() is owner:
             return True
-        if self._attached is None:
-            return False
-        member = self._attached.get(id(owner))
+        member = (self._attached or {}).get(id(owner))
         return member is not None and member() is owner
 
     def count(self, fid: int, which: int) -> None:
