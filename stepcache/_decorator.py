@@ -62,7 +62,7 @@ class CachedFunction:
         self.name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
         self.fid = _state.new_id()
         self.lock = threading.Lock()
-        self.misses = self.bypasses = self.invalidations = 0
+        self.misses = self.invalidations = 0
         try:
             params = tuple(inspect.signature(fn).parameters.values())
         except (TypeError, ValueError) as exc:
@@ -119,18 +119,19 @@ class CachedFunction:
             deps,
             self.guard,
             tuple(self.only),
+            self.fid,
         )
         self.label = f"<stepcache {self.name} #{self.fid}>"
-        wrapper, self._hits = compile_hit(
+        wrapper, self._counts = compile_hit(
             hit,
             getattr(fn, "__name__", "wrapper"),
             self.label,
             {
                 "_sc_SLOW": _state.SLOW,
                 "_sc_CALL": self.call,
+                "_sc_FN": fn,
                 "_sc_KEY": self.key_fn,
                 "_sc_BYPASS": BYPASS,
-                "_sc_FID": self.fid,
                 "_sc_ABSENT": ABSENT,
                 **defaults,
                 **only_sets,
@@ -225,16 +226,20 @@ class CachedFunction:
     # -- counters -----------------------------------------------------------------------
     @property
     def hits(self) -> int:
-        return self._hits(0)
+        return self._counts(0, 0)[0]
+
+    @property
+    def bypasses(self) -> int:
+        return self._counts(0, 0)[1]
 
     def count_hit(self) -> None:
         # like the hit path's own increment: statistics, not atomic across threads
-        self._hits(1)
+        self._counts(1, 0)
 
     def reset_counts(self) -> None:
         with self.lock:
-            self._hits(None)
-            self.misses = self.bypasses = self.invalidations = 0
+            self._counts(None, 0)
+            self.misses = self.invalidations = 0
 
     # -- the pieces of a call -----------------------------------------------------------
     def where(self, key: Any = NO_KEY) -> str:
@@ -359,7 +364,7 @@ class CachedFunction:
 
     def bypass(self, a: tuple[Any, ...]) -> Any:
         """A call left out of the cache (a `BYPASS` key, only=, or caching off)."""
-        self.bypasses += 1
+        self._counts(0, 1)
         return self.fn(*a) if self._simple else self.invoke(a)
 
     def stale(self, entry: Entry, owner: object, store: Any) -> None:

@@ -16,19 +16,21 @@ from stepcache._fingerprint import MATCH, MATCH_GLOBALS
 
 __all__ = ["ABSENT", "CONDITION_GLOBALS", "Entry", "condition"]
 
-#: an entry without dependencies serves only the owner that computed it
-_BOUND: Final = "{e}.bound() is {owner}"
+#: an entry without dependencies serves only the owner that computed it: it holds
+#: the owner's plain weak reference, of which CPython keeps one per object
+_BOUND: Final = "{e}.bound is {ref}"
 #: a guarded result (``guard_result=True``) is still as it was stored
 _GUARD: Final = "{e}.guard._version == {e}.gtag"
 
 
 def condition(
-    e: str, owner: str, deps: Sequence[str], guard: bool, prefix: str = "_sc_x"
+    e: str, ref: str, deps: Sequence[str], guard: bool, prefix: str = "_sc_x"
 ) -> tuple[list[str], str]:
     """Source of the test that entry ``e`` serves a call: assignments of the
-    dependency expressions ``deps`` to locals, and the condition over them.
+    dependency expressions ``deps`` to locals, and the condition over them; ``ref``
+    is the owner's plain weak reference (what ``weakref.ref(owner)`` returns).
 
-    >>> lines, test = condition("e", "md", ["md.qsl"], guard=False)
+    >>> lines, test = condition("e", "_sc_ref(md)", ["md.qsl"], guard=False)
     >>> lines
     ['_sc_x0 = md.qsl', '_sc_xd = e.deps']
     >>> test.startswith("((_sc_x0 is _sc_xd[0] and")
@@ -37,7 +39,7 @@ def condition(
     lines = [f"{prefix}{i} = {expr}" for i, expr in enumerate(deps)]
     if deps:
         lines.append(f"{prefix}d = {e}.deps")
-    parts = [] if deps else [_BOUND.format(e=e, owner=owner)]
+    parts = [] if deps else [_BOUND.format(e=e, ref=ref)]
     for i in range(len(deps)):
         o, v = f"{prefix}d[{2 * i}]", f"{prefix}d[{2 * i + 1}]"
         parts.append("(" + MATCH.format(x=f"{prefix}{i}", o=o, v=v) + ")")
@@ -47,7 +49,7 @@ def condition(
 
 
 #: the names :func:`condition`'s source reads
-CONDITION_GLOBALS: Final = dict(MATCH_GLOBALS)
+CONDITION_GLOBALS: Final = {**MATCH_GLOBALS, "_sc_ref": weakref.ref}
 
 
 class Entry:
@@ -101,7 +103,7 @@ _matches: dict[tuple[int, bool], Any] = {}
 
 def _compile(n: int, guard: bool) -> Any:
     names = [f"x{i}" for i in range(n)]
-    lines, test = condition("e", "owner", names, guard, prefix="x")
+    lines, test = condition("e", "_sc_ref(owner)", names, guard, prefix="x")
     ns = dict(CONDITION_GLOBALS)
     body = "".join(f" {line}\n" for line in lines[len(names) :])
     args = "".join(x + ", " for x in names)

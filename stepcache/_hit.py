@@ -4,10 +4,10 @@
 Specialise instead of branch: the hit is written once, at decoration time, for the
 function's own signature, owner, key and dependencies, so a hit tests no option
 (cachetools picks a wrapper per option the same way; attrs writes ``__init__``).
-It answers a hit and hands every other call to ``_sc_CALL``, the function's slow
-path. The values it reads are named cells of a closure (``_sc_`` names, which no
-parameter may have), and its source is registered in `linecache`, so tracebacks and
-pdb show it.
+It answers a hit and a bypass, and hands every other call to ``_sc_CALL``, the
+function's slow path. The values it reads are named cells of a closure (``_sc_``
+names, which no parameter may have), and its source is registered in `linecache`,
+so tracebacks and pdb show it.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class Hit:
         deps: Sequence[tuple[str, bool]],
         guard: bool,
         only: Sequence[str],
+        fid: int,
     ) -> None:
         self.params = tuple(params)
         self.owner = owner
@@ -44,6 +45,7 @@ class Hit:
         self.deps = tuple(deps)
         self.guard = guard
         self.only = tuple(only)
+        self.fid = fid
 
 
 def _signature(params: Sequence[inspect.Parameter]) -> str:
@@ -84,27 +86,32 @@ def _call(params: Sequence[inspect.Parameter]) -> str:
 
 def source(hit: Hit, fname: str, cells: Sequence[str]) -> str:
     """The hit's source: ``_sc_make(cells...)``, which returns a function named
-    ``fname`` with the decorated signature, and its hit counter."""
+    ``fname`` with the decorated signature, and its counter of hits and bypasses."""
     params, owner = hit.params, hit.owner
     packed = "(" + "".join(p.name + ", " for p in params) + ")"
-    out = [f"def {fname}({_signature(params)}):", "    nonlocal _sc_HITS"]
+    out = [f"def {fname}({_signature(params)}):", "    nonlocal _sc_HITS, _sc_BYPASSES"]
     add = out.append
     add("    if _sc_SLOW[0]:")
     add(f"        return _sc_CALL({packed})")
-    lookup = f"{owner}._stepcache.table[_sc_FID]"
+    # a bypass needs nothing of the slow path: counted here, computed directly
+    bypass = f"_sc_BYPASSES += 1; return _sc_FN({_call(params)})"
+    # the function's id is a constant of the source
+    lookup = f"{owner}._stepcache.table[{hit.fid}]"
     miss = f"_sc_CALL({packed})"
+    key = "_sc_k"
     if hit.key == "callable":
         # a key function that raises gets its typed error from the slow path
         add("    try:")
         add(f"        _sc_k = _sc_KEY({_call(params)})")
         add("    except Exception:")
         add(f"        return _sc_CALL({packed})")
-        add("    if _sc_k is _sc_BYPASS:")
-        add(f"        return _sc_CALL({packed}, _sc_k)")
+        add(f"    if _sc_k is _sc_BYPASS: {bypass}")
     elif hit.key is not None:
         names = hit.key
         key = names[0] if len(names) == 1 else "(" + ", ".join(names) + ")"
-        add(f"    _sc_k = {key}")
+        if len(names) > 1:
+            add(f"    _sc_k = {key}")
+            key = "_sc_k"
     if hit.only:
         # an unhashable value gets its typed error from the slow path
         outside = " or ".join(f"{n} not in _sc_O_{i}" for i, n in enumerate(hit.only))
@@ -112,19 +119,20 @@ def source(hit: Hit, fname: str, cells: Sequence[str]) -> str:
         add(f"        _sc_out = {outside}")
         add("    except Exception:")
         add(f"        return _sc_CALL({packed})")
-        add("    if _sc_out:")
-        add(f"        return _sc_CALL({packed}, _sc_BYPASS)")
+        add(f"    if _sc_out: {bypass}")
     # The cheapest lookups there are; each finds ABSENT instead of raising where an
     # owner has no store yet (stepcache._store.NO_STORE). In a real store, a function
     # with dependencies, or keyed by kinds (only=), often misses its first lookup of a
     # step: get() there; the others subscript, and a rare miss raises.
     if hit.key is not None:
-        lookup += ".get(_sc_k, _sc_ABSENT)" if hit.only else "[_sc_k]"
-        miss = f"_sc_CALL({packed}, _sc_k)"
+        lookup += f".get({key}, _sc_ABSENT)" if hit.only else f"[{key}]"
+        miss = f"_sc_CALL({packed}, {key})"
     elif hit.deps:
-        lookup = f"{owner}._stepcache.table.get(_sc_FID, _sc_ABSENT)"
+        lookup = f"{owner}._stepcache.table.get({hit.fid}, _sc_ABSENT)"
     deps = [name if param else f"{owner}.{name}" for name, param in hit.deps]
-    lines, test = condition("_sc_e", owner, deps, hit.guard)
+    # an object's __weakref__ is its plain weak reference (where its class has no
+    # such attribute, the hit misses and the slow path decides)
+    lines, test = condition("_sc_e", f"{owner}.__weakref__", deps, hit.guard)
     add("    try:")
     add(f"        _sc_e = {lookup}")
     for line in lines:
@@ -137,26 +145,31 @@ def source(hit: Hit, fname: str, cells: Sequence[str]) -> str:
     add("        pass")
     add(f"    return {miss}")
     # the values the hit reads are cells of a closure: cheaper than globals to read,
-    # and the hit count cheaper to write
+    # and the counts cheaper to write
     return (
-        f"def _sc_make({', '.join(cells)}):\n    _sc_HITS = 0\n"
+        f"def _sc_make({', '.join(cells)}):\n    _sc_HITS = _sc_BYPASSES = 0\n"
         + "".join(f"    {line}\n" for line in out)
-        + "    def _sc_hits(add):\n        nonlocal _sc_HITS\n"
-        + "        _sc_HITS = 0 if add is None else _sc_HITS + add\n"
-        + "        return _sc_HITS\n"
-        + f"    return {fname}, _sc_hits\n"
+        + "    def _sc_counts(hits, bypasses):\n"
+        + "        nonlocal _sc_HITS, _sc_BYPASSES\n"
+        + "        if hits is None:\n            _sc_HITS = _sc_BYPASSES = 0\n"
+        + "        else:\n            _sc_HITS += hits\n            _sc_BYPASSES += bypasses\n"
+        + "        return _sc_HITS, _sc_BYPASSES\n"
+        + f"    return {fname}, _sc_counts\n"
     )
+
+
+Counts = Callable[[int | None, int], tuple[int, int]]
 
 
 def compile_hit(
     hit: Hit, fname: str, label: str, names: dict[str, Any]
-) -> tuple[Any, Callable[[int | None], int]]:
-    """The hit function, closed over ``names``, and its hit counter (``count(n)`` adds
-    ``n``, ``count(None)`` resets; both return the count). Its source is kept in
-    `linecache` under ``label``."""
+) -> tuple[Any, Counts]:
+    """The hit function, closed over ``names``, and its counter (``count(h, b)`` adds
+    ``h`` hits and ``b`` bypasses, ``count(None, 0)`` resets; both return the two
+    counts). Its source is kept in `linecache` under ``label``."""
     text = source(hit, fname if fname.isidentifier() else "wrapper", list(names))
     ns: dict[str, Any] = dict(CONDITION_GLOBALS)
     linecache.cache[label] = (len(text), None, text.splitlines(True), label)
     exec(compile(text, label, "exec"), ns)
-    made: tuple[Any, Callable[[int | None], int]] = ns["_sc_make"](**names)
+    made: tuple[Any, Counts] = ns["_sc_make"](**names)
     return made

@@ -192,21 +192,16 @@ def _label(ref: object) -> str:
 
 
 _REFS = (Arg, Attr)
-_DIMS = (("shape", True), ("min_shape", False))
+#: what references usually resolve to: answered without torch's slow isinstance()
+_PLAIN = frozenset({int, torch.device, torch.dtype, str})
 
 
-def _is_tensor(x: Any) -> bool:
-    # the class first: isinstance() on a tensor asks torch's metaclass, a slow call
-    return x.__class__ is torch.Tensor or isinstance(x, torch.Tensor)
-
-
-def _resolve(ref: Any, resolve: Resolver, attr: str) -> Any:
-    """A spec item's value: ``ref`` itself, or what it refers to, where a tensor
-    stands for its ``attr``."""
-    if ref.__class__ not in _REFS:
-        return ref
+def _resolve(ref: Arg | Attr, resolve: Resolver, attr: str) -> Any:
+    """What ``ref`` refers to, where a tensor stands for its ``attr``."""
     value = resolve(ref)
-    return getattr(value, attr) if _is_tensor(value) else value
+    if value.__class__ in _PLAIN or not isinstance(value, torch.Tensor):
+        return value
+    return getattr(value, attr)
 
 
 def validate(
@@ -241,56 +236,65 @@ def _kind(value: Any) -> str:
 def _validate_one(
     value: Any, spec: TensorSpec, resolve: Resolver, where: str, what: str
 ) -> None:
-    if not _is_tensor(value):
+    # reads each item of the spec once, and resolves only references: a store's
+    # cost, paid on every miss
+    if value.__class__ is not torch.Tensor and not isinstance(value, torch.Tensor):
         raise CacheValidationError(
             f"{where}: {what} must be a torch.Tensor (got {_kind(value)})"
         )
-    if spec.device is not None:
-        raw = _resolve(spec.device, resolve, "device")
-        got = value.device
-        # equal as given needs no normalisation; only a difference is looked at twice
-        # (cuda and cuda:N of the current device are the same device)
-        same = raw.__class__ is torch.device and got == raw
-        want = raw if same else normalize_device(raw)
-        if not same and normalize_device(got) != want:
-            got = normalize_device(got)
-            raise CacheValidationError(
-                f"{where}: {what} device mismatch. expected {want}"
-                f"{_label(spec.device)}, actual {got}. Fix: compute into a buffer on "
-                f"{want}, or key the cache by device."
-            )
-    if spec.dtype is not None:
-        want_dtype = _resolve(spec.dtype, resolve, "dtype")
-        if value.dtype != want_dtype:
-            raise CacheValidationError(
-                f"{where}: {what} dtype mismatch. expected {want_dtype}"
-                f"{_label(spec.dtype)}, actual {value.dtype}"
-            )
-    shape = value.shape
-    if spec.ndim is not None and len(shape) != spec.ndim:
-        raise CacheValidationError(
-            f"{where}: {what} ndim mismatch. expected {spec.ndim}, actual {len(shape)} "
-            f"(shape {list(shape)})"
+    device, dtype, ndim, shape, min_shape = (
+        spec.device,
+        spec.dtype,
+        spec.ndim,
+        spec.shape,
+        spec.min_shape,
+    )
+    if device is not None:
+        want: Any = (
+            _resolve(device, resolve, "device") if device.__class__ in _REFS else device
         )
-    for dims, exact in _DIMS:
-        dims = getattr(spec, dims)
+        got = value.device
+        # equal as given needs no normalisation (cuda and cuda:N of the current
+        # device are the same device: only a difference is looked at twice)
+        if not (want.__class__ is torch.device and got == want):
+            want = normalize_device(want)
+            if normalize_device(got) != want:
+                raise CacheValidationError(
+                    f"{where}: {what} device mismatch. expected {want}"
+                    f"{_label(device)}, actual {normalize_device(got)}. Fix: compute "
+                    f"into a buffer on {want}, or key the cache by device."
+                )
+    if dtype is not None:
+        want = _resolve(dtype, resolve, "dtype") if dtype.__class__ in _REFS else dtype
+        if value.dtype != want:
+            raise CacheValidationError(
+                f"{where}: {what} dtype mismatch. expected {want}"
+                f"{_label(dtype)}, actual {value.dtype}"
+            )
+    got_shape = value.shape
+    if ndim is not None and len(got_shape) != ndim:
+        raise CacheValidationError(
+            f"{where}: {what} ndim mismatch. expected {ndim}, actual {len(got_shape)} "
+            f"(shape {list(got_shape)})"
+        )
+    for dims, exact in ((shape, True), (min_shape, False)):
         if dims is None:
             continue
-        if len(dims) > len(shape):
+        if len(dims) > len(got_shape):
             raise CacheValidationError(
-                f"{where}: {what} has {len(shape)} dims (shape {list(shape)}), "
+                f"{where}: {what} has {len(got_shape)} dims (shape {list(got_shape)}), "
                 f"the spec describes {len(dims)}"
             )
         for i, d in enumerate(dims):
             if d is None:
                 continue
-            # a tensor stands for its first dim
-            want_n = _resolve(d, resolve, "shape")
-            want_n = int(want_n[0] if want_n.__class__ is torch.Size else want_n)
-            got_n = shape[i]
+            want_n: Any = _resolve(d, resolve, "shape") if d.__class__ in _REFS else d
+            if want_n.__class__ is not int:  # a tensor stands for its first dim
+                want_n = int(want_n[0] if want_n.__class__ is torch.Size else want_n)
+            got_n = got_shape[i]
             if (got_n != want_n) if exact else (got_n < want_n):
                 rel = "" if exact else "at least "
                 raise CacheValidationError(
                     f"{where}: {what} size mismatch at index {i}. expected {rel}{want_n}"
-                    f"{_label(d)}, actual {got_n} (shape {list(value.shape)})"
+                    f"{_label(d)}, actual {got_n} (shape {list(got_shape)})"
                 )
