@@ -238,7 +238,7 @@ class CachedFunction:
 
     def reset_counts(self) -> None:
         with self.lock:
-            self._counts(None, 0)
+            self._counts(*(-n for n in self._counts(0, 0)))
             self.misses = self.invalidations = 0
 
     # -- the pieces of a call -----------------------------------------------------------
@@ -385,8 +385,9 @@ class CachedFunction:
     ) -> Entry:
         """Insert the entry of a computed ``value`` (its dependencies' fingerprints
         ``fps``) and count the miss: every miss, production or debug, ends here."""
-        guard = result_guard(value) if self.guard else None
-        entry = Entry.of(value, weakref.ref(owner), fps, guard, info)
+        g, gtag = result_guard(value) if self.guard else (None, None)
+        # an entry without dependencies is bound to its owner
+        entry = Entry(value, None if fps else weakref.ref(owner), fps, g, gtag, info)
         store.insert(self.fid, self.keyed, key, entry)
         self.misses += 1
         store.count(self.fid, 0)

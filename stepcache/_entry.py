@@ -77,21 +77,6 @@ class Entry:
         self.gtag = gtag
         self.info = info
 
-    @classmethod
-    def of(
-        cls,
-        value: Any,
-        owner_ref: weakref.ref[Any],
-        fps: tuple[Any, ...],
-        guard: tuple[Any, Any] | None,
-        info: Any = None,
-    ) -> Entry:
-        """The entry of ``value``, computed from dependencies whose `fingerprints`
-        (taken before the computation) are ``fps``, for the owner ``owner_ref``
-        refers to."""
-        g, gtag = guard if guard is not None else (None, None)
-        return cls(value, None if fps else owner_ref, fps, g, gtag, info)
-
     def matches(self, owner: object, xs: Sequence[Any]) -> bool:
         """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``
         (the test a hit inlines, :func:`condition`)."""

@@ -107,11 +107,7 @@ def source(hit: Hit, fname: str, cells: Sequence[str]) -> str:
         add(f"        return _sc_CALL({packed})")
         add(f"    if _sc_k is _sc_BYPASS: {bypass}")
     elif hit.key is not None:
-        names = hit.key
-        key = names[0] if len(names) == 1 else "(" + ", ".join(names) + ")"
-        if len(names) > 1:
-            add(f"    _sc_k = {key}")
-            key = "_sc_k"
+        key = hit.key[0] if len(hit.key) == 1 else "(" + ", ".join(hit.key) + ")"
     if hit.only:
         # an unhashable value gets its typed error from the slow path
         outside = " or ".join(f"{n} not in _sc_O_{i}" for i, n in enumerate(hit.only))
@@ -149,24 +145,21 @@ def source(hit: Hit, fname: str, cells: Sequence[str]) -> str:
     return (
         f"def _sc_make({', '.join(cells)}):\n    _sc_HITS = _sc_BYPASSES = 0\n"
         + "".join(f"    {line}\n" for line in out)
-        + "    def _sc_counts(hits, bypasses):\n"
-        + "        nonlocal _sc_HITS, _sc_BYPASSES\n"
-        + "        if hits is None:\n            _sc_HITS = _sc_BYPASSES = 0\n"
-        + "        else:\n            _sc_HITS += hits\n            _sc_BYPASSES += bypasses\n"
+        + "    def _sc_counts(h, b):\n        nonlocal _sc_HITS, _sc_BYPASSES\n"
+        + "        _sc_HITS += h\n        _sc_BYPASSES += b\n"
         + "        return _sc_HITS, _sc_BYPASSES\n"
         + f"    return {fname}, _sc_counts\n"
     )
 
 
-Counts = Callable[[int | None, int], tuple[int, int]]
+Counts = Callable[[int, int], tuple[int, int]]
 
 
 def compile_hit(
     hit: Hit, fname: str, label: str, names: dict[str, Any]
 ) -> tuple[Any, Counts]:
     """The hit function, closed over ``names``, and its counter (``count(h, b)`` adds
-    ``h`` hits and ``b`` bypasses, ``count(None, 0)`` resets; both return the two
-    counts). Its source is kept in `linecache` under ``label``."""
+    ``h`` hits and ``b`` bypasses, and returns the two counts). Its source is kept in `linecache` under ``label``."""
     text = source(hit, fname if fname.isidentifier() else "wrapper", list(names))
     ns: dict[str, Any] = dict(CONDITION_GLOBALS)
     linecache.cache[label] = (len(text), None, text.splitlines(True), label)
