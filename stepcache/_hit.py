@@ -159,7 +159,8 @@ def compile_hit(
     hit: Hit, fname: str, label: str, names: dict[str, Any]
 ) -> tuple[Any, Counts]:
     """The hit function, closed over ``names``, and its counter (``count(h, b)`` adds
-    ``h`` hits and ``b`` bypasses, and returns the two counts). Its source is kept in `linecache` under ``label``."""
+    ``h`` hits and ``b`` bypasses, and returns the two counts). Its source is kept in
+    `linecache` under ``label``."""
     text = source(hit, fname if fname.isidentifier() else "wrapper", list(names))
     ns: dict[str, Any] = dict(CONDITION_GLOBALS)
     linecache.cache[label] = (len(text), None, text.splitlines(True), label)
