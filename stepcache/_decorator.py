@@ -12,14 +12,12 @@ from collections.abc import Callable, Container, Hashable, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
 from stepcache import _debug, _state, _store
-from stepcache._entry import ABSENT, Entry
+from stepcache._entry import Entry
 from stepcache._errors import CacheValidationError, StepCacheError
 from stepcache._fingerprint import fingerprints, result_guard
-from stepcache._hit import Hit, compile_hit
-from stepcache._spec import Arg, Attr, TensorSpec, validate
+from stepcache._hit import compile_hit
+from stepcache._spec import Arg, TensorSpec, validate
 from stepcache._state import BYPASS
-
-__all__ = ["BYPASS", "CachedFunction", "step_cached"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -61,167 +59,121 @@ class CachedFunction:
         self.fn = fn
         self.name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
         self.fid = _state.new_id()
+        self.label = f"<stepcache {self.name} #{self.fid}>"
         self.lock = threading.Lock()
         self.misses = self.invalidations = 0
         try:
-            params = tuple(inspect.signature(fn).parameters.values())
+            self.params = tuple(inspect.signature(fn).parameters.values())
         except (TypeError, ValueError) as exc:
             raise self._error(f"cannot read its signature ({exc})") from exc
-        self.params = params
-        self.names = [p.name for p in params]
+        self.names = [p.name for p in self.params]
         self.index = {n: i for i, n in enumerate(self.names)}
-        self._listing = f" (parameters: {', '.join(self.names)})"
-        if any(n.startswith("_sc_") for n in self.names):
-            raise self._error("parameter names starting with '_sc_' are reserved")
-        plain = [p.name for p in params if p.kind not in _STARS]
-        if not plain:
-            raise self._error(
-                "a step-cached function needs an owner parameter (its first "
-                "parameter, or the one named by owner=)"
-            )
-        self.owner_name = owner if owner is not None else plain[0]
-        if self.owner_name not in plain:
-            raise self._error(
-                f"owner={self.owner_name!r} is not a parameter{self._listing}"
-            )
-        self.owner_index = self.names.index(self.owner_name)
-        self.key_fn, self.key_names = self._check_key(key)
-        self.keyed = key is not None
-        self.dep_names = self._check_deps(depends_on)
-        self.expect = self._check_expect(expect)
-        if not isinstance(guard_result, bool):
-            raise self._error(
-                f"guard_result must be True or False (got {guard_result!r})"
-            )
-        self.guard = guard_result
-        self.only = self._check_only(only)
-        # the cheap forms of the slow path's pieces, chosen once
-        self._simple = all(p.kind in _PLAIN for p in params)
-        dep_attrs = [d for d in self.dep_names if d not in self.names]
-        self._deps_of: Callable[[Any], Any] | None = None
-        if dep_attrs and len(dep_attrs) == len(self.dep_names):
-            getter = operator.attrgetter(*dep_attrs)
-            self._deps_of = getter if len(dep_attrs) > 1 else lambda o: (getter(o),)
+        listing = f" (parameters: {', '.join(self.names)})"
+        require = self._require
+        require(
+            not any(n.startswith("_sc_") for n in self.names),
+            "parameter names starting with '_sc_' are reserved",
+        )
+        plain = [p.name for p in self.params if p.kind not in _STARS]
+        require(
+            bool(plain),
+            "a step-cached function needs an owner parameter (its first parameter, "
+            "or the one named by owner=)",
+        )
+        self.owner_name = plain[0] if owner is None else owner
+        require(
+            self.owner_name in plain,
+            f"owner={self.owner_name!r} is not a parameter{listing}",
+        )
+        self.owner_index = self.index[self.owner_name]
 
-        defaults = {
-            f"_sc_D_{p.name}": p.default
-            for p in params
-            if p.default is not inspect.Parameter.empty
-        }
-        only_sets = {
-            f"_sc_O_{i}": allowed for i, allowed in enumerate(self.only.values())
-        }
-        deps = [(d, d in self.names) for d in self.dep_names]
-        hit = Hit(
-            params,
-            self.owner_name,
-            "callable" if self.key_fn else (self.key_names or None),
-            deps,
-            self.guard,
-            tuple(self.only),
-            self.fid,
+        self.keyed = key is not None
+        self.key_fn = key if callable(key) else None
+        names: Any = () if key is None or callable(key) else key
+        names = (names,) if isinstance(names, str) else names
+        require(
+            isinstance(names, Sequence) and all(isinstance(k, str) for k in names),
+            "key must be a callable, a parameter name or a tuple of parameter names "
+            f"(got {key!r})",
         )
-        self.label = f"<stepcache {self.name} #{self.fid}>"
-        wrapper, self._counts = compile_hit(
-            hit,
-            getattr(fn, "__name__", "wrapper"),
-            self.label,
-            {
-                "_sc_SLOW": _state.SLOW,
-                "_sc_CALL": self.call,
-                "_sc_FN": fn,
-                "_sc_KEY": self.key_fn,
-                "_sc_BYPASS": BYPASS,
-                "_sc_ABSENT": ABSENT,
-                **defaults,
-                **only_sets,
-            },
+        self.key_names: tuple[str, ...] = tuple(names)
+        require(
+            self.key_fn is not None or bool(self.key_names) or not self.keyed,
+            "key=() names no parameter",
         )
+        for k in self.key_names:
+            require(
+                k in self.index, f"key names {k!r}, which is not a parameter{listing}"
+            )
+
+        deps = (depends_on,) if isinstance(depends_on, str) else tuple(depends_on)
+        for d in deps:
+            require(
+                isinstance(d, str) and d.isidentifier(),
+                f"depends_on takes attribute or parameter names (got {d!r})",
+            )
+            require(
+                d != self.owner_name,
+                f"depends_on names the owner {d!r} itself; name its attributes instead",
+            )
+        self.dep_names: tuple[str, ...] = deps
+
+        specs = (expect,) if isinstance(expect, TensorSpec) else expect
+        require(
+            isinstance(specs, tuple | None)
+            and all(s is None or isinstance(s, TensorSpec) for s in specs or ()),
+            f"expect must be a TensorSpec or a tuple of them (got {expect!r})",
+        )
+        for ref in (r for s in specs or () if s is not None for r in s.refs()):
+            require(
+                not isinstance(ref, Arg) or ref.name in self.index,
+                f"expect refers to Arg({ref.name!r}), which is not a parameter{listing}",
+            )
+        self.expect = expect
+
+        require(
+            isinstance(guard_result, bool),
+            f"guard_result must be True or False (got {guard_result!r})",
+        )
+        self.guard = guard_result
+
+        require(
+            only is None or isinstance(only, Mapping),
+            f"only= takes a mapping of parameter names to collections (got {only!r})",
+        )
+        self.only: dict[str, Container[Any]] = dict(only or {})
+        for n, allowed in self.only.items():
+            require(
+                n in self.index and n != self.owner_name,
+                f"only= names {n!r}, which is not a parameter besides the owner{listing}",
+            )
+            require(
+                not isinstance(allowed, (str, bytes))
+                and hasattr(allowed, "__contains__"),
+                f"only={{{n!r}: ...}} must be a collection of the values to cache, such "
+                f"as a frozenset (got {allowed!r})",
+            )
+
+        # the cheap forms of the slow path's pieces, chosen once
+        self._simple = all(p.kind in _PLAIN for p in self.params)
+        self._deps_of: Callable[[Any], Any] | None = None
+        if deps and not any(d in self.index for d in deps):
+            getter = operator.attrgetter(*deps)
+            self._deps_of = getter if len(deps) > 1 else lambda o: (getter(o),)
+        wrapper, self._counts = compile_hit(self)
         functools.update_wrapper(wrapper, fn)
         wrapper.__stepcache__ = self
         self.wrapper = wrapper
         _store.register(self.fid, self.keyed)
         _state.register(self)
 
-    # -- decoration-time checks ---------------------------------------------------------
     def _error(self, message: str) -> StepCacheError:
         return StepCacheError(f"{self.name}: {message}")
 
-    def _check_key(
-        self, key: KeyArg
-    ) -> tuple[Callable[..., Any] | None, tuple[str, ...]]:
-        if key is None or callable(key):
-            return key, ()
-        if not isinstance(key, (str, Sequence)) or not all(
-            isinstance(k, str) for k in key
-        ):
-            raise self._error(
-                "key must be a callable, a parameter name or a tuple of parameter "
-                f"names (got {key!r})"
-            )
-        names = (key,) if isinstance(key, str) else tuple(key)
-        if not names:
-            raise self._error("key=() names no parameter")
-        for k in names:
-            if k not in self.names:
-                raise self._error(
-                    f"key names {k!r}, which is not a parameter{self._listing}"
-                )
-        return None, names
-
-    def _check_deps(self, depends_on: Sequence[str]) -> tuple[str, ...]:
-        names = (depends_on,) if isinstance(depends_on, str) else tuple(depends_on)
-        for d in names:
-            if not isinstance(d, str) or not d.isidentifier():
-                raise self._error(
-                    f"depends_on takes attribute or parameter names (got {d!r})"
-                )
-            if d == self.owner_name:
-                raise self._error(
-                    f"depends_on names the owner {d!r} itself; name its attributes "
-                    "instead"
-                )
-        return names
-
-    def _check_expect(self, expect: Expect) -> Expect:
-        specs = (expect,) if isinstance(expect, TensorSpec) else expect
-        if not isinstance(specs, tuple | None) or not all(
-            e is None or isinstance(e, TensorSpec) for e in specs or ()
-        ):
-            raise self._error(
-                f"expect must be a TensorSpec or a tuple of them (got {expect!r})"
-            )
-        for spec in specs or ():
-            for ref in spec.refs() if spec is not None else ():
-                if isinstance(ref, Arg) and ref.name not in self.names:
-                    raise self._error(
-                        f"expect refers to Arg({ref.name!r}), which is not a "
-                        f"parameter{self._listing}"
-                    )
-        return expect
-
-    def _check_only(
-        self, only: Mapping[str, Container[Any]] | None
-    ) -> dict[str, Container[Any]]:
-        if only is not None and not isinstance(only, Mapping):
-            raise self._error(
-                "only= takes a mapping of parameter names to collections "
-                f"(got {only!r})"
-            )
-        for name, allowed in (only or {}).items():
-            if name not in self.names or name == self.owner_name:
-                raise self._error(
-                    f"only= names {name!r}, which is not a parameter besides the "
-                    f"owner{self._listing}"
-                )
-            if isinstance(allowed, (str, bytes)) or not hasattr(
-                allowed, "__contains__"
-            ):
-                raise self._error(
-                    f"only={{{name!r}: ...}} must be a collection of the values to "
-                    f"cache, such as a frozenset (got {allowed!r})"
-                )
-        return dict(only or {})
+    def _require(self, ok: bool, message: str) -> None:
+        """A decoration-time check."""
+        if not ok:
+            raise self._error(message)
 
     # -- counters -----------------------------------------------------------------------
     @property
@@ -311,19 +263,22 @@ class CachedFunction:
                 f"{type(owner).__qualname__} does not have ({exc})"
             ) from exc
 
-    def resolver(self, a: tuple[Any, ...]) -> Callable[[Arg | Attr], Any]:
-        """Resolves an `expect` reference for the call ``a``."""
-        owner = a[self.owner_index]
-        return lambda r: (
-            a[self.index[r.name]] if r.__class__ is Arg else getattr(owner, r.name)
-        )
-
     def violation(self, value: Any, a: tuple[Any, ...]) -> str | None:
         """What `validate` finds wrong with ``value`` (``": result ..."``), or
         ``None`` if it meets ``expect``."""
+        owner = a[self.owner_index]
         try:
             if self.expect is not None:
-                validate(value, self.expect, self.resolver(a), "")
+                validate(
+                    value,
+                    self.expect,
+                    lambda r: (
+                        a[self.index[r.name]]
+                        if r.__class__ is Arg
+                        else getattr(owner, r.name)
+                    ),
+                    "",
+                )
         except CacheValidationError as exc:
             return str(exc)
         return None
@@ -354,11 +309,8 @@ class CachedFunction:
             self.stale(entry, owner, store)
         fps = fingerprints(deps)
         value = self.fn(*a) if self._simple else self.invoke(a)
-        if self.expect is not None:
-            try:
-                validate(value, self.expect, self.resolver(a), "")
-            except CacheValidationError as exc:
-                raise CacheValidationError(f"{self.where(key)}{exc}") from None
+        if self.expect is not None and (wrong := self.violation(value, a)) is not None:
+            raise CacheValidationError(f"{self.where(key)}{wrong}")
         self.store(store, key, owner, fps, value)
         return value
 

@@ -8,13 +8,12 @@ other path calls `Entry.matches`, compiled from the same text.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Sequence
 from typing import Any, Final
 
 from stepcache._fingerprint import MATCH, MATCH_GLOBALS
-
-__all__ = ["ABSENT", "CONDITION_GLOBALS", "Entry", "condition"]
 
 #: an entry without dependencies serves only the owner that computed it: it holds
 #: the owner's plain weak reference, of which CPython keeps one per object
@@ -80,29 +79,19 @@ class Entry:
     def matches(self, owner: object, xs: Sequence[Any]) -> bool:
         """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``
         (the test a hit inlines, :func:`condition`)."""
-        return bool(_matches[len(xs), self.guard is not None](self, owner, *xs))
+        return bool(_matches(len(xs), self.guard is not None)(self, owner, *xs))
 
 
-_matches: dict[tuple[int, bool], Any] = {}
+@functools.cache
+def _matches(n: int, guard: bool) -> Any:
+    """:func:`condition` compiled for ``n`` dependencies."""
+    xs = "".join(f"x{i}, " for i in range(n))
+    lines, test = condition("e", "_sc_ref(owner)", xs.split(", ")[:n], guard, "x")
+    body = "".join(f" {line}\n" for line in lines[n:])
+    namespace = dict(CONDITION_GLOBALS)
+    exec(f"def m(e, owner, {xs}):\n{body} return {test}\n", namespace)
+    return namespace["m"]
 
-
-def _compile(n: int, guard: bool) -> Any:
-    names = [f"x{i}" for i in range(n)]
-    lines, test = condition("e", "_sc_ref(owner)", names, guard, prefix="x")
-    ns = dict(CONDITION_GLOBALS)
-    body = "".join(f" {line}\n" for line in lines[len(names) :])
-    args = "".join(x + ", " for x in names)
-    exec(f"def m(e, owner, {args}):\n{body} return {test}\n", ns)
-    return ns["m"]
-
-
-class _Compiled(dict[tuple[int, bool], Any]):
-    def __missing__(self, key: tuple[int, bool]) -> Any:
-        self[key] = _compile(*key)
-        return self[key]
-
-
-_matches = _Compiled()
 
 _NOTHING = object()
 #: The entry a hit finds where there is none (see `stepcache._store.NO_STORE`): it

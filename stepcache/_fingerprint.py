@@ -29,25 +29,6 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-__all__ = [
-    "ID",
-    "MATCH",
-    "SNAP",
-    "VAL",
-    "Meta",
-    "content_probe",
-    "deep",
-    "deep_unchanged",
-    "describe",
-    "fingerprint",
-    "fingerprints",
-    "matches",
-    "result_guard",
-    "snapshot",
-    "tag",
-    "tensors",
-]
-
 
 class _Kind:
     __slots__ = ("name",)
@@ -93,17 +74,11 @@ MATCH: Final = (
     " or ({v} is _sc_SNAP and _sc_snapshot({x}) == {o})"
 )
 
-_SCALARS = (
-    int,
-    float,
-    complex,
-    bool,
-    str,
-    bytes,
-    type(None),
-    torch.dtype,
-    torch.device,
+#: exact classes compared by value (`_is_value` also takes their subclasses)
+_VALUE_CLASSES: Final[frozenset[type]] = frozenset(
+    {int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device}
 )
+_SCALARS = (*_VALUE_CLASSES, enum.Enum, np.generic, slice)
 
 #: CPU tensors and arrays up to this many elements are fingerprinted by contents in
 #: debug mode.
@@ -111,7 +86,7 @@ DEEP_CONTENT_LIMIT = 4096
 
 
 def _is_value(x: object) -> bool:
-    if isinstance(x, (_SCALARS, enum.Enum, np.generic, slice)):
+    if isinstance(x, _SCALARS):
         return True
     if type(x) in (tuple, frozenset):
         return all(_is_value(v) for v in x)  # type: ignore[attr-defined]
@@ -130,12 +105,6 @@ def snapshot(x: Any) -> Any:
         fs = frozenset(x)
         return (type(x), fs) if all(_is_value(v) for v in fs) else None
     return None
-
-
-#: exact classes compared by value, answered without the general tests below
-_VALUE_CLASSES: Final = frozenset(
-    {int, float, bool, str, bytes, type(None), torch.dtype, torch.device}
-)
 
 
 def fingerprints(deps: Sequence[Any]) -> tuple[Any, ...]:

@@ -11,11 +11,16 @@ import torch
 
 from stepcache._errors import CacheValidationError, StepCacheError
 
-__all__ = ["Arg", "Attr", "TensorSpec", "normalize_device", "validate"]
-
 
 @dataclasses.dataclass(frozen=True)
-class Arg:
+class _Ref:
+    name: str
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class Arg(_Ref):
     """A value taken from the decorated call's argument `name`, for a TensorSpec.
 
     Use it in a [`TensorSpec`][stepcache.TensorSpec]. A tensor argument stands for its device (as `device`), its dtype (as `dtype`) and
@@ -32,14 +37,8 @@ class Arg:
         tensor([0, 1])
     """
 
-    name: str
 
-    def __repr__(self) -> str:
-        return f"Arg({self.name!r})"
-
-
-@dataclasses.dataclass(frozen=True)
-class Attr:
+class Attr(_Ref):
     """A value taken from the owner's attribute `name`, for a TensorSpec.
 
     Use it in a [`TensorSpec`][stepcache.TensorSpec]. It is read on every check, so it follows the owner as the owner changes.
@@ -56,11 +55,6 @@ class Attr:
         >>> Meta().index()
         tensor([0, 0, 0], dtype=torch.int32)
     """
-
-    name: str
-
-    def __repr__(self) -> str:
-        return f"Attr({self.name!r})"
 
 
 Dim = int | None | Arg | Attr
@@ -184,11 +178,11 @@ Resolver = Callable[[Arg | Attr], Any]
 
 
 def _label(ref: object) -> str:
-    if isinstance(ref, Arg):
-        return f" (from argument '{ref.name}')"
-    if isinstance(ref, Attr):
-        return f" (from owner attribute '{ref.name}')"
-    return ""
+    if not isinstance(ref, _Ref):
+        return ""
+    return (
+        f" (from {'argument' if type(ref) is Arg else 'owner attribute'} '{ref.name}')"
+    )
 
 
 _REFS = (Arg, Attr)

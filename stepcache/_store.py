@@ -16,32 +16,20 @@ from stepcache._errors import StaleCacheError, StepCacheError
 from stepcache._sizes import nbytes
 from stepcache._state import name_of
 
-__all__ = [
-    "ATTR",
-    "StepCache",
-    "attach",
-    "cache_field",
-    "cache_of",
-    "dataclass_cache_field",
-    "live_caches",
-    "register",
-    "store_for",
-]
-
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
+_COLUMNS = ("entries", "bytes", "misses", "bypasses", "invalidations")
 
 #: every store alive, as weak references, once `live_caches()` has been called (see
 #: there); a dead one's reference removes itself (the callback is the dict's own pop,
 #: so no Python code runs when a store dies)
 _live: dict[weakref.ref[StepCache], None] = {}
 _live_pop = _live.pop
-#: whether new stores enter `_live`: from the first `live_caches()` call on
 _tracking = False
 _tracking_lock = threading.Lock()
+#: id(owner) -> (weak reference to it, its store), for owners with no room for one
 _side: dict[int, tuple[weakref.ref[Any], StepCache]] = {}
 _attach_lock = threading.Lock()
-_UNSET = object()
 
 
 class StepCache:
@@ -104,7 +92,6 @@ class StepCache:
         if _tracking:
             _live[weakref.ref(self, _live_pop)] = None
 
-    # -- the public surface -------------------------------------------------------------
     @property
     def closed(self) -> bool:
         """Whether [`close()`][stepcache.StepCache.close] was called (the step is over)."""
@@ -123,9 +110,7 @@ class StepCache:
             raise StaleCacheError(
                 "keep_alive() on a closed StepCache (its step is over)"
             )
-        if self._kept is None:
-            self._kept = []
-        self._kept.append(obj)
+        self._kept = [*(self._kept or ()), obj]
 
     def clear(self) -> None:
         """Drop every entry (and kept object); the store stays open for the same owner."""
@@ -142,17 +127,14 @@ class StepCache:
     def stats(self) -> dict[str, dict[str, int]]:
         """Per-function counts for this store: entries, bytes, misses, bypasses,
         invalidations (hits are counted process-wide, see [`stats()`][stepcache.stats])."""
-        out: dict[str, dict[str, int]] = {}
-        columns = ("entries", "bytes", "misses", "bypasses", "invalidations")
-        for fid in (*self._counts, *(fid for fid, _ in self.entries())):
-            out.setdefault(name_of(fid), dict.fromkeys(columns, 0))
-        for fid, (misses, bypasses, invalidations) in self._counts.items():
-            out[name_of(fid)].update(
-                misses=misses, bypasses=bypasses, invalidations=invalidations
-            )
+        out = {
+            name_of(f): dict(zip(_COLUMNS, (0, 0, *c), strict=True))
+            for f, c in self._counts.items()
+        }
         for fid, entry in self.entries():
-            out[name_of(fid)]["entries"] += 1
-            out[name_of(fid)]["bytes"] += nbytes(entry.value)
+            row = out.setdefault(name_of(fid), dict.fromkeys(_COLUMNS, 0))
+            row["entries"] += 1
+            row["bytes"] += nbytes(entry.value)
         return out
 
     def __copy__(self) -> StepCache:
@@ -167,8 +149,7 @@ class StepCache:
         return (StepCache, ())
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self)} entries"
-        return f"<StepCache {state}>"
+        return f"<StepCache {'closed' if self._closed else f'{len(self)} entries'}>"
 
     # -- used by the decorator's slow path ----------------------------------------------
     def belongs_to(self, owner: object) -> bool:
@@ -186,10 +167,8 @@ class StepCache:
     def lookup(self, fid: int, keyed: bool, key: Any) -> Entry | None:
         """The entry of function ``fid`` (and ``key``, if it is keyed), or ``None``."""
         slot = self.table.get(fid)
-        if keyed and slot is not None:
-            found: Entry | None = slot.get(key)
-            return found
-        return slot
+        found: Entry | None = slot.get(key) if keyed and slot is not None else slot
+        return found
 
     def insert(self, fid: int, keyed: bool, key: Any, entry: Entry) -> None:
         # No lock: each write is one dict operation, and a store closed meanwhile, by
@@ -229,7 +208,7 @@ class _Placeholder(dict[Any, Any]):
 
 _EMPTY_SLOT = _Placeholder()
 #: What a hit reads for an owner that has no store yet: the class attribute
-#: ``_stepcache`` of the owners' classes (see `_place`), so that the hit's plain
+#: ``_stepcache`` of the owners' classes (see `_write`), so that the hit's plain
 #: attribute read and subscripts find `ABSENT` instead of raising (a caught exception
 #: is the slowest part of a step's first call). Every decorated function is in its
 #: table (`register`), so no lookup calls ``__missing__``. A ``SimpleNamespace``:
@@ -256,26 +235,10 @@ def _weak(owner: object) -> weakref.ref[Any]:
         ) from None
 
 
-def _read(owner: object) -> StepCache | None:
-    """The store the owner holds now, without creating one.
-
-    Read the generic way (a declared slot, or the instance's attributes), never through
-    ``owner.__dict__``: on CPython 3.11+ that would turn the instance's inline
-    attribute values into a dict object of its own.
-    """
-    try:
-        store = getattr(owner, ATTR, None)
-    except Exception:  # an odd __getattr__
-        store = None
-    if isinstance(store, StepCache):
-        return store
-    side = _side.get(id(owner))
-    return side[1] if side is not None and side[0]() is owner else None
-
-
 def _write(owner: object, store: StepCache) -> None:
     """Keep ``store`` in ``owner`` (its attributes or its declared slot, else the side
-    table), and give the owner's class the placeholder."""
+    table); the owner's class gets `NO_STORE` as its attribute, unless it has one
+    (a declared slot, a field's default, a base class's placeholder)."""
     try:
         # past the class's __setattr__ (a frozen dataclass's, say): not a field
         object.__setattr__(owner, ATTR, store)
@@ -287,23 +250,19 @@ def _write(owner: object, store: StepCache) -> None:
                 _side.pop(key, None)
 
         _side[key] = (weakref.ref(owner, forget), store)
-    else:
-        _place(type(owner))
+        return
+    cls = type(owner)
+    if not hasattr(cls, ATTR):
+        # a builtin type, or a metaclass's __setattr__, may refuse
+        with contextlib.suppress(Exception):
+            setattr(cls, ATTR, NO_STORE)
 
 
 def store_for(owner: object) -> StepCache:
-    """The owner's own open store, created on first use: every store is found (or
-    made) here.
-
-    A store carried over by ``copy.copy`` belongs to the original: the copy gets a
-    fresh store, seeded with the entries that declare dependencies (a hit re-checks
-    those on every use, so sharing them is safe); entries bound to the original are
-    not carried.
-
-    No lock is taken: two threads making the first call on one owner at once may each
-    create a store, and the one written last stays (the other's entries are computed
-    again on their next use).
-    """
+    """The owner's own open store, created on first use (see `cache_of`): every store
+    is found or made here. No lock: two threads making the first call on one owner
+    at once may each create a store; the one written last stays (the other's entries
+    are computed again on their next use)."""
     try:
         store = getattr(owner, ATTR, None)
     except Exception:  # an odd __getattr__
@@ -323,49 +282,32 @@ def store_for(owner: object) -> StepCache:
             return fresh
         except (AttributeError, TypeError):
             pass  # the class has the placeholder, its instances no place for a store
-    store = _read(owner)
+    if not isinstance(store, StepCache):
+        side = _side.get(id(owner))
+        store = side[1] if side is not None and side[0]() is owner else None
     if store is not None and store.belongs_to(owner):
         if store._closed:
-            raise _closed_error(owner)
+            raise StaleCacheError(
+                f"the step cache of this {type(owner).__qualname__} was closed (the step "
+                "is over), and it was used again. Fix: build a new metadata object for "
+                "the new step, or call clear() instead of close() if the object is "
+                "meant to be reused."
+            )
         return store
     fresh = StepCache(owner)
     _write(owner, fresh)
     if store is not None and not store._closed:
-        _seed(fresh, store)
+        # a store carried over by copy.copy is the original's: the copy's own starts
+        # with the entries that declare dependencies (a hit re-checks those), and
+        # the kept objects
+        fresh._kept = None if store._kept is None else list(store._kept)
+        for fid, slot in list(store.table.items()):
+            if isinstance(slot, dict):
+                if shared := {k: e for k, e in list(slot.items()) if e.bound is None}:
+                    fresh.table[fid] = shared
+            elif slot.bound is None:
+                fresh.table[fid] = slot
     return fresh
-
-
-def _place(cls: type) -> None:
-    """Make `NO_STORE` the class attribute ``_stepcache`` of ``cls``, whose instances
-    keep their stores in their own attributes. A class that has the attribute already
-    (a declared slot, a field's default, a base class's placeholder) or refuses class
-    attributes is left as it is."""
-    if getattr(cls, ATTR, _UNSET) is _UNSET:
-        # a builtin type, or a metaclass's __setattr__, may refuse
-        with contextlib.suppress(Exception):
-            setattr(cls, ATTR, NO_STORE)
-
-
-def _seed(fresh: StepCache, carried: StepCache) -> None:
-    """Give a copy's ``fresh`` store the entries of the ``carried`` one (the
-    original's) that declare dependencies, and its kept objects."""
-    if carried._kept is not None:
-        fresh._kept = list(carried._kept)
-    for fid, slot in list(carried.table.items()):
-        if isinstance(slot, dict):
-            shared = {k: e for k, e in list(slot.items()) if e.bound is None}
-            if shared:
-                fresh.table[fid] = shared
-        elif slot.bound is None:
-            fresh.table[fid] = slot
-
-
-def _closed_error(owner: object) -> StaleCacheError:
-    return StaleCacheError(
-        f"the step cache of this {type(owner).__qualname__} was closed (the step is "
-        "over), and it was used again. Fix: build a new metadata object for the new "
-        "step, or call clear() instead of close() if the object is meant to be reused."
-    )
 
 
 def cache_of(owner: object) -> StepCache:
@@ -435,9 +377,7 @@ def attach(owner: object, cache: StepCache) -> StepCache:
         raise StaleCacheError("attach(): that StepCache is closed (its step is over)")
     with _attach_lock:
         if not cache.belongs_to(owner):
-            if cache._attached is None:
-                cache._attached = {}
-            cache._attached[id(owner)] = _weak(owner)
+            cache._attached = {**(cache._attached or {}), id(owner): _weak(owner)}
         _write(owner, cache)
     return cache
 
@@ -451,21 +391,16 @@ def live_caches() -> list[StepCache]:
     moved out of its reach by ``gc.freeze()`` is not listed).
     """
     global _tracking
-    if not _tracking:
-        with _tracking_lock:
-            if not _tracking:
-                # the flag first: a store made from now on registers itself, one
-                # made before is in the scan (a store reads the flag after it exists)
-                _tracking = True
-                for obj in gc.get_objects():
-                    if type(obj) is StepCache:
-                        _live[weakref.ref(obj, _live_pop)] = None
-    stores: dict[int, StepCache] = {}
-    for ref in list(_live):
-        store = ref()
-        if store is not None:
-            stores[id(store)] = store
-    return list(stores.values())
+    with _tracking_lock:
+        if not _tracking:
+            # the flag first: a store made from now on registers itself, one made
+            # before is in the scan (a store reads the flag after it exists)
+            _tracking = True
+            for obj in gc.get_objects():
+                if type(obj) is StepCache:
+                    _live[weakref.ref(obj, _live_pop)] = None
+    stores = (ref() for ref in list(_live))
+    return list({id(s): s for s in stores if s is not None}.values())
 
 
 def cache_field() -> Any:
