@@ -8,13 +8,6 @@ from __future__ import annotations
 
 import os
 
-__all__ = [
-    "STEPCACHE_DEBUG",
-    "STEPCACHE_DEBUG_GUARD",
-    "STEPCACHE_DISABLE",
-    "parse_debug_mode",
-]
-
 DEBUG_MODES = ("off", "checks", "verify")
 
 

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-__all__ = ["CacheValidationError", "StaleCacheError", "StepCacheError"]
-
 
 class StepCacheError(Exception):
     """Base class of every error stepcache raises on purpose.

@@ -66,7 +66,7 @@ def source(fn: CachedFunction, fname: str, cells: Sequence[str]) -> str:
         # path; a bypass needs nothing of it: counted here, computed directly
         out.extend(["    try:", f"        {expr}", "    except Exception:"])
         out.append(f"        return {miss}")
-        out.append(f"    if {test}: _sc_BYPASSES += 1; return _sc_FN({call})")
+        out.append(f"    if {test}: _sc_BYPASSES += 1.0; return _sc_FN({call})")
 
     key = "_sc_k"
     if fn.key_fn is not None:
@@ -92,20 +92,21 @@ def source(fn: CachedFunction, fname: str, cells: Sequence[str]) -> str:
     # such attribute, the hit misses and the slow path decides)
     lines, test = condition("_sc_e", f"{owner}.__weakref__", deps, fn.guard)
     out += ["    try:", f"        _sc_e = {lookup}", *(f"        {x}" for x in lines)]
-    out += [f"        if {test}:", "            _sc_HITS += 1"]
+    out += [f"        if {test}:", "            _sc_HITS += 1.0"]
     out += ["            return _sc_e.value", "    except Exception:", "        pass"]
     out.append(f"    return {miss}")  # anything odd is the slow path's to judge
     # the values the hit reads are cells of a closure: cheaper than globals to read,
-    # and the counts cheaper to write
+    # and the counts cheaper to write; the counts are floats, whose += takes a float
+    # from CPython's free list, where an int past 256 allocates a new object
     counts = [
         "def _sc_counts(h, b):",
         "    nonlocal _sc_HITS, _sc_BYPASSES",
         "    _sc_HITS += h",
         "    _sc_BYPASSES += b",
-        "    return _sc_HITS, _sc_BYPASSES",
+        "    return int(_sc_HITS), int(_sc_BYPASSES)",
         f"return {fname}, _sc_counts",
     ]
-    body = ["_sc_HITS = _sc_BYPASSES = 0", *out, *counts]
+    body = ["_sc_HITS = _sc_BYPASSES = 0.0", *out, *counts]
     return f"def _sc_make({', '.join(cells)}):\n" + "".join(f"    {x}\n" for x in body)
 
 

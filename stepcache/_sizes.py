@@ -8,8 +8,6 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["nbytes"]
-
 
 def nbytes(value: Any) -> int:
     """Bytes of tensor and array data reachable from ``value`` (views count their own

@@ -13,8 +13,6 @@ from stepcache import _envs
 if TYPE_CHECKING:
     from stepcache._decorator import CachedFunction
 
-__all__ = ["BYPASS", "SLOW", "all_functions", "name_of", "new_id", "register"]
-
 
 class _Bypass:
     """The key that means "compute, don't cache"."""

@@ -10,8 +10,6 @@ from stepcache._sizes import nbytes
 from stepcache._state import all_functions
 from stepcache._store import live_caches
 
-__all__ = ["FunctionStats", "StatsTable", "reset_stats", "stats"]
-
 
 @dataclasses.dataclass(frozen=True)
 class FunctionStats:
@@ -66,6 +64,7 @@ class FunctionStats:
 
 
 _COLUMNS = ("function", "hits", "misses", "bypasses", "invalidations", "live", "bytes")
+_COUNTS = ("hits", "misses", "bypasses", "invalidations", "live_entries")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +113,7 @@ class StatsTable(Mapping[str, FunctionStats]):
         if not self.rows:
             return "stepcache: no decorated function has been called"
         body = [
-            (r.name, *map(str, dataclasses.astuple(r)[1:-1]), _human(r.live_bytes))
+            (r.name, *(str(getattr(r, c)) for c in _COUNTS), _human(r.live_bytes))
             for r in self.rows
         ]
         widths = [max(map(len, column)) for column in zip(_COLUMNS, *body, strict=True)]

@@ -17,27 +17,17 @@ from typing import Any
 
 from stepcache import _envs, _state
 
-__all__ = [
-    "debug",
-    "disabled",
-    "get_debug",
-    "get_disabled",
-    "set_debug",
-    "set_disabled",
-]
-
 _lock = threading.RLock()
 
 
-def _apply() -> None:
-    disabled_now, mode = _state.switches
-    _state.SLOW[0] = disabled_now or mode != "off"
+def _set(index: int, value: object) -> None:
+    with _lock:
+        _state.switches[index] = value
+        _state.SLOW[0] = _state.switches[0] or _state.switches[1] != "off"
 
 
 @contextlib.contextmanager
-def _switched(
-    index: int, value: object, setter: Callable[[Any], None]
-) -> Iterator[None]:
+def _switched(index: int, value: Any, setter: Callable[[Any], None]) -> Iterator[None]:
     """Switch ``index`` set to ``value`` (with ``setter``) for a block, then back."""
     with _lock:
         before = _state.switches[index]
@@ -69,9 +59,7 @@ def set_disabled(value: bool) -> None:
     """
     if not isinstance(value, bool):
         raise TypeError(f"set_disabled() takes a bool (got {value!r})")
-    with _lock:
-        _state.switches[0] = value
-        _apply()
+    _set(0, value)
 
 
 def get_disabled() -> bool:
@@ -142,9 +130,7 @@ def set_debug(mode: str) -> None:
         raise ValueError(
             f"debug mode must be one of {_envs.DEBUG_MODES} (got {mode!r})"
         )
-    with _lock:
-        _state.switches[1] = mode
-        _apply()
+    _set(1, mode)
 
 
 def get_debug() -> str:
