@@ -3,24 +3,23 @@
 
 ``checks`` adds, on every call of a decorated function:
 
-* deep dependency fingerprints (contents of small CPU tensors and numpy arrays, shape,
-  strides, data pointer), so a dependency changed behind the version counter is caught;
+* deep dependency fingerprints (shape, data pointer and, for small CPU tensors and
+  numpy arrays, the contents), which see a change behind the version counter;
 * a record of the owner attributes the builder and the key function read: one that
-  changed since the entry was stored, and is covered by neither the key nor
-  ``depends_on``, triggers a recomputation, and a different result raises;
-* validation of ``expect`` on every hit, and a check that the cached tensors were not
+  nothing declares and that changed triggers a recomputation; a different result raises;
+* ``expect`` validated on every hit, and a check that the cached tensors were not
   written since they were stored (a persistent buffer overwritten by the next step);
-* guarded values: tensors handed out are views that raise when read after their cache
-  was closed or after their storage was overwritten;
+* guarded values: tensors handed out raise when read after their cache was closed or
+  their storage was overwritten;
 * keys that name one device two ways (``cuda`` and ``cuda:0``).
 
 ``verify`` adds a recomputation on every hit, compared with the cached value
-(``torch.equal`` per tensor, through tuples, lists and dicts): a mismatch means the key
-or ``depends_on`` misses an input. Verify mode costs one full computation per hit.
+(:func:`first_difference`): a difference means the key or ``depends_on`` misses an
+input. It costs one full computation per hit.
 
-Every detection raises a typed error and is also kept in :func:`debug_report`.
-Debug mode is for tests and bisecting: it is not thread-safe (attribute-read recording
-patches the owner's class for the duration of one builder call).
+Every detection raises a typed error and is kept in :func:`debug_report`. Debug mode is
+for tests and bisecting: it is not thread-safe (recording attribute reads patches the
+owner's class for one builder call).
 """
 
 from __future__ import annotations
@@ -36,20 +35,8 @@ import numpy as np
 import torch
 
 from stepcache import _envs, _state
+from stepcache import _fingerprint as fp
 from stepcache._errors import CacheValidationError, StaleCacheError
-from stepcache._fingerprint import (
-    SNAP,
-    VAL,
-    content_probe,
-    deep,
-    deep_unchanged,
-    describe,
-    fingerprint,
-    fingerprints,
-    matches,
-    tag,
-    tensors,
-)
 from stepcache._spec import normalize_device
 from stepcache._store import StepCache, store_for
 
@@ -57,16 +44,7 @@ if TYPE_CHECKING:
     from stepcache._decorator import CachedFunction
     from stepcache._entry import Entry
 
-__all__ = [
-    "DebugReport",
-    "Detection",
-    "GuardedTensor",
-    "call",
-    "clear_debug_report",
-    "debug_report",
-    "first_difference",
-]
-
+Args = tuple[Any, ...]
 _MAX_REPORT = 10_000
 _MISSING = object()
 
@@ -93,9 +71,6 @@ class Detection:
         ('use-after-close', 'Meta.index')
     """
 
-    #: ``dependency-changed``, ``undeclared-input``, ``key-too-coarse``,
-    #: ``use-after-close``, ``buffer-overwritten``, ``validation``,
-    #: ``builder-mutates-dependency``, ``device-alias``, ``key-reads-undeclared``
     kind: str
     function: str
     key: str
@@ -124,8 +99,7 @@ class DebugReport:
     """
 
     detections: tuple[Detection, ...]
-    #: every detection since the last clear, also those past the kept maximum
-    #: (the report keeps the first 10,000)
+    #: the detections since the last clear, counting those not kept (past 10,000)
     total: int = -1
 
     def __post_init__(self) -> None:
@@ -152,8 +126,9 @@ class DebugReport:
         lines = [f"stepcache debug report: {len(self.detections)} detection(s)"]
         if self.dropped:
             lines[0] += f" ({self.dropped} more not kept)"
-        for i, d in enumerate(self.detections, 1):
-            lines.append(f"{i}. [{d.kind}] {d.message}")
+        lines += (
+            f"{i}. [{d.kind}] {d.message}" for i, d in enumerate(self.detections, 1)
+        )
         return "\n".join(lines)
 
 
@@ -210,31 +185,87 @@ def clear_debug_report() -> None:
         _total = 0
 
 
+#: each detection's message, by its kind and where it is found (a call, a read of a
+#: guarded tensor, a hit, a miss); `_detect` fills in the fields
+_MESSAGES: dict[tuple[str, str], str] = {
+    ("use-after-close", "call"): "{error}",  # the closed store's own message
+    ("use-after-close", "read"): (
+        "this value was handed out by a step cache that has since been closed (the "
+        "step is over), and it was used again. Fix: finish using step values within "
+        "the step, or keep a copy with .clone()."
+    ),
+    ("buffer-overwritten", "read"): (
+        "this tensor was overwritten by a subsequent write to its storage after the "
+        "cache handed it out (version {old} -> {new}): the next step's build wrote the "
+        "same persistent buffer, or someone mutated a cached value in place. To keep "
+        "the value beyond the step, clone() it."
+    ),
+    ("dependency-changed", "hit"): (
+        "dependency '{dep}' changed without the cache noticing: {diff} (now {now}). It "
+        "was changed through a path that does not bump the version counter (a write "
+        "through .numpy(), .data assignment, a kernel writing through data_ptr(), or "
+        "an in-place change of a numpy array). Fix: change it with torch in-place ops "
+        "or assign a new object."
+    ),
+    ("buffer-overwritten", "hit"): (
+        "the cached tensor {tensor} was overwritten after it was stored (version {old} "
+        "-> {new}): another step's build wrote the same persistent buffer while this "
+        "step's cache still held a view into it, or a consumer mutated the cached "
+        "value in place. Fix: one step at a time per buffer (close the old step "
+        "first), or clone() values that must outlive the step."
+    ),
+    ("undeclared-input", "hit"): (
+        "owner attribute {names} changed since the entry was stored, and the function "
+        "reads it, but neither the key nor depends_on names it; the cached value is "
+        "stale: {diff}. Fix: add {names} to depends_on."
+    ),
+    ("validation", "hit"): "on a hit, the cached value no longer matches expect{error}",
+    ("key-too-coarse", "hit"): (
+        "the cached value differs from a fresh computation: {diff}. The key or "
+        "depends_on misses an input. {fix}"
+    ),
+    ("device-alias", "miss"): (
+        "the key {key!r} and the cached key {cached!r} name the same device two ways "
+        "(cuda and cuda:N of the current device), so one step computes and holds the "
+        "value twice, and consumers disagree on which buffer they read. Fix: "
+        "normalise devices in the key (stepcache.normalize_device) or key by the "
+        "device index."
+    ),
+    ("key-reads-undeclared", "miss"): (
+        "the key function reads owner attribute(s) {names} that depends_on does not "
+        "name: an in-place change that keeps the key equal would not be noticed. "
+        "Fix: add {names} to depends_on."
+    ),
+    ("builder-mutates-dependency", "miss"): (
+        "the function itself changed its declared dependency '{dep}' ({diff}), so the "
+        "entry could never be reused. Fix: remove it from depends_on (validate an "
+        "output buffer with expect=TensorSpec(device=Arg(...)) instead)."
+    ),
+    ("validation", "miss"): "{error}",  # expect's own message
+}
+
+
 def _detect(
-    error: type[StaleCacheError] | type[CacheValidationError],
-    kind: str,
-    fn: CachedFunction,
-    key: Any,
-    message: str,
+    kind: str, at: str, fn: CachedFunction, key: Any, **fields: Any
 ) -> StaleCacheError | CacheValidationError:
-    """Record a detection in the report and return its error, to raise."""
+    """Record a detection in the report and return its error, to raise: a
+    CacheValidationError for `validation`, a StaleCacheError for any other kind."""
     global _total
-    text = f"{fn.where(key)}: {message}"
+    text = f"{fn.where(key)}: {_MESSAGES[kind, at].format(key=key, **fields)}"
     with _report_lock:
         if len(_report) < _MAX_REPORT:
             _report.append(Detection(kind, fn.name, repr(key), text))
         _total += 1
-    return error(text)
+    return (CacheValidationError if kind == "validation" else StaleCacheError)(text)
 
 
 @dataclasses.dataclass
 class _Info:
     """What debug mode records of an entry when it is stored (``Entry.info``)."""
 
-    #: the deep fingerprint of each dependency
-    deep: tuple[Any, ...]
-    #: (tensor, its tag when stored) for each tensor of the value; verify mode moves a
-    #: tag on after an equal recomputation into the same buffer
+    deep: tuple[Any, ...]  # the deep fingerprint of each dependency
+    #: (tensor, its tag when stored) for each tensor of the value; an equal
+    #: recomputation into the same buffer moves the tags on (`_recompute`)
     versions: list[tuple[torch.Tensor, Any]]
     #: fingerprints of the owner attributes the builder read but nothing declares
     watched: dict[str, tuple[Any, Any]]
@@ -243,17 +274,14 @@ class _Info:
     #: snapshot, nor a repeat of an earlier one's object), and a content probe of each
     deep_check: tuple[int, ...] = ()
     probes: tuple[Any, ...] = ()
-    #: what hits hand out: the value with its tensors guarded
-    handed: Any = None
+    handed: Any = None  # what hits hand out: the value with its tensors guarded
 
 
 def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
     """``work()`` and the owner attributes it read: the owner's class records them
     with a ``__getattribute__`` of its own for the call (hence not thread-safe)."""
-    cls = type(owner)
-    own = cls.__dict__.get("__getattribute__")
-    original = cls.__getattribute__
-    names: set[str] = set()
+    cls, names = type(owner), set[str]()
+    own, original = cls.__dict__.get("__getattribute__"), cls.__getattribute__
 
     def recording(obj: Any, name: str) -> Any:
         if obj is owner and not name.startswith("__"):
@@ -262,7 +290,7 @@ def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
 
     try:
         cls.__getattribute__ = recording  # type: ignore[method-assign]
-    except (TypeError, AttributeError):
+    except (TypeError, AttributeError):  # a class that cannot be patched (built-in)
         return work(), set()
     try:
         return work(), names
@@ -312,48 +340,23 @@ class GuardedTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(
-        cls,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
+        cls, func: Any, types: Any, args: Args = (), kwargs: Any = None
     ) -> Any:
+        kwargs = kwargs or {}
         with torch._C.DisableTorchFunctionSubclass():
-            for arg in (*args, *(kwargs or {}).values()):
+            for arg in (*args, *kwargs.values()):
                 for t in arg if isinstance(arg, (tuple, list)) else (arg,):
-                    if isinstance(t, GuardedTensor):
-                        _check_guard(t)
-            return func(*args, **(kwargs or {}))
+                    if isinstance(t, GuardedTensor) and "_sc_guard" in t.__dict__:
+                        t._sc_check()
+            return func(*args, **kwargs)
 
-
-def _check_guard(t: GuardedTensor) -> None:
-    guard = t.__dict__.get("_sc_guard")
-    if guard is None:
-        return
-    fn, key, info, i = guard
-    store = info.store()
-    if store is not None and store.closed:
-        raise _detect(
-            StaleCacheError,
-            "use-after-close",
-            fn,
-            key,
-            "this value was handed out by a step cache that has since been closed "
-            "(the step is over), and it was used again. Fix: finish using step values "
-            "within the step, or keep a copy with .clone().",
-        )
-    expected, now = info.versions[i][1], tag(t)
-    if now != expected:
-        raise _detect(
-            StaleCacheError,
-            "buffer-overwritten",
-            fn,
-            key,
-            "this tensor was overwritten by a subsequent write to its storage after "
-            f"the cache handed it out (version {expected} -> {now}): the next step's "
-            "build wrote the same persistent buffer, or someone mutated a cached "
-            "value in place. To keep the value beyond the step, clone() it.",
-        )
+    def _sc_check(self) -> None:
+        fn, key, info, i = self._sc_guard
+        store = info.store()
+        if store is not None and store.closed:
+            raise _detect("use-after-close", "read", fn, key)
+        if (new := fp.tag(self)) != (old := info.versions[i][1]):
+            raise _detect("buffer-overwritten", "read", fn, key, old=old, new=new)
 
 
 def _map(value: Any, leaf: Callable[[torch.Tensor], Any]) -> Any:
@@ -373,8 +376,7 @@ def _guard(value: Any, fn: CachedFunction, key: Any, info: _Info) -> Any:
     index = {id(t): i for i, (t, _) in enumerate(info.versions)}
 
     def guarded(t: torch.Tensor) -> torch.Tensor:
-        i = index.get(id(t))
-        if i is None or isinstance(t, GuardedTensor):
+        if (i := index.get(id(t))) is None or isinstance(t, GuardedTensor):
             return t
         view = t.as_subclass(GuardedTensor)
         view.__dict__["_sc_guard"] = (fn, key, info, i)
@@ -384,19 +386,16 @@ def _guard(value: Any, fn: CachedFunction, key: Any, info: _Info) -> Any:
 
 
 def _recompute(
-    fn: CachedFunction, a: tuple[Any, ...], value: Any, info: _Info | None
+    fn: CachedFunction, a: Args, value: Any, info: _Info | None
 ) -> str | None:
     """Compute afresh and return where the result differs from ``value`` as it was.
-
-    A builder that writes into a persistent buffer rewrites the cached tensors here;
-    an equal result keeps the entry and its handed-out views valid (their expected
-    tags move on).
-    """
+    A builder that writes into a persistent buffer rewrites the cached tensors: an
+    equal result keeps the entry and its handed-out views valid (the tags move on)."""
     with torch._C.DisableTorchFunctionSubclass():
         before = _map(value, lambda t: t.detach().clone())
     difference = first_difference(before, fn.invoke(a))
     if difference is None and info is not None:
-        info.versions[:] = [(t, tag(t)) for t, _ in info.versions]
+        info.versions[:] = [(t, fp.tag(t)) for t, _ in info.versions]
     return difference
 
 
@@ -416,8 +415,7 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
                 e, a = getattr(expected, what), getattr(actual, what)
                 if e != a:
                     return f"tensor '{path}' {what} mismatch. expected {e}, actual {a}"
-            sizes = zip(expected.shape, actual.shape, strict=True)
-            for i, (n, m) in enumerate(sizes):
+            for i, (n, m) in enumerate(zip(expected.shape, actual.shape, strict=True)):
                 if n != m:
                     return f"tensor '{path}' size mismatch at index {i}. expected {n}, actual {m}"
             e, a = (t.detach().cpu().reshape(-1) for t in (expected, actual))
@@ -425,11 +423,10 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
             if bool(same.all()):
                 return None
             i = int((~same).nonzero()[0])
-            return (
-                f"tensor '{path}' value mismatch at flat index {i}. "
-                f"expected {e[i].item()}, actual {a[i].item()}"
-            )
-    mismatch = f"'{path}': expected {describe(expected)}, actual {describe(actual)}"
+            return f"tensor '{path}' value mismatch at flat index {i}. expected {e[i].item()}, actual {a[i].item()}"
+    mismatch = (
+        f"'{path}': expected {fp.describe(expected)}, actual {fp.describe(actual)}"
+    )
     if type(expected) is not type(actual):
         return mismatch
     if isinstance(expected, np.ndarray):
@@ -438,21 +435,19 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
         if len(expected) != len(actual):
             return f"'{path}' length mismatch. expected {len(expected)}, actual {len(actual)}"
         pairs = enumerate(zip(expected, actual, strict=True))
-        found = (first_difference(e, a, f"{path}[{i}]") for i, (e, a) in pairs)
-        return next((f for f in found if f is not None), None)
-    if isinstance(expected, dict):
+        items = ((e, a, f"{path}[{i}]") for i, (e, a) in pairs)
+    elif isinstance(expected, dict):
         if expected.keys() != actual.keys():
             keys = [sorted(map(repr, d)) for d in (expected, actual)]
             return f"'{path}' keys mismatch. expected {keys[0]}, actual {keys[1]}"
-        found = (
-            first_difference(v, actual[k], f"{path}[{k!r}]")
-            for k, v in expected.items()
-        )
-        return next((f for f in found if f is not None), None)
-    try:
-        return None if bool(expected == actual) else mismatch
-    except Exception:  # an == that does not give a bool
-        return None if expected is actual else mismatch
+        items = ((v, actual[k], f"{path}[{k!r}]") for k, v in expected.items())
+    else:
+        try:
+            return None if bool(expected == actual) else mismatch
+        except Exception:  # an == that does not give a bool
+            return None if expected is actual else mismatch
+    found = (first_difference(*item) for item in items)
+    return next((f for f in found if f is not None), None)
 
 
 def _deep_difference(before: Any, after: Any) -> str:
@@ -465,9 +460,8 @@ def _deep_difference(before: Any, after: Any) -> str:
             if name == "contents" and b is not None and a is not None:
                 if before[0] == "ndarray":  # contents as bytes
                     b, a = (np.frombuffer(c, before[2]).tolist() for c in (b, a))
-                j = next(
-                    (j for j, (x, y) in enumerate(zip(b, a, strict=True)) if x != y), 0
-                )
+                pairs = enumerate(zip(b, a, strict=True))
+                j = next((j for j, (x, y) in pairs if x != y), 0)
                 return f"contents mismatch at flat index {j}. expected {b[j]}, actual {a[j]}"
             return f"{name} mismatch. expected {b}, actual {a}"
     return f"expected {before!r:.80}, actual {after!r:.80}"
@@ -480,37 +474,19 @@ def _canonical(key: Any) -> Any:
     """``key`` with each device (a `torch.device`, or a string naming one) normalised."""
     if isinstance(key, tuple):
         return tuple(_canonical(k) for k in key)
-    if isinstance(key, torch.device) or (
-        isinstance(key, str) and _DEVICE_TEXT.fullmatch(key)
-    ):
+    named = isinstance(key, str) and _DEVICE_TEXT.fullmatch(key)
+    if isinstance(key, torch.device) or named:
         return ("device", normalize_device(key))
     return key
 
 
-def _check_device_alias(fn: CachedFunction, store: StepCache, key: Any) -> None:
-    canon = _canonical(key)
-    for other in store.keys(fn.fid) if fn.keyed else ():
-        if other != key and _canonical(other) == canon:
-            raise _detect(
-                StaleCacheError,
-                "device-alias",
-                fn,
-                key,
-                f"the key {key!r} and the cached key {other!r} name the same device two "
-                "ways (cuda and cuda:N of the current device), so one step computes and "
-                "holds the value twice, and consumers disagree on which buffer they "
-                "read. Fix: normalise devices in the key (stepcache.normalize_device) "
-                "or key by the device index.",
-            )
-
-
-def call(fn: CachedFunction, a: tuple[Any, ...], key: Any) -> Any:
+def call(fn: CachedFunction, a: Args, key: Any) -> Any:
     """A call of ``fn`` with the key ``key`` (not a bypass) in checks or verify mode."""
     owner = a[fn.owner_index]
     try:
         store = store_for(owner)
     except StaleCacheError as exc:
-        raise _detect(StaleCacheError, "use-after-close", fn, key, str(exc)) from None
+        raise _detect("use-after-close", "call", fn, key, error=exc) from None
     deps = fn.dep_values(a, key) if fn.dep_names else ()
     entry = store.lookup(fn.fid, fn.keyed, key)
     if entry is not None:
@@ -521,85 +497,41 @@ def call(fn: CachedFunction, a: tuple[Any, ...], key: Any) -> Any:
 
 
 def _hit(
-    fn: CachedFunction,
-    a: tuple[Any, ...],
-    key: Any,
-    owner: object,
-    deps: tuple[Any, ...],
-    entry: Entry,
+    fn: CachedFunction, a: Args, key: Any, owner: object, deps: Args, entry: Entry
 ) -> Any:
     value, info = entry.value, entry.info  # info is None if stored in production
     if info is not None:
         for i, probe in zip(info.deep_check, info.probes, strict=True):
             x, before = deps[i], info.deep[i]
-            if not deep_unchanged(x, before, probe):
+            if not fp.deep_unchanged(x, before, probe):
+                dep, now = fn.dep_names[i], fp.describe(x)
+                change = _deep_difference(before, fp.deep(x))
                 raise _detect(
-                    StaleCacheError,
-                    "dependency-changed",
-                    fn,
-                    key,
-                    f"dependency '{fn.dep_names[i]}' changed without the cache "
-                    f"noticing: {_deep_difference(before, deep(x))} (now "
-                    f"{describe(x)}). It was changed through a path that does not bump "
-                    "the version counter (a write through .numpy(), .data assignment, "
-                    "a kernel writing through data_ptr(), or an in-place change of a "
-                    "numpy array). Fix: change it with torch in-place ops or assign a "
-                    "new object.",
+                    "dependency-changed", "hit", fn, key, dep=dep, diff=change, now=now
                 )
         # with guard_result the lookup compared these tags already: a written buffer
         # was a recomputation there, not a detection here
-        for t, version in () if fn.guard else info.versions:
-            if tag(t) != version:
+        for t, old in () if fn.guard else info.versions:
+            if (new := fp.tag(t)) != old:
+                desc = fp.describe(t)
                 raise _detect(
-                    StaleCacheError,
-                    "buffer-overwritten",
-                    fn,
-                    key,
-                    f"the cached tensor {describe(t)} was overwritten after it was "
-                    f"stored (version {version} -> {tag(t)}): another step's build "
-                    "wrote the same persistent buffer while this step's cache still "
-                    "held a view into it, or a consumer mutated the cached value in "
-                    "place. Fix: one step at a time per buffer (close the old step "
-                    "first), or clone() values that must outlive the step.",
+                    "buffer-overwritten", "hit", fn, key, tensor=desc, old=old, new=new
                 )
         changed = [
             name
             for name, (o, v) in info.watched.items()
-            if not matches(getattr(owner, name, _MISSING), o, v)
+            if not fp.matches(getattr(owner, name, _MISSING), o, v)
         ]
-        if changed and (difference := _recompute(fn, a, value, info)) is not None:
+        if changed and (diff := _recompute(fn, a, value, info)) is not None:
             names = ", ".join(f"'{n}'" for n in changed)
-            raise _detect(
-                StaleCacheError,
-                "undeclared-input",
-                fn,
-                key,
-                f"owner attribute {names} changed since the entry was stored, and the "
-                "function reads it, but neither the key nor depends_on names it; the "
-                f"cached value is stale: {difference}. Fix: add {names} to depends_on.",
-            )
+            raise _detect("undeclared-input", "hit", fn, key, names=names, diff=diff)
         for name in changed:
-            info.watched[name] = fingerprint(getattr(owner, name))
-    violation = fn.violation(value, a)
-    if violation is not None:
-        raise _detect(
-            CacheValidationError,
-            "validation",
-            fn,
-            key,
-            f"on a hit, the cached value no longer matches expect{violation}",
-        )
-    if _state.switches[1] == "verify":
-        difference = _recompute(fn, a, value, info)
-        if difference is not None:
-            raise _detect(
-                StaleCacheError,
-                "key-too-coarse",
-                fn,
-                key,
-                f"the cached value differs from a fresh computation: {difference}. "
-                f"The key or depends_on misses an input. {_suggest(fn, info)}",
-            )
+            info.watched[name] = fp.fingerprint(getattr(owner, name))
+    if (error := fn.violation(value, a)) is not None:
+        raise _detect("validation", "hit", fn, key, error=error)
+    verify = _state.switches[1] == "verify"
+    if verify and (diff := _recompute(fn, a, value, info)) is not None:
+        raise _detect("key-too-coarse", "hit", fn, key, diff=diff, fix=_fix(fn, info))
     fn.count_hit()
     if info is None or not info.versions or not _envs.STEPCACHE_DEBUG_GUARD:
         return value
@@ -608,14 +540,13 @@ def _hit(
     return info.handed
 
 
-def _suggest(fn: CachedFunction, info: _Info | None) -> str:
+def _fix(fn: CachedFunction, info: _Info | None) -> str:
+    """The fix a key-too-coarse message suggests: the inputs nothing declares."""
     declared = {*fn.dep_names, *fn.key_names, fn.owner_name}
-    candidates = (
-        [] if fn.key_fn else [f"parameter '{n}'" for n in fn.names if n not in declared]
-    )
-    candidates += [
-        f"owner attribute '{n}'" for n in sorted(info.watched if info else ())
-    ]
+    params = [] if fn.key_fn else [n for n in fn.names if n not in declared]
+    attributes = sorted(info.watched) if info else []
+    candidates = [f"parameter '{n}'" for n in params]
+    candidates += [f"owner attribute '{n}'" for n in attributes]
     if not candidates:
         return (
             "Fix: add the input that distinguishes these calls to key= or depends_on=."
@@ -627,69 +558,43 @@ def _suggest(fn: CachedFunction, info: _Info | None) -> str:
 
 
 def _miss(
-    fn: CachedFunction,
-    a: tuple[Any, ...],
-    key: Any,
-    owner: object,
-    store: StepCache,
-    deps: tuple[Any, ...],
+    fn: CachedFunction, a: Args, key: Any, owner: object, store: StepCache, deps: Args
 ) -> Any:
-    _check_device_alias(fn, store, key)
-    fps = fingerprints(deps)
-    deep_before = tuple(deep(x) for x in deps)
+    canonical = _canonical(key)
+    for cached in store.keys(fn.fid) if fn.keyed else ():
+        if cached != key and _canonical(cached) == canonical:
+            raise _detect("device-alias", "miss", fn, key, cached=cached)
+    fps = fp.fingerprints(deps)
+    deep_before = tuple(fp.deep(x) for x in deps)
     value, read = _reads(owner, lambda: fn.invoke(a))
     declared = set(fn.dep_names)
     if fn.key_fn is not None and fn.dep_names:
         key_read = _reads(owner, lambda: fn.key_of(a))[1] - declared
-        undeclared = sorted(
-            n for n in key_read if not callable(getattr(owner, n, None))
-        )
-        if undeclared:
-            raise _detect(
-                StaleCacheError,
-                "key-reads-undeclared",
-                fn,
-                key,
-                f"the key function reads owner attribute(s) {undeclared} that "
-                "depends_on does not name: an in-place change that keeps the key "
-                f"equal would not be noticed. Fix: add {undeclared} to depends_on.",
-            )
+        names = sorted(n for n in key_read if not callable(getattr(owner, n, None)))
+        if names:
+            raise _detect("key-reads-undeclared", "miss", fn, key, names=names)
     for dep, x, before in zip(fn.dep_names, deps, deep_before, strict=True):
-        if (after := deep(x)) != before:
+        if (after := fp.deep(x)) != before:
+            diff = _deep_difference(before, after)
             raise _detect(
-                StaleCacheError,
-                "builder-mutates-dependency",
-                fn,
-                key,
-                f"the function itself changed its declared dependency '{dep}' "
-                f"({_deep_difference(before, after)}), so the entry could never be "
-                "reused. Fix: remove it from depends_on (validate an output buffer "
-                "with expect=TensorSpec(device=Arg(...)) instead).",
+                "builder-mutates-dependency", "miss", fn, key, dep=dep, diff=diff
             )
-    violation = fn.violation(value, a)
-    if violation is not None:
-        raise _detect(CacheValidationError, "validation", fn, key, violation[2:])
+    if (error := fn.violation(value, a)) is not None:
+        raise _detect("validation", "miss", fn, key, error=error[2:])
     watched = {
-        name: fingerprint(attr)
+        name: fp.fingerprint(attr)
         for name in sorted(read - declared - {"_stepcache"})
         if not callable(attr := getattr(owner, name, _MISSING)) and attr is not _MISSING
     }
-    kinds = fps[1::2]
+    kinds = fps[1::2]  # VAL and SNAP dependencies compare by value: no deep check
     deep_check = tuple(
         i
         for i, x in enumerate(deps)
-        if kinds[i] is not VAL
-        and kinds[i] is not SNAP
-        and all(d is not x for d in deps[:i])
+        if kinds[i] not in (fp.VAL, fp.SNAP) and all(d is not x for d in deps[:i])
     )
-    info = _Info(
-        deep_before,
-        [(t, tag(t)) for t in tensors(value)],
-        watched,
-        weakref.ref(store),
-        deep_check,
-        tuple(content_probe(deps[i]) for i in deep_check),
-    )
+    probes = tuple(fp.content_probe(deps[i]) for i in deep_check)
+    versions = [(t, fp.tag(t)) for t in fp.tensors(value)]
+    info = _Info(deep_before, versions, watched, weakref.ref(store), deep_check, probes)
     fn.store(store, key, owner, fps, value, info)
     info.handed = _guard(value, fn, key, info)
     return info.handed
