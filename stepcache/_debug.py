@@ -359,18 +359,6 @@ class GuardedTensor(torch.Tensor):
             raise _detect("buffer-overwritten", "read", fn, key, old=old, new=new)
 
 
-def _map(value: Any, leaf: Callable[[torch.Tensor], Any]) -> Any:
-    """``value`` with ``leaf(t)`` for each tensor ``t``, through plain tuples, lists
-    and dicts (other containers are left as they are)."""
-    if isinstance(value, torch.Tensor):
-        return leaf(value)
-    if type(value) in (tuple, list):
-        return type(value)(_map(v, leaf) for v in value)
-    if type(value) is dict:
-        return {k: _map(v, leaf) for k, v in value.items()}
-    return value
-
-
 def _guard(value: Any, fn: CachedFunction, key: Any, info: _Info) -> Any:
     """``value`` with each of its tensors handed out as a `GuardedTensor`."""
     index = {id(t): i for i, (t, _) in enumerate(info.versions)}
@@ -382,7 +370,7 @@ def _guard(value: Any, fn: CachedFunction, key: Any, info: _Info) -> Any:
         view.__dict__["_sc_guard"] = (fn, key, info, i)
         return view
 
-    return _map(value, guarded) if _envs.STEPCACHE_DEBUG_GUARD else value
+    return fp.walk(value, guarded) if _envs.STEPCACHE_DEBUG_GUARD else value
 
 
 def _recompute(
@@ -392,7 +380,7 @@ def _recompute(
     A builder that writes into a persistent buffer rewrites the cached tensors: an
     equal result keeps the entry and its handed-out views valid (the tags move on)."""
     with torch._C.DisableTorchFunctionSubclass():
-        before = _map(value, lambda t: t.detach().clone())
+        before = fp.walk(value, lambda t: t.detach().clone())
     difference = first_difference(before, fn.invoke(a))
     if difference is None and info is not None:
         info.versions[:] = [(t, fp.tag(t)) for t, _ in info.versions]

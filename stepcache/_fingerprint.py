@@ -23,7 +23,7 @@ tensors and numpy arrays, the contents.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -164,20 +164,35 @@ matches.__doc__ = """Whether ``x`` still matches the fingerprint ``(o, v)`` (:da
 """
 
 
-def tensors(value: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in ``value`` (itself, or inside tuples, lists and dict values).
+def walk(
+    value: Any,
+    leaf: Callable[[Any], Any],
+    kinds: type | tuple[type, ...] = torch.Tensor,
+) -> Any:
+    """``value`` with ``leaf(x)`` in place of each ``x`` of ``kinds`` (tensors by
+    default): the value itself, or inside plain tuples, named tuples, lists and dicts
+    (other containers are left as they are). The one walk through a cached value.
 
-    >>> [t.tolist() for t in tensors((torch.tensor([1]), [torch.tensor([2])], "x"))]
-    [[1], [2]]
+    >>> walk((torch.tensor([1]), [torch.tensor([2])], "x"), lambda t: t.tolist())
+    ([1], [[2]], 'x')
     """
-    if value.__class__ is torch.Tensor or isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from tensors(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from tensors(v)
+    if isinstance(value, kinds):
+        return leaf(value)
+    cls = value.__class__
+    if cls is tuple or cls is list:
+        return cls([walk(v, leaf, kinds) for v in value])
+    if cls is dict:
+        return {k: walk(v, leaf, kinds) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(cls, "_fields"):  # a named tuple
+        return cls(*[walk(v, leaf, kinds) for v in value])
+    return value
+
+
+def tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor in ``value``, as `walk` finds them."""
+    found: list[torch.Tensor] = []
+    walk(value, found.append)
+    return found
 
 
 class _Tags:

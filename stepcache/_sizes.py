@@ -8,16 +8,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from stepcache._fingerprint import walk
+
 
 def nbytes(value: Any) -> int:
-    """Bytes of tensor and array data reachable from ``value`` (views count their own
-    elements, not their whole storage)."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
-    if isinstance(value, (tuple, list)):
-        return sum(nbytes(v) for v in value)
-    if isinstance(value, dict):
-        return sum(nbytes(v) for v in value.values())
-    return 0
+    """Bytes of tensor and array data in ``value`` (as `walk` finds them; views count
+    their own elements, not their whole storage)."""
+    sizes: list[int] = []
+    walk(value, lambda x: sizes.append(int(x.nbytes)), (torch.Tensor, np.ndarray))
+    return sum(sizes)
