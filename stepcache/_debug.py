@@ -38,7 +38,7 @@ from stepcache import _envs, _state
 from stepcache import _fingerprint as fp
 from stepcache._errors import CacheValidationError, StaleCacheError
 from stepcache._spec import normalize_device
-from stepcache._store import StepCache, store_for
+from stepcache._store import StepCache
 
 if TYPE_CHECKING:
     from stepcache._decorator import CachedFunction
@@ -470,17 +470,12 @@ def _canonical(key: Any) -> Any:
 
 def call(fn: CachedFunction, a: Args, key: Any) -> Any:
     """A call of ``fn`` with the key ``key`` (not a bypass) in checks or verify mode."""
-    owner = a[fn.owner_index]
     try:
-        store = store_for(owner)
-    except StaleCacheError as exc:
+        owner, store, deps, entry = fn.find(a, key)
+    except StaleCacheError as exc:  # the owner's store was closed
         raise _detect("use-after-close", "call", fn, key, error=exc) from None
-    deps = fn.dep_values(a, key) if fn.dep_names else ()
-    entry = store.lookup(fn.fid, fn.keyed, key)
     if entry is not None:
-        if entry.matches(owner, deps):
-            return _hit(fn, a, key, owner, deps, entry)
-        fn.stale(entry, owner, store)
+        return _hit(fn, a, key, owner, deps, entry)
     return _miss(fn, a, key, owner, store, deps)
 
 

@@ -298,21 +298,30 @@ class CachedFunction:
             return self.bypass(a)
         if mode != "off":
             return _debug.call(self, a, key)
-        owner = a[self.owner_index]
-        store = _store.store_for(owner)
-        entry = store.lookup(self.fid, self.keyed, key)
-        deps = self.dep_values(a, key) if self.dep_names else ()
+        owner, store, deps, entry = self.find(a, key)
         if entry is not None:
-            if entry.matches(owner, deps):
-                self.count_hit()
-                return entry.value
-            self.stale(entry, owner, store)
+            self.count_hit()
+            return entry.value
         fps = fingerprints(deps)
         value = self.fn(*a) if self._simple else self.invoke(a)
         if self.expect is not None and (wrong := self.violation(value, a)) is not None:
             raise CacheValidationError(f"{self.where(key)}{wrong}")
         self.store(store, key, owner, fps, value)
         return value
+
+    def find(
+        self, a: tuple[Any, ...], key: Any
+    ) -> tuple[Any, _store.StepCache, tuple[Any, ...], Entry | None]:
+        """The call's owner, its store, its dependencies and the entry that serves it
+        (``None``: a miss); an entry that does not serve it is counted (`stale`)."""
+        owner = a[self.owner_index]
+        store = _store.store_for(owner)
+        entry = store.lookup(self.fid, self.keyed, key)
+        deps = self.dep_values(a, key) if self.dep_names else ()
+        if entry is not None and not entry.matches(owner, deps):
+            self.stale(entry, owner, store)
+            entry = None
+        return owner, store, deps, entry
 
     def bypass(self, a: tuple[Any, ...]) -> Any:
         """A call left out of the cache (a `BYPASS` key, only=, or caching off)."""
