@@ -54,12 +54,15 @@ class Meta(tuple):  # type: ignore[type-arg]
     __slots__ = ()
 
 
+def meta(t: torch.Tensor) -> Meta:
+    """The `Meta` of tensor ``t``."""
+    return Meta((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device))
+
+
 def tag(t: torch.Tensor) -> int | Meta:
     """What identifies the state of tensor ``t``: its version counter, or, for an
     inference tensor (which has none), its `Meta`."""
-    if t.is_inference():
-        return Meta((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device))
-    return t._version
+    return meta(t) if t.is_inference() else t._version
 
 
 #: The one rule: does input ``{x}`` still match the fingerprint ``({o}, {v})``? The
@@ -69,7 +72,7 @@ def tag(t: torch.Tensor) -> int | Meta:
 #: call :func:`matches`, compiled from the same text.
 MATCH: Final = (
     "({x} is {o} and ({x}._version == {v} if {v}.__class__ is int"
-    " else {v}.__class__ is not _sc_Meta or _sc_tag({x}) == {v}))"
+    " else {v}.__class__ is not _sc_Meta or _sc_meta({x}) == {v}))"
     " or ({v} is _sc_VAL and {x}.__class__ is {o}.__class__ and {x} == {o})"
     " or ({v} is _sc_SNAP and _sc_snapshot({x}) == {o})"
 )
@@ -142,7 +145,7 @@ def fingerprint(x: Any) -> tuple[Any, Any]:
 #: the globals :data:`MATCH` reads (``_sc_`` names: a parameter cannot shadow them)
 MATCH_GLOBALS: Final = {
     "_sc_Meta": Meta,
-    "_sc_tag": tag,
+    "_sc_meta": meta,
     "_sc_VAL": VAL,
     "_sc_SNAP": SNAP,
     "_sc_snapshot": snapshot,
