@@ -44,6 +44,13 @@ _CALLS = [
         "its result's version counter, returns the stored tensor",
     ),
     (
+        bench_hit.RIX_INFERENCE,
+        "request index, stepcache hit on a layout of inference tensors (made under "
+        "`torch.inference_mode()`, as a vLLM step makes its own): re-checks 2 tensors' "
+        "data pointer, shape, strides, dtype and device, 1 int and its result's "
+        "version counter",
+    ),
+    (
         bench_hit.RIX_SEED,
         "request index, stock vLLM's method (the seeds' hand-written "
         "hit): 3 asserts + a new slice each call",
@@ -68,6 +75,12 @@ _RATIOS = [
         bench_hit.RIX,
         bench_hit.RIX_SEED,
         "request index: stepcache hit / stock vLLM's method (3 asserts + new slice)",
+    ),
+    (
+        bench_hit.RIX_INFERENCE,
+        bench_hit.RIX_SEED,
+        "request index, layout of inference tensors: stepcache hit / stock vLLM's "
+        "method",
     ),
     (
         bench_hit.RIX,

@@ -115,6 +115,11 @@ RIX = (
     "request index: stepcache hit "
     "(re-checks 2 tensors, 1 int and its result's version; returns the stored tensor)"
 )
+RIX_INFERENCE = (
+    "request index: stepcache hit, layout of inference tensors "
+    "(re-checks 2 tensors' data pointer, shape, strides, dtype, device; 1 int; "
+    "its result's version)"
+)
 RIX_CHECKS = "request index: stepcache hit, checks mode"
 RIX_SEED = (
     "request index: stock vLLM's method "
@@ -148,6 +153,7 @@ def cases(number: int) -> list[Case]:
     slow = max(number // 10, 1)
     return [
         Case(RIX, "rix(step, buf)", number),
+        Case(RIX_INFERENCE, "rix(step_inference, buf)", number),
         Case(RIX_CHECKS, "rix(step_checks, buf)", slow, _checks),
         Case(RIX_SEED, "seed.token_to_req_indices(buf)", number),
         Case(RIX_KEPT, "kept.token_to_req_indices(buf)", number),
@@ -170,18 +176,23 @@ def namespace() -> dict[str, Any]:
     """The objects the statements use: one step of 8 requests padded to 16 tokens.
 
     The checks-mode rows have owners of their own, so their entries are stored in
-    checks mode, with the deep fingerprints a checks-mode hit compares.
+    checks mode, with the deep fingerprints a checks-mode hit compares. The layout of
+    ``step_inference`` is made under ``torch.inference_mode()``, as a vLLM step makes
+    its own tensors; the buffer, as vLLM's persistent buffers, is made outside.
     """
     lens = [3, 1, 1, 0, 2, 1, 1, 1]
     step = dsv4_sim.make_step(lens, pad_to=16)
     seed = SeedMetadata(step.query_start_loc, step.query_start_loc_cpu, 16)
     kept = KeptSliceMetadata(step.query_start_loc, step.query_start_loc_cpu, 16)
+    with torch.inference_mode():
+        inference_step = dsv4_sim.make_step(lens, pad_to=16)
     return {
         "m": Meta(),
         "m_checks": Meta(),
         "m_off": Meta(),
         "kept": kept,
         "step_checks": dsv4_sim.make_step(lens, pad_to=16),
+        "step_inference": inference_step,
         "rix": request_index.token_to_req_indices,
         "step": step,
         "seed": seed,
@@ -201,6 +212,8 @@ GOALS = [
 #: ratios reported with no limit (measured, baseline): what a reader needs to weigh
 #: the goals against the cheapest alternatives and against switching caching off
 COMPARISONS = [
+    (RIX_INFERENCE, RIX_SEED),
+    (RIX_INFERENCE, RIX),
     (RIX, RIX_KEPT),
     (RIX_KEPT, RIX_SEED),
     (KEY_DISABLED, PLAIN),
