@@ -7,8 +7,8 @@ A fingerprint is a pair ``(o, v)``:
 * a tensor: the object itself and its *tag*, :func:`tag`: the in-place version
   counter (``_version``), which in-place ops, ``resize_`` and ``set_`` bump. An
   *inference tensor* (made under ``torch.inference_mode()``, as every tensor a vLLM
-  step makes) has no version counter: its tag is a `Meta`, its data pointer, shape,
-  strides, dtype and device. Reassigning it always recomputes (another object); an
+  step makes) has no version counter: its tag is its *place*, the tuple of its data
+  pointer, shape, strides, dtype and device (:data:`PLACE`; no other tag is a tuple). Reassigning it always recomputes (another object); an
   in-place write to it is not seen in production (debug mode's deep fingerprint sees
   it in small CPU tensors);
 * a scalar (int, float, bool, str, None, dtype, device, enum, tuples of those): its
@@ -48,31 +48,28 @@ ID: Final = _Kind("ID")
 SNAP: Final = _Kind("SNAP")
 
 
-class Meta(tuple):  # type: ignore[type-arg]
-    """The tag of an inference tensor: (data pointer, shape, strides, dtype, device)."""
-
-    __slots__ = ()
-
-
-def meta(t: torch.Tensor) -> Meta:
-    """The `Meta` of tensor ``t``."""
-    return Meta((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device))
+Place = tuple[int, torch.Size, tuple[int, ...], torch.dtype, torch.device]
+#: Where tensor ``{t}``'s data lies and how it is laid out: the tag of an inference
+#: tensor. Source text, inlined by :data:`MATCH` (no call per hit) and compiled into
+#: :func:`place`.
+PLACE: Final = "({t}.data_ptr(), {t}.shape, {t}.stride(), {t}.dtype, {t}.device)"
+place: Callable[[torch.Tensor], Place] = eval("lambda t: " + PLACE.format(t="t"))
 
 
-def tag(t: torch.Tensor) -> int | Meta:
+def tag(t: torch.Tensor) -> int | Place:
     """What identifies the state of tensor ``t``: its version counter, or, for an
-    inference tensor (which has none), its `Meta`."""
-    return meta(t) if t.is_inference() else t._version
+    inference tensor (which has none), its :data:`PLACE`."""
+    return place(t) if t.is_inference() else t._version
 
 
 #: The one rule: does input ``{x}`` still match the fingerprint ``({o}, {v})``? The
-#: same object whose version is unchanged (or, without a counter, whose `Meta` is); an
+#: same object whose version is unchanged (or, without a counter, whose place is); an
 #: equal value of the same type; an equal snapshot. Source text, so that each
 #: decorated function's hit inlines it (`stepcache._entry.condition`); the slow paths
 #: call :func:`matches`, compiled from the same text.
 MATCH: Final = (
     "({x} is {o} and ({x}._version == {v} if {v}.__class__ is int"
-    " else {v}.__class__ is not _sc_Meta or _sc_meta({x}) == {v}))"
+    " else {v}.__class__ is not _sc_tuple or " + PLACE.format(t="{x}") + " == {v}))"
     " or ({v} is _sc_VAL and {x}.__class__ is {o}.__class__ and {x} == {o})"
     " or ({v} is _sc_SNAP and _sc_snapshot({x}) == {o})"
 )
@@ -144,8 +141,7 @@ def fingerprint(x: Any) -> tuple[Any, Any]:
 
 #: the globals :data:`MATCH` reads (``_sc_`` names: a parameter cannot shadow them)
 MATCH_GLOBALS: Final = {
-    "_sc_Meta": Meta,
-    "_sc_meta": meta,
+    "_sc_tuple": tuple,
     "_sc_VAL": VAL,
     "_sc_SNAP": SNAP,
     "_sc_snapshot": snapshot,
@@ -208,7 +204,7 @@ class _Tags:
         self.tensors = tensors
 
     @property
-    def _version(self) -> tuple[int | Meta, ...]:
+    def _version(self) -> tuple[int | Place, ...]:
         return tuple([tag(t) for t in self.tensors])
 
 
