@@ -85,11 +85,12 @@ class Entry:
 @functools.cache
 def _matches(n: int, guard: bool) -> Any:
     """:func:`condition` compiled for ``n`` dependencies."""
-    xs = "".join(f"x{i}, " for i in range(n))
-    lines, test = condition("e", "_sc_ref(owner)", xs.split(", ")[:n], guard, "x")
-    body = "".join(f" {line}\n" for line in lines[n:])
+    xs = [f"x{i}" for i in range(n)]
+    lines, test = condition("e", "_sc_ref(owner)", xs, guard, "x")
+    body = "".join(f" {line}\n" for line in lines[n:])  # the xs are the arguments
     namespace = dict(CONDITION_GLOBALS)
-    exec(f"def m(e, owner, {xs}):\n{body} return {test}\n", namespace)
+    args = "".join(x + ", " for x in xs)
+    exec(f"def m(e, owner, {args}):\n{body} return {test}\n", namespace)
     return namespace["m"]
 
 
