@@ -333,7 +333,7 @@ class CachedFunction:
         owner's (not an entry bound to another owner that shares the store)."""
         if entry.bound is None or entry.bound() is owner:
             self.invalidations += 1
-            store.count(self.fid, 2)
+            store.count(self.fid, _store.INVALIDATIONS)
 
     def store(
         self,
@@ -351,7 +351,7 @@ class CachedFunction:
         entry = Entry(value, None if fps else weakref.ref(owner), fps, g, gtag, info)
         store.insert(self.fid, self.keyed, key, entry)
         self.misses += 1
-        store.count(self.fid, 0)
+        store.count(self.fid, _store.MISSES)
         return entry
 
 

@@ -8,9 +8,9 @@ A fingerprint is a pair ``(o, v)``:
   counter (``_version``), which in-place ops, ``resize_`` and ``set_`` bump. An
   *inference tensor* (made under ``torch.inference_mode()``, as every tensor a vLLM
   step makes) has no version counter: its tag is its *place*, the tuple of its data
-  pointer, shape, strides, dtype and device (:data:`PLACE`; no other tag is a tuple). Reassigning it always recomputes (another object); an
-  in-place write to it is not seen in production (debug mode's deep fingerprint sees
-  it in small CPU tensors);
+  pointer, shape, strides, dtype and device (:data:`PLACE`; no other tag is a tuple).
+  Reassigning it always recomputes (another object); an in-place write to it is not
+  seen in production (debug mode's deep fingerprint sees it in small CPU tensors);
 * a scalar (int, float, bool, str, None, dtype, device, enum, tuples of those): its
   value, with `VAL`;
 * a list, dict or set of scalars: a snapshot of its contents, with `SNAP`;

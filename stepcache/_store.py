@@ -18,7 +18,10 @@ from stepcache._state import name_of
 
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
-_COLUMNS = ("entries", "bytes", "misses", "bypasses", "invalidations")
+#: what a store counts per function (`count`), besides its entries and their bytes,
+#: and each count's index
+COUNTED = ("misses", "bypasses", "invalidations")
+MISSES, BYPASSES, INVALIDATIONS = range(len(COUNTED))
 
 #: every store alive, as weak references, once `live_caches()` has been called (see
 #: there); a dead one's reference removes itself (the callback is the dict's own pop,
@@ -85,7 +88,7 @@ class StepCache:
         #: id(owner) -> weak reference, for the owners attach() shares this store with
         self._attached: dict[int, weakref.ref[Any]] | None = None
         self._closed = False
-        #: function id -> [misses, bypasses, invalidations] seen through this store
+        #: function id -> its counts (as COUNTED names them) seen through this store
         self._counts: dict[int, list[int]] = {}
         #: objects that must live as long as the step (keep_alive())
         self._kept: list[Any] | None = None
@@ -110,7 +113,9 @@ class StepCache:
             raise StaleCacheError(
                 "keep_alive() on a closed StepCache (its step is over)"
             )
-        self._kept = [*(self._kept or ()), obj]
+        if self._kept is None:
+            self._kept = []
+        self._kept.append(obj)
 
     def clear(self) -> None:
         """Drop every entry (and kept object); the store stays open for the same owner."""
@@ -127,12 +132,13 @@ class StepCache:
     def stats(self) -> dict[str, dict[str, int]]:
         """Per-function counts for this store: entries, bytes, misses, bypasses,
         invalidations (hits are counted process-wide, see [`stats()`][stepcache.stats])."""
+        empty = dict.fromkeys(("entries", "bytes", *COUNTED), 0)
         out = {
-            name_of(f): dict(zip(_COLUMNS, (0, 0, *c), strict=True))
+            name_of(f): {**empty, **dict(zip(COUNTED, c, strict=True))}
             for f, c in self._counts.items()
         }
         for fid, entry in self.entries():
-            row = out.setdefault(name_of(fid), dict.fromkeys(_COLUMNS, 0))
+            row = out.setdefault(name_of(fid), dict(empty))
             row["entries"] += 1
             row["bytes"] += nbytes(entry.value)
         return out
@@ -159,9 +165,11 @@ class StepCache:
         return member is not None and member() is owner
 
     def count(self, fid: int, which: int) -> None:
+        """Add one to count ``which`` (`MISSES`, `BYPASSES`, `INVALIDATIONS`) of
+        function ``fid``."""
         counts = self._counts.get(fid)
         if counts is None:
-            counts = self._counts[fid] = [0, 0, 0]
+            counts = self._counts[fid] = [0] * len(COUNTED)
         counts[which] += 1
 
     def lookup(self, fid: int, keyed: bool, key: Any) -> Entry | None:
@@ -263,6 +271,9 @@ def store_for(owner: object) -> StepCache:
     is found or made here. No lock: two threads making the first call on one owner
     at once may each create a store; the one written last stays (the other's entries
     are computed again on their next use)."""
+    # read the generic way (a declared slot, or the instance's attributes), never
+    # through owner.__dict__: on CPython 3.11+ that turns the instance's inline
+    # attribute values into a dict object of its own
     try:
         store = getattr(owner, ATTR, None)
     except Exception:  # an odd __getattr__
