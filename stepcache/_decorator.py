@@ -8,6 +8,7 @@ import inspect
 import operator
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Container, Hashable, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
@@ -21,13 +22,11 @@ from stepcache._state import BYPASS
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
 Expect = TensorSpec | tuple[TensorSpec | None, ...] | None
 KeyArg = Callable[..., Hashable] | str | Sequence[str] | None
-
+Args = tuple[Any, ...]
 #: ``call()`` without a key: the key is not known yet (or the function has none)
 NO_KEY: Final = object()
-_PLAIN = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _STARS = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
@@ -35,8 +34,7 @@ class CachedFunction:
     """Everything stepcache knows about one decorated function.
 
     Its hit path is generated (`stepcache._hit`); every other call lands in
-    :meth:`call`: a miss, a bypass, or any call while a switch is on. A call's
-    arguments travel as ``a``, a tuple of the parameters' values in order.
+    :meth:`call`. A call's arguments travel as ``a``, the parameters' values in order.
     """
 
     def __init__(
@@ -63,9 +61,10 @@ class CachedFunction:
         self.lock = threading.Lock()
         self.misses = self.invalidations = 0
         try:
-            self.params = tuple(inspect.signature(fn).parameters.values())
+            self.signature = inspect.signature(fn)
         except (TypeError, ValueError) as exc:
             raise self._error(f"cannot read its signature ({exc})") from exc
+        self.params = tuple(self.signature.parameters.values())
         self.names = [p.name for p in self.params]
         self.index = {n: i for i, n in enumerate(self.names)}
         listing = f" (parameters: {', '.join(self.names)})"
@@ -98,7 +97,7 @@ class CachedFunction:
         )
         self.key_names: tuple[str, ...] = tuple(names)
         require(
-            self.key_fn is not None or bool(self.key_names) or not self.keyed,
+            bool(self.key_names) or not self.keyed or self.key_fn is not None,
             "key=() names no parameter",
         )
         for k in self.key_names:
@@ -154,16 +153,15 @@ class CachedFunction:
                 f"as a frozenset (got {allowed!r})",
             )
 
-        # the cheap forms of the slow path's pieces, chosen once
-        self._simple = all(p.kind in _PLAIN for p in self.params)
+        self._simple = all(p.kind < p.VAR_POSITIONAL for p in self.params)
+        # the owner's attributes in one C call, where no dependency is a parameter
         self._deps_of: Callable[[Any], Any] | None = None
         if deps and not any(d in self.index for d in deps):
             getter = operator.attrgetter(*deps)
             self._deps_of = getter if len(deps) > 1 else lambda o: (getter(o),)
-        wrapper, self._counts = compile_hit(self)
-        functools.update_wrapper(wrapper, fn)
-        wrapper.__stepcache__ = self
-        self.wrapper = wrapper
+        self.wrapper, self._counts = compile_hit(self)
+        functools.update_wrapper(self.wrapper, fn)
+        self.wrapper.__stepcache__ = self
         _store.register(self.fid, self.keyed)
         _state.register(self)
 
@@ -171,11 +169,10 @@ class CachedFunction:
         return StepCacheError(f"{self.name}: {message}")
 
     def _require(self, ok: bool, message: str) -> None:
-        """A decoration-time check."""
         if not ok:
             raise self._error(message)
 
-    # -- counters -----------------------------------------------------------------------
+    # -- counters: hits and bypasses live in the hit's closure ---------------------------
     @property
     def hits(self) -> int:
         return self._counts(0, 0)[0]
@@ -185,8 +182,7 @@ class CachedFunction:
         return self._counts(0, 0)[1]
 
     def count_hit(self) -> None:
-        # like the hit path's own increment: statistics, not atomic across threads
-        self._counts(1, 0)
+        self._counts(1, 0)  # like the hit's own count: not atomic across threads
 
     def reset_counts(self) -> None:
         with self.lock:
@@ -200,25 +196,16 @@ class CachedFunction:
             return f"step_cached function '{self.name}' (key={key!r})"
         return f"step_cached function '{self.name}'"
 
-    def invoke(self, a: tuple[Any, ...], fn: Callable[..., Any] | None = None) -> Any:
+    def invoke(self, a: Args, fn: Callable[..., Any] | None = None) -> Any:
         """Call the function (or ``fn``, which takes the same arguments) with ``a``."""
-        fn = fn or self.fn
         if self._simple:
-            return fn(*a)
-        args: list[Any] = []
-        kwargs: dict[str, Any] = {}
-        for p, v in zip(self.params, a, strict=True):
-            if p.kind is inspect.Parameter.VAR_POSITIONAL:
-                args += v
-            elif p.kind is inspect.Parameter.VAR_KEYWORD:
-                kwargs.update(v)
-            elif p.kind is inspect.Parameter.KEYWORD_ONLY:
-                kwargs[p.name] = v
-            else:
-                args.append(v)
-        return fn(*args, **kwargs)
+            return (fn or self.fn)(*a)
+        bound = inspect.BoundArguments(
+            self.signature, OrderedDict(zip(self.names, a, strict=True))
+        )
+        return (fn or self.fn)(*bound.args, **bound.kwargs)
 
-    def key_of(self, a: tuple[Any, ...]) -> Any:
+    def key_of(self, a: Args) -> Any:
         """The call's key (`BYPASS` for a call that ``only=`` leaves out); ``None``
         for an unkeyed function."""
         try:
@@ -248,7 +235,7 @@ class CachedFunction:
             ) from None
         return key
 
-    def dep_values(self, a: tuple[Any, ...], key: Any = NO_KEY) -> tuple[Any, ...]:
+    def dep_values(self, a: Args, key: Any = NO_KEY) -> Args:
         owner = a[self.owner_index]
         try:
             if self._deps_of is not None:
@@ -263,28 +250,26 @@ class CachedFunction:
                 f"{type(owner).__qualname__} does not have ({exc})"
             ) from exc
 
-    def violation(self, value: Any, a: tuple[Any, ...]) -> str | None:
+    def violation(self, value: Any, a: Args) -> str | None:
         """What `validate` finds wrong with ``value`` (``": result ..."``), or
         ``None`` if it meets ``expect``."""
+        if self.expect is None:
+            return None
         owner = a[self.owner_index]
+
+        def resolve(r: Any) -> Any:
+            return (
+                a[self.index[r.name]] if r.__class__ is Arg else getattr(owner, r.name)
+            )
+
         try:
-            if self.expect is not None:
-                validate(
-                    value,
-                    self.expect,
-                    lambda r: (
-                        a[self.index[r.name]]
-                        if r.__class__ is Arg
-                        else getattr(owner, r.name)
-                    ),
-                    "",
-                )
+            validate(value, self.expect, resolve, "")
         except CacheValidationError as exc:
             return str(exc)
         return None
 
     # -- the slow path ------------------------------------------------------------------
-    def call(self, a: tuple[Any, ...], key: Any = NO_KEY) -> Any:
+    def call(self, a: Args, key: Any = NO_KEY) -> Any:
         """Every call the hit did not answer: a miss, a bypass, a switch."""
         disabled, mode = _state.switches
         if disabled:
@@ -310,8 +295,8 @@ class CachedFunction:
         return value
 
     def find(
-        self, a: tuple[Any, ...], key: Any
-    ) -> tuple[Any, _store.StepCache, tuple[Any, ...], Entry | None]:
+        self, a: Args, key: Any
+    ) -> tuple[Any, _store.StepCache, Args, Entry | None]:
         """The call's owner, its store, its dependencies and the entry that serves it
         (``None``: a miss); an entry that does not serve it is counted (`stale`)."""
         owner = a[self.owner_index]
@@ -319,28 +304,24 @@ class CachedFunction:
         entry = store.lookup(self.fid, self.keyed, key)
         deps = self.dep_values(a, key) if self.dep_names else ()
         if entry is not None and not entry.matches(owner, deps):
-            self.stale(entry, owner, store)
+            # an invalidation, unless the entry is bound to another owner of the store
+            if entry.bound is None or entry.bound() is owner:
+                self.invalidations += 1
+                store.count(self.fid, _store.INVALIDATIONS)
             entry = None
         return owner, store, deps, entry
 
-    def bypass(self, a: tuple[Any, ...]) -> Any:
+    def bypass(self, a: Args) -> Any:
         """A call left out of the cache (a `BYPASS` key, only=, or caching off)."""
         self._counts(0, 1)
         return self.fn(*a) if self._simple else self.invoke(a)
-
-    def stale(self, entry: Entry, owner: object, store: Any) -> None:
-        """``entry`` does not serve the call: count an invalidation if it was this
-        owner's (not an entry bound to another owner that shares the store)."""
-        if entry.bound is None or entry.bound() is owner:
-            self.invalidations += 1
-            store.count(self.fid, _store.INVALIDATIONS)
 
     def store(
         self,
         store: Any,
         key: Any,
         owner: object,
-        fps: tuple[Any, ...],
+        fps: Args,
         value: Any,
         info: Any = None,
     ) -> Entry:
