@@ -67,36 +67,11 @@ Examples:
     True
 """
 
-__all__ = [
-    "BYPASS",
-    "Arg",
-    "Attr",
-    "CacheValidationError",
-    "DebugReport",
-    "Detection",
-    "GuardedTensor",
-    "FunctionStats",
-    "StaleCacheError",
-    "StatsTable",
-    "StepCache",
-    "StepCacheError",
-    "TensorSpec",
-    "__version__",
-    "attach",
-    "cache_field",
-    "cache_of",
-    "clear_debug_report",
-    "dataclass_cache_field",
-    "debug",
-    "debug_report",
-    "disabled",
-    "get_debug",
-    "get_disabled",
-    "normalize_device",
-    "profile",
-    "reset_stats",
-    "set_debug",
-    "set_disabled",
-    "stats",
-    "step_cached",
-]
+# grouped by what they are for (the API reference's pages)
+__all__ = ["step_cached", "BYPASS", "TensorSpec", "Arg", "Attr", "normalize_device"]
+__all__ += ["StepCache", "attach", "cache_of", "cache_field", "dataclass_cache_field"]
+__all__ += ["StepCacheError", "CacheValidationError", "StaleCacheError"]
+__all__ += ["debug", "set_debug", "get_debug", "disabled", "set_disabled"]
+__all__ += ["get_disabled", "debug_report", "clear_debug_report", "DebugReport"]
+__all__ += ["Detection", "GuardedTensor", "stats", "reset_stats", "FunctionStats"]
+__all__ += ["StatsTable", "profile", "__version__"]

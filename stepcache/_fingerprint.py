@@ -29,24 +29,11 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-
-class _Kind:
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-#: compared by value and type
-VAL: Final = _Kind("VAL")
-#: compared by identity
-ID: Final = _Kind("ID")
-#: compared by a snapshot of the contents
-SNAP: Final = _Kind("SNAP")
-
+#: how an input's fingerprint compares (its ``v``, where it is not a tensor's tag):
+#: by value and type, by identity, by a snapshot of the contents
+VAL: Final = "VAL"
+ID: Final = "ID"
+SNAP: Final = "SNAP"
 
 Place = tuple[int, torch.Size, tuple[int, ...], torch.dtype, torch.device]
 #: Where tensor ``{t}``'s data lies and how it is laid out: the tag of an inference
@@ -113,7 +100,7 @@ def fingerprints(deps: Sequence[Any]) -> tuple[Any, ...]:
     changed while it runs must not be recorded as the state it was computed from.
 
     >>> fingerprints((3, [1, 2]))
-    (3, VAL, (<class 'list'>, (1, 2)), SNAP)
+    (3, 'VAL', (<class 'list'>, (1, 2)), 'SNAP')
     """
     flat: list[Any] = []
     for x in deps:
