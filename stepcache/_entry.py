@@ -1,10 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """A cached value and what it was computed from (`Entry`), and the rule that says
-whether it still holds: :func:`condition`, written once as source text.
-
-Each decorated function's hit inlines :func:`condition` (`stepcache._hit`); every
-other path calls `Entry.matches`, compiled from the same text.
-"""
+whether it still serves a call: :func:`condition`, written once as source text that
+each hit inlines (`stepcache._hit`) and `Entry.matches` compiles."""
 
 from __future__ import annotations
 
@@ -15,19 +12,13 @@ from typing import Any, Final
 
 from stepcache._fingerprint import MATCH, MATCH_GLOBALS
 
-#: an entry without dependencies serves only the owner that computed it: it holds
-#: the owner's plain weak reference, of which CPython keeps one per object
-_BOUND: Final = "{e}.bound is {ref}"
-#: a guarded result (``guard_result=True``) is still as it was stored
-_GUARD: Final = "{e}.guard._version == {e}.gtag"
-
 
 def condition(
-    e: str, ref: str, deps: Sequence[str], guard: bool, prefix: str = "_sc_x"
+    e: str, ref: str, deps: Sequence[str], guard: bool
 ) -> tuple[list[str], str]:
     """Source of the test that entry ``e`` serves a call: assignments of the
-    dependency expressions ``deps`` to locals, and the condition over them; ``ref``
-    is the owner's plain weak reference (what ``weakref.ref(owner)`` returns).
+    dependency expressions ``deps`` to locals, and the condition over them. ``ref`` is
+    the owner's plain weak reference (what ``weakref.ref(owner)`` returns).
 
     >>> lines, test = condition("e", "_sc_ref(md)", ["md.qsl"], guard=False)
     >>> lines
@@ -35,15 +26,15 @@ def condition(
     >>> test.startswith("((_sc_x0 is _sc_xd[0] and")
     True
     """
-    lines = [f"{prefix}{i} = {expr}" for i, expr in enumerate(deps)]
-    if deps:
-        lines.append(f"{prefix}d = {e}.deps")
-    parts = [] if deps else [_BOUND.format(e=e, ref=ref)]
-    for i in range(len(deps)):
-        o, v = f"{prefix}d[{2 * i}]", f"{prefix}d[{2 * i + 1}]"
-        parts.append("(" + MATCH.format(x=f"{prefix}{i}", o=o, v=v) + ")")
-    if guard:
-        parts.append(_GUARD.format(e=e))
+    lines = [f"_sc_x{i} = {expr}" for i, expr in enumerate(deps)]
+    lines += ["_sc_xd = " + e + ".deps"] if deps else []
+    # an entry without dependencies serves only the owner that computed it
+    parts = [
+        f"({MATCH.format(x=f'_sc_x{i}', o=f'_sc_xd[{2 * i}]', v=f'_sc_xd[{2 * i + 1}]')})"
+        for i in range(len(deps))
+    ] or [f"{e}.bound is {ref}"]
+    if guard:  # the result's tensors were not written since it was stored
+        parts.append(f"{e}.guard._version == {e}.gtag")
     return lines, " and ".join(parts)
 
 
@@ -53,8 +44,8 @@ CONDITION_GLOBALS: Final = {**MATCH_GLOBALS, "_sc_ref": weakref.ref}
 
 class Entry:
     """One cached value: ``value``; ``bound``, a weak reference to the owner that
-    computed it (entries without dependencies serve only that owner) or ``None``;
-    ``deps``, the fingerprints of its dependencies, flat (``o0, v0, o1, v1, ...``);
+    computed it (an entry without dependencies serves only that owner) or ``None``;
+    ``deps``, its dependencies' fingerprints, flat (``o0, v0, o1, v1, ...``);
     ``guard``/``gtag``, the result's guard (``guard_result``) or ``None``; ``info``,
     what debug mode recorded (or ``None``)."""
 
@@ -69,28 +60,22 @@ class Entry:
         gtag: Any = None,
         info: Any = None,
     ) -> None:
-        self.value = value
-        self.bound = bound
-        self.deps = deps
-        self.guard = guard
-        self.gtag = gtag
-        self.info = info
+        self.value, self.bound, self.deps = value, bound, deps
+        self.guard, self.gtag, self.info = guard, gtag, info
 
     def matches(self, owner: object, xs: Sequence[Any]) -> bool:
-        """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``
-        (the test a hit inlines, :func:`condition`)."""
+        """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``."""
         return bool(_matches(len(xs), self.guard is not None)(self, owner, *xs))
 
 
 @functools.cache
 def _matches(n: int, guard: bool) -> Any:
-    """:func:`condition` compiled for ``n`` dependencies."""
-    xs = [f"x{i}" for i in range(n)]
-    lines, test = condition("e", "_sc_ref(owner)", xs, guard, "x")
-    body = "".join(f" {line}\n" for line in lines[n:])  # the xs are the arguments
+    """:func:`condition` compiled for ``n`` dependencies, passed as arguments."""
+    xs = "".join(f"_sc_x{i}, " for i in range(n))
+    lines, test = condition("e", "_sc_ref(owner)", [""] * n, guard)
+    body = "".join(f" {line}\n" for line in lines[n:])
     namespace = dict(CONDITION_GLOBALS)
-    args = "".join(x + ", " for x in xs)
-    exec(f"def m(e, owner, {args}):\n{body} return {test}\n", namespace)
+    exec(f"def m(e, owner, {xs}):\n{body} return {test}\n", namespace)
     return namespace["m"]
 
 
