@@ -1,13 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """The hit path: a short function generated per decorated function.
 
-Specialise instead of branch: the hit is written once, at decoration time, for the
-function's own signature, owner, key and dependencies, so a hit tests no option
-(cachetools picks a wrapper per option the same way; attrs writes ``__init__``).
-It answers a hit and a bypass, and hands every other call to ``_sc_CALL``, the
-function's slow path. The values it reads are named cells of a closure (``_sc_``
-names, which no parameter may have), and its source is registered in `linecache`,
-so tracebacks and pdb show it.
+Specialise instead of branch (as cachetools picks a wrapper per option, and attrs
+writes ``__init__``): the hit is written at decoration time for the function's own
+signature, owner, key and dependencies, so it tests no option. It answers a hit and a
+bypass and hands every other call to ``_sc_CALL``, the slow path. What it reads are
+named cells of a closure (``_sc_`` names, which no parameter may have); its source is
+registered in `linecache`, so tracebacks and pdb show it.
 """
 
 from __future__ import annotations
@@ -77,10 +76,9 @@ def source(fn: CachedFunction, fname: str, cells: Sequence[str]) -> str:
     if fn.only:
         tests = (f"{n} not in _sc_O_{i}" for i, n in enumerate(fn.only))
         bypass_if("_sc_out", "_sc_out = " + " or ".join(tests))
-    # The cheapest lookups there are; each finds ABSENT instead of raising where an
-    # owner has no store yet (stepcache._store.NO_STORE). A function with
-    # dependencies, or keyed by kinds (only=), often misses its first lookup of a
-    # step in a real store: get() there; the others subscript, and a rare miss raises.
+    # Each lookup finds ABSENT instead of raising where an owner has no store yet
+    # (stepcache._store.NO_STORE). A function with dependencies, or keyed by kinds
+    # (only=), often misses in a real store: get() there; the others subscript.
     lookup = f"{owner}._stepcache.table"
     if fn.keyed:
         lookup += f"[{fid}].get({key}, _sc_ABSENT)" if fn.only else f"[{fid}][{key}]"
@@ -95,9 +93,8 @@ def source(fn: CachedFunction, fname: str, cells: Sequence[str]) -> str:
     out += [f"        if {test}:", "            _sc_HITS += 1.0"]
     out += ["            return _sc_e.value", "    except Exception:", "        pass"]
     out.append(f"    return {miss}")  # anything odd is the slow path's to judge
-    # the values the hit reads are cells of a closure: cheaper than globals to read,
-    # and the counts cheaper to write; the counts are floats, whose += takes a float
-    # from CPython's free list, where an int past 256 allocates a new object
+    # cells are cheaper to read than globals; the counts are floats, whose += reuses
+    # CPython's free list, where an int past 256 allocates
     counts = [
         "def _sc_counts(h, b):",
         "    nonlocal _sc_HITS, _sc_BYPASSES",
