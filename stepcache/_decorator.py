@@ -350,43 +350,38 @@ def step_cached(
 
     The first call for an owner (and key) computes the value and stores it in the
     owner's [`StepCache`][stepcache.StepCache]; later calls return the same object while
-    every declared dependency is unchanged. A changed dependency means a recomputation
-    (counted as an *invalidation*), never a stale hit. A function that raises caches
-    nothing: the next call computes again.
+    every declared dependency is unchanged. A changed dependency recomputes (an
+    *invalidation*), never a stale hit. A function that raises caches nothing.
 
     Args:
-        key: Which entry a call uses: a callable that takes the function's own
-            arguments and returns a hashable, a parameter name or a tuple of parameter
-            names as a shorthand, or `None` (one entry per function and owner). A key
-            that is [`BYPASS`][stepcache.BYPASS] computes without caching. An
-            unhashable key, or a key function that raises, is a
-            [`StepCacheError`][stepcache.StepCacheError] that names the function.
+        key: Which entry a call uses: a callable taking the function's own arguments
+            and returning a hashable, a parameter name or a tuple of them, or `None`
+            (one entry per owner). A [`BYPASS`][stepcache.BYPASS] key computes without
+            caching. An unhashable key, or a key function that raises, is a
+            [`StepCacheError`][stepcache.StepCacheError] naming the function.
         owner: The parameter whose object holds the cache; the entries live exactly as
             long as that object. Default: the first parameter (`self` of a method).
         depends_on: The owner's attributes (or the function's parameters) the value is
-            computed from. An entry is reused only while each one is unchanged: a
-            tensor must be the same object with the same in-place version counter
-            (an inference tensor, which has no counter: the same object with the same
-            data pointer, shape, strides, dtype and device); anything else must be
-            equal and of the same type. Entries with declared dependencies may be
-            shared with copies of the owner (they are re-checked on every hit); an
-            entry with no dependencies is bound to the owner object.
+            computed from. An entry is reused only while each is unchanged: a tensor
+            must be the same object with the same version counter (an inference
+            tensor, which has none: the same object with the same data pointer,
+            shape, strides, dtype and device); anything else must be equal and of the
+            same type. Entries with dependencies may serve copies of the owner (they
+            are re-checked on every hit); one without is bound to its owner.
         expect: A [`TensorSpec`][stepcache.TensorSpec], or for a tuple result a tuple
             of them (`None` skips an item), checked whenever a value is stored (and on
             every hit in debug mode); a violation raises
             [`CacheValidationError`][stepcache.CacheValidationError].
         name: The label in [`stats()`][stepcache.stats] and in error messages.
             Default: the function's qualified name.
-        guard_result: Re-check, on every hit, that no tensor of the cached value was
-            written since it was stored (one version-counter read per tensor). For a
-            value that is a view into a persistent buffer that later builds of the
-            step may rewrite: such a write invalidates the entry instead of handing
-            out the new rows as the old ones.
+        guard_result: Re-check on every hit that no tensor of the value was written
+            since it was stored (one version read per tensor): for a view into a
+            persistent buffer that later builds may rewrite, such a write invalidates
+            the entry instead of handing out the new rows as the old ones.
         only: Cache only the calls whose named arguments are in the given collections
             (`{"kind": frozenset({"swa_only", "c128a"})}`); any other call computes
-            without caching and counts as a bypass. The declarative form of a key
-            function that returns [`BYPASS`][stepcache.BYPASS], tested inline on
-            every call instead of calling a function.
+            without caching and counts as a bypass: a key function returning
+            [`BYPASS`][stepcache.BYPASS], declared, and tested inline.
 
     Returns:
         The decorator. The decorated function keeps its signature, for type checkers
