@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from stepcache import _envs, _state
 from stepcache import _fingerprint as fp
+from stepcache import _state
 from stepcache._errors import CacheValidationError, StaleCacheError
 from stepcache._spec import normalize_device
 from stepcache._store import StepCache
@@ -370,7 +370,7 @@ def _guard(value: Any, fn: CachedFunction, key: Any, info: _Info) -> Any:
         view.__dict__["_sc_guard"] = (fn, key, info, i)
         return view
 
-    return fp.walk(value, guarded) if _envs.STEPCACHE_DEBUG_GUARD else value
+    return fp.walk(value, guarded) if _state.STEPCACHE_DEBUG_GUARD else value
 
 
 def _recompute(
@@ -516,7 +516,7 @@ def _hit(
     if verify and (diff := _recompute(fn, a, value, info)) is not None:
         raise _detect("key-too-coarse", "hit", fn, key, diff=diff, fix=_fix(fn, info))
     fn.count_hit()
-    if info is None or not info.versions or not _envs.STEPCACHE_DEBUG_GUARD:
+    if info is None or not info.versions or not _state.STEPCACHE_DEBUG_GUARD:
         return value
     if info.handed is None:
         info.handed = _guard(value, fn, key, info)

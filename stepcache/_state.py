@@ -1,17 +1,51 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The core's shared state, a leaf module: `BYPASS`, the switches and the registry."""
+"""The core's shared state, a leaf module: the environment variables (read once, at
+import), `BYPASS`, the switches and the registry."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Final
 
-from stepcache import _envs
-
 if TYPE_CHECKING:
     from stepcache._decorator import CachedFunction
+
+
+DEBUG_MODES = ("off", "checks", "verify")
+
+
+_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value in _ON or value in _OFF:
+        return value in _ON if value else default
+    raise ValueError(f"{name} must be 0 or 1 (got {os.environ[name]!r})")
+
+
+def parse_debug_mode(raw: str, *, source: str = "debug mode") -> str:
+    """Map ``raw`` to one of ``"off"``, ``"checks"``, ``"verify"``.
+
+    ``"1"`` means ``"checks"`` and ``"0"`` or ``""`` mean ``"off"``.
+    """
+    value = raw.strip().lower()
+    if value in _OFF or value in _ON or value in DEBUG_MODES:
+        return "off" if value in _OFF else "checks" if value in _ON else value
+    raise ValueError(f"{source} must be one of {DEBUG_MODES} or 0/1 (got {raw!r})")
+
+
+#: ``STEPCACHE_DISABLE=1``: every decorated function calls straight through.
+STEPCACHE_DISABLE: bool = _flag("STEPCACHE_DISABLE", False)
+#: ``STEPCACHE_DEBUG=checks|verify|1``: start in that debug mode.
+STEPCACHE_DEBUG: str = parse_debug_mode(
+    os.environ.get("STEPCACHE_DEBUG", ""), source="STEPCACHE_DEBUG"
+)
+#: ``STEPCACHE_DEBUG_GUARD=0``: debug mode hands out plain tensors, not guarded views.
+STEPCACHE_DEBUG_GUARD: bool = _flag("STEPCACHE_DEBUG_GUARD", True)
 
 
 class _Bypass:
@@ -58,7 +92,7 @@ Examples:
 """
 
 #: ``[disabled, debug mode]``, set by `stepcache._switches`
-switches: list[Any] = [_envs.STEPCACHE_DISABLE, _envs.STEPCACHE_DEBUG]
+switches: list[Any] = [STEPCACHE_DISABLE, STEPCACHE_DEBUG]
 #: ``SLOW[0]``: a switch is on, so every call takes the slow path. The hit path reads
 #: this one flag (a list item: one subscript of a global, the cheapest mutable read).
 SLOW: list[bool] = [switches[0] or switches[1] != "off"]

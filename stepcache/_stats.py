@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 
-from stepcache._sizes import nbytes
+from stepcache._fingerprint import nbytes
 from stepcache._state import all_functions
 from stepcache._store import live_caches
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from stepcache._entry import ABSENT, Entry
 from stepcache._errors import StaleCacheError, StepCacheError
-from stepcache._sizes import nbytes
+from stepcache._fingerprint import nbytes
 from stepcache._state import name_of
 
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from stepcache import _envs, _state
+from stepcache import _state
 
 _lock = threading.RLock()
 
@@ -126,9 +126,9 @@ def set_debug(mode: str) -> None:
         'checks'
         >>> stepcache.set_debug("off")
     """
-    if mode not in _envs.DEBUG_MODES:
+    if mode not in _state.DEBUG_MODES:
         raise ValueError(
-            f"debug mode must be one of {_envs.DEBUG_MODES} (got {mode!r})"
+            f"debug mode must be one of {_state.DEBUG_MODES} (got {mode!r})"
         )
     _set(1, mode)
 
