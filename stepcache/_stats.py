@@ -67,8 +67,6 @@ class StatsTable(Mapping[str, FunctionStats]):
         >>> import stepcache
         >>> row = stepcache.FunctionStats("Meta.index", 7, 1, 0, 0, 1, 4096)
         >>> table = stepcache.StatsTable((row,))
-        >>> table["Meta.index"].hits
-        7
         >>> print(table)
         function    hits  misses  bypasses  invalidations  live    bytes
         ----------  ----  ------  --------  -------------  ----  -------
@@ -154,8 +152,8 @@ def reset_stats() -> None:
     Examples:
         >>> import stepcache
         >>> stepcache.reset_stats()
-        >>> [row.calls for row in stepcache.stats().values()]
-        []
+        >>> all(row.calls == 0 for row in stepcache.stats().values())
+        True
     """
     for fn in all_functions():
         fn.reset_counts()

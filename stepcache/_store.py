@@ -78,7 +78,7 @@ class StepCache:
         #: function id -> entry, or {key: entry} for a keyed function: what a hit reads
         self.table: dict[int, Any] = {}
         self._owner_ref = None if owner is None else _weak(owner)
-        self._attached: tuple[weakref.ref[Any], ...] = ()  # the owners attach() added
+        self._attached: dict[int, weakref.ref[Any]] | None = None  # by id(owner)
         self._closed = False
         self._counts: dict[int, list[int]] = {}  # function id -> its COUNTED
         self._kept: list[Any] | None = None
@@ -138,12 +138,17 @@ class StepCache:
 
     def belongs_to(self, owner: object) -> bool:
         """Whether ``owner`` made this store or was attached to it."""
-        refs = (self._owner_ref, *self._attached)
-        return any(ref is not None and ref() is owner for ref in refs)
+        if self._owner_ref is not None and self._owner_ref() is owner:
+            return True
+        member = (self._attached or {}).get(id(owner))  # a dict: misses call this
+        return member is not None and member() is owner
 
     def count(self, fid: int, which: int) -> None:
         """Add one to count ``which`` (`MISSES`, `BYPASSES`, `INVALIDATIONS`) of ``fid``."""
-        self._counts.setdefault(fid, [0] * len(COUNTED))[which] += 1
+        counts = self._counts.get(fid)
+        if counts is None:  # not setdefault: no list made on every miss
+            counts = self._counts[fid] = [0] * len(COUNTED)
+        counts[which] += 1
 
     def lookup(self, fid: int, keyed: bool, key: Any) -> Entry | None:
         """The entry of function ``fid`` (and ``key``, if it is keyed), or ``None``."""
@@ -226,13 +231,8 @@ def _write(owner: object, store: StepCache) -> None:
     try:
         object.__setattr__(owner, ATTR, store)  # past a frozen class's __setattr__
     except (AttributeError, TypeError):  # slotted without a slot for it
-        key = id(owner)
-
-        def forget(ref: weakref.ref[Any]) -> None:
-            if _side.get(key, (None,))[0] is ref:
-                _side.pop(key, None)
-
-        _side[key] = (weakref.ref(owner, forget), store)
+        key = id(owner)  # the callback runs as the owner dies, before its id is reused
+        _side[key] = (weakref.ref(owner, lambda _: _side.pop(key, None)), store)
         return
     if not hasattr(type(owner), ATTR):
         with contextlib.suppress(Exception):  # a builtin type or a metaclass may refuse
@@ -242,13 +242,12 @@ def _write(owner: object, store: StepCache) -> None:
 def cache_of(owner: object) -> StepCache:
     """Return the [`StepCache`][stepcache.StepCache] of `owner`, creating it on first use.
 
-    The store is kept in the owner: in its `__dict__`, in a `_stepcache` slot declared
-    with [`cache_field()`][stepcache.cache_field] or
-    [`dataclass_cache_field()`][stepcache.dataclass_cache_field], or, for a slotted class
-    without that slot, in a side table keyed by a weak reference to the owner. A copy
-    made by `copy.copy` gets a store of its own on first use, seeded with the entries
-    that declare dependencies. No lock: of two stores two threads make at once for one
-    owner, the last written stays (the other's entries are computed again).
+    The store is kept in the owner (its `__dict__`, or a `_stepcache` slot declared with
+    [`cache_field()`][stepcache.cache_field] or
+    [`dataclass_cache_field()`][stepcache.dataclass_cache_field]), else in a side table
+    keyed by a weak reference to it. A `copy.copy` of the owner gets a store of its own,
+    seeded with the entries that declare dependencies. No lock: of two stores two
+    threads make at once for one owner, the last written stays.
 
     Raises:
         StaleCacheError: The owner's store was closed.
@@ -314,10 +313,9 @@ store_for = cache_of  # the decorator's name for it
 def attach(owner: object, cache: StepCache) -> StepCache:
     """Make `owner` use `cache`, shared on purpose with other objects of one step.
 
-    vLLM's model runner builds one metadata object per KV-cache group of a step;
-    attaching them all to one store lets a value one builder computed serve the others.
-    Entries that declare dependencies are reused across the objects while those
-    dependencies are identical on the caller (otherwise they are recomputed); entries
+    vLLM builds one metadata object per KV-cache group of a step; attached to one store,
+    a value one builder computed serves the others. Entries that declare dependencies
+    are reused while those are identical on the caller (else recomputed); entries
     without dependencies stay bound to the object that computed them. Returns `cache`.
 
     Raises:
@@ -345,14 +343,14 @@ def attach(owner: object, cache: StepCache) -> StepCache:
         raise StaleCacheError("attach(): that StepCache is closed (its step is over)")
     with _attach_lock:
         if not cache.belongs_to(owner):
-            cache._attached = (*cache._attached, _weak(owner))
+            cache._attached = {**(cache._attached or {}), id(owner): _weak(owner)}
         _write(owner, cache)
     return cache
 
 
 def live_caches() -> list[StepCache]:
-    """Every store alive. Stores are tracked from the first call on, which finds the
-    ones alive then among the garbage collector's objects."""
+    """Every store alive; tracked from the first call on, which finds those alive then
+    among the garbage collector's objects (see `stats`)."""
     global _tracking
     with _tracking_lock:
         if not _tracking:
@@ -369,10 +367,9 @@ def live_caches() -> list[StepCache]:
 def cache_field() -> Any:
     """An attrs field that holds the store, for slotted attrs classes.
 
-    Declare it as `_stepcache` (the name stepcache looks for); it is left out of
-    `__init__`, `repr` and comparisons, and `attrs.evolve` does not carry it over.
-    Without it, a slotted class's store lives in a side table keyed by a weak reference
-    to the owner (a copy then starts with an empty store).
+    Declare it as `_stepcache`; it is left out of `__init__`, `repr` and comparisons,
+    and `attrs.evolve` does not carry it over. Without it, a slotted class's store is
+    kept in a side table (and a copy then starts with an empty store).
 
     Examples:
         >>> import attrs, stepcache
