@@ -181,14 +181,6 @@ def tensors(value: Any) -> list[torch.Tensor]:
     return found
 
 
-def nbytes(value: Any) -> int:
-    """Bytes of tensor and array data in ``value``, as `walk` finds them (a view
-    counts its own elements, not its whole storage)."""
-    sizes: list[int] = []
-    walk(value, lambda x: sizes.append(int(x.nbytes)), (torch.Tensor, np.ndarray))
-    return sum(sizes)
-
-
 class _Tags:
     """The tags of several tensors (or of one inference tensor), read together as one
     ``_version``, so that a hit compares any result's guard as ``g._version == v``."""

@@ -6,9 +6,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 
-from stepcache._fingerprint import nbytes
 from stepcache._state import all_functions
-from stepcache._store import live_caches
+from stepcache._store import live_caches, measure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,17 +28,7 @@ class FunctionStats:
 
     Examples:
         >>> import stepcache
-        >>> class Meta:
-        ...     n = 2
-        ...     @stepcache.step_cached(depends_on=("n",), name="ex.double")
-        ...     def double(self):
-        ...         return 2 * self.n
-        >>> m = Meta()
-        >>> [m.double() for _ in range(4)]
-        [4, 4, 4, 4]
-        >>> row = stepcache.stats()["ex.double"]
-        >>> row
-        FunctionStats(name='ex.double', hits=3, misses=1, bypasses=0, invalidations=0, live_entries=1, live_bytes=0)
+        >>> row = stepcache.FunctionStats("Meta.index", 3, 1, 0, 0, 1, 4096)
         >>> row.calls, row.hit_rate
         (4, 0.75)
     """
@@ -78,8 +67,6 @@ class StatsTable(Mapping[str, FunctionStats]):
         >>> import stepcache
         >>> row = stepcache.FunctionStats("Meta.index", 7, 1, 0, 0, 1, 4096)
         >>> table = stepcache.StatsTable((row,))
-        >>> table["Meta.index"].hits
-        7
         >>> print(table)
         function    hits  misses  bypasses  invalidations  live    bytes
         ----------  ----  ------  --------  -------------  ----  -------
@@ -91,10 +78,7 @@ class StatsTable(Mapping[str, FunctionStats]):
     rows: tuple[FunctionStats, ...]
 
     def __getitem__(self, name: str) -> FunctionStats:
-        for row in self.rows:
-            if row.name == name:
-                return row
-        raise KeyError(name)
+        return {r.name: r for r in reversed(self.rows)}[name]  # the first of a name
 
     def __iter__(self) -> Iterator[str]:
         return (row.name for row in self.rows)
@@ -112,20 +96,16 @@ class StatsTable(Mapping[str, FunctionStats]):
     def __str__(self) -> str:
         if not self.rows:
             return "stepcache: no decorated function has been called"
-        body = [
-            (r.name, *(str(getattr(r, c)) for c in _COUNTS), _human(r.live_bytes))
-            for r in self.rows
-        ]
-        widths = [max(map(len, column)) for column in zip(_COLUMNS, *body, strict=True)]
-
-        def line(cells: tuple[str, ...]) -> str:
-            pairs = zip(cells, widths, strict=True)
-            return "  ".join(
-                c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(pairs)
-            )
-
-        dashes = "  ".join("-" * w for w in widths)
-        return "\n".join([line(_COLUMNS), dashes, *map(line, body)])
+        lines: list[tuple[str, ...]] = [_COLUMNS]
+        for r in self.rows:
+            counts = (str(getattr(r, c)) for c in _COUNTS)
+            lines.append((r.name, *counts, _human(r.live_bytes)))
+        widths = [max(map(len, column)) for column in zip(*lines, strict=True)]
+        lines.insert(1, tuple("-" * w for w in widths))
+        return "\n".join(
+            "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(pairs))
+            for pairs in (zip(line, widths, strict=True) for line in lines)
+        )
 
 
 def _human(n: int) -> str:
@@ -138,15 +118,12 @@ def _human(n: int) -> str:
 def stats(*, include_idle: bool = False) -> StatsTable:
     """Return the counters per decorated function across the process.
 
-    A row per function that was called since the last
-    [`reset_stats()`][stepcache.reset_stats] or that holds live entries;
-    `include_idle=True` adds the others. Hits are counted without a lock (the hit path
-    takes none), so with several threads the hit count is a close estimate.
-
-    The live entries are counted in the stores alive now. Stores are registered for
-    this from the first call on: that call finds the stores alive by one pass over the
-    garbage collector's objects (a store frozen by `gc.freeze()` before it is not
-    seen), and from then on every new store registers itself.
+    A row per function called since the last [`reset_stats()`][stepcache.reset_stats]
+    or holding live entries; `include_idle=True` adds the others. Hits are counted
+    without a lock, so with several threads their count is a close estimate. Live
+    entries are counted in the stores alive now: the first call finds those in the
+    garbage collector's objects (not a store `gc.freeze()` froze before it), and every
+    store made later registers itself.
 
     Examples:
         >>> import stepcache
@@ -157,25 +134,14 @@ def stats(*, include_idle: bool = False) -> StatsTable:
         >>> m = Meta()
         >>> m.answer(), m.answer()
         (42, 42)
-        >>> table = stepcache.stats()
-        >>> table["ex.answer"].hits, table["ex.answer"].misses
-        (1, 1)
-        >>> "ex.answer" in str(table)  # str(table) is the table to print
-        True
+        >>> stepcache.stats()["ex.answer"]
+        FunctionStats(name='ex.answer', hits=1, misses=1, bypasses=0, invalidations=0, live_entries=1, live_bytes=0)
     """
-    live: dict[int, list[int]] = {}
-    for store in live_caches():
-        for fid, entry in store.entries():
-            acc = live.setdefault(fid, [0, 0])
-            acc[0] += 1
-            acc[1] += nbytes(entry.value)
-    rows = []
+    live, rows = measure(live_caches()), []
     for fn in all_functions():
-        entries, size = live.get(fn.fid, (0, 0))
-        row = FunctionStats(
-            fn.name, fn.hits, fn.misses, fn.bypasses, fn.invalidations, entries, size
-        )
-        if include_idle or row.calls or entries:
+        counts = (fn.hits, fn.misses, fn.bypasses, fn.invalidations)
+        row = FunctionStats(fn.name, *counts, *live.get(fn.fid, (0, 0)))
+        if include_idle or row.calls or row.live_entries:
             rows.append(row)
     return StatsTable(tuple(rows))
 
@@ -185,17 +151,9 @@ def reset_stats() -> None:
 
     Examples:
         >>> import stepcache
-        >>> class Meta:
-        ...     @stepcache.step_cached(name="ex.reset")
-        ...     def value(self):
-        ...         return 1
-        >>> m = Meta()
-        >>> m.value(), m.value()
-        (1, 1)
         >>> stepcache.reset_stats()
-        >>> row = stepcache.stats()["ex.reset"]
-        >>> row.hits, row.misses, row.live_entries
-        (0, 0, 1)
+        >>> all(row.calls == 0 for row in stepcache.stats().values())
+        True
     """
     for fn in all_functions():
         fn.reset_counts()
