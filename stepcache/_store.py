@@ -22,8 +22,8 @@ from stepcache._state import name_of
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
 #: What a store counts per function (`StepCache.count`), and each count's index.
-COUNTED = ("misses", "bypasses", "invalidations")
-MISSES, BYPASSES, INVALIDATIONS = range(len(COUNTED))
+COUNTED = ("misses", "invalidations")
+MISSES, INVALIDATIONS = range(len(COUNTED))
 
 #: Every store alive, once `live_caches()` was called; a dead store's weak reference
 #: removes itself (its callback is the dict's own pop: no Python code runs).
@@ -55,7 +55,7 @@ class StepCache:
         >>> store = stepcache.cache_of(md)
         >>> _ = md.rows()
         >>> store, store.stats()
-        (<StepCache 1 entries>, {'ex.rows': {'entries': 1, 'bytes': 24, 'misses': 1, 'bypasses': 0, 'invalidations': 0}})
+        (<StepCache 1 entries>, {'ex.rows': {'entries': 1, 'bytes': 24, 'misses': 1, 'invalidations': 0}})
         >>> store.close()
         >>> store
         <StepCache closed>
@@ -115,8 +115,9 @@ class StepCache:
         self.clear()
 
     def stats(self) -> dict[str, dict[str, int]]:
-        """Per-function counts for this store: entries, bytes, misses, bypasses,
-        invalidations (hits are counted process-wide, see [`stats()`][stepcache.stats])."""
+        """Per-function counts for this store: entries, bytes, misses, invalidations
+        (hits and bypasses, which the hit answers without the store, are counted
+        process-wide: see [`stats()`][stepcache.stats])."""
         sizes, zero, out = measure((self,)), [0] * len(COUNTED), {}
         for f in {**self._counts, **sizes}:
             entries, size = sizes.get(f, (0, 0))
@@ -144,7 +145,7 @@ class StepCache:
         return member is not None and member() is owner
 
     def count(self, fid: int, which: int) -> None:
-        """Add one to count ``which`` (`MISSES`, `BYPASSES`, `INVALIDATIONS`) of ``fid``."""
+        """Add one to count ``which`` (`MISSES` or `INVALIDATIONS`) of ``fid``."""
         counts = self._counts.get(fid)
         if counts is None:  # not setdefault: no list made on every miss
             counts = self._counts[fid] = [0] * len(COUNTED)

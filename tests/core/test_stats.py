@@ -39,7 +39,6 @@ def test_counts_hits_misses_invalidations_and_bytes(
         "entries": 1,
         "bytes": 40,
         "misses": 2,
-        "bypasses": 0,
         "invalidations": 1,
     }
 
