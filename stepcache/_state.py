@@ -36,23 +36,16 @@ Examples:
     >>> import stepcache
     >>> def kind_or_bypass(md, kind):
     ...     return stepcache.BYPASS if kind == "c4a" else kind
-    >>> @stepcache.step_cached(key=kind_or_bypass, owner="md", name="ex.sparse")
+    >>> @stepcache.step_cached(key=kind_or_bypass, name="ex.sparse")
     ... def sparse_index(md, kind):
     ...     print("building", kind)
-    ...     return kind.upper()
     >>> class SWAMetadata: pass
     >>> md = SWAMetadata()
-    >>> sparse_index(md, "c128a")
+    >>> for kind in ("c128a", "c128a", "c4a", "c4a"):
+    ...     sparse_index(md, kind)
     building c128a
-    'C128A'
-    >>> sparse_index(md, "c128a")
-    'C128A'
-    >>> sparse_index(md, "c4a")
     building c4a
-    'C4A'
-    >>> sparse_index(md, "c4a")
     building c4a
-    'C4A'
     >>> stepcache.stats()["ex.sparse"].bypasses
     2
 """
@@ -63,13 +56,10 @@ switches: list[Any] = [_envs.STEPCACHE_DISABLE, _envs.STEPCACHE_DEBUG]
 #: this one flag (a list item: one subscript of a global, the cheapest mutable read).
 SLOW: list[bool] = [switches[0] or switches[1] != "off"]
 
-_ids = itertools.count(1)
+#: a new function's id: 1, 2, ...
+new_id = itertools.count(1).__next__
 _by_id: weakref.WeakValueDictionary[int, CachedFunction] = weakref.WeakValueDictionary()
 _lock = threading.Lock()
-
-
-def new_id() -> int:
-    return next(_ids)
 
 
 def register(fn: CachedFunction) -> None:
