@@ -27,10 +27,11 @@ class Arg(_Ref):
     (as `device`), its dtype (as `dtype`) and its first dim (as a size).
 
     Examples:
-        >>> import stepcache, torch
-        >>> @stepcache.step_cached(expect=stepcache.TensorSpec(device=stepcache.Arg("buf")))
-        ... def head(self, buf):
-        ...     return buf[:2]
+        >>> import torch
+        >>> from stepcache import Arg, TensorSpec, step_cached
+        >>> @step_cached(expect=TensorSpec(device=Arg("buffer")))
+        ... def head(self, buffer):
+        ...     return buffer[:2]
         >>> class Meta: pass
         >>> head(Meta(), torch.arange(4))
         tensor([0, 1])
@@ -44,10 +45,11 @@ class Attr(_Ref):
     the owner as the owner changes.
 
     Examples:
-        >>> import stepcache, torch
+        >>> import torch
+        >>> from stepcache import Attr, TensorSpec, step_cached
         >>> class Meta:
-        ...     n = 3
-        ...     @stepcache.step_cached(expect=stepcache.TensorSpec(shape=(stepcache.Attr("n"),)))
+        ...     num_actual_tokens = 3
+        ...     @step_cached(expect=TensorSpec(shape=(Attr("num_actual_tokens"),)))
         ...     def index(self):
         ...         return torch.zeros(3, dtype=torch.int32)
         >>> Meta().index()
@@ -135,11 +137,10 @@ class TensorSpec:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
             for d in getattr(self, name) or ():
-                if isinstance(d, bool) or not isinstance(
-                    d, (int, type(None), Arg, Attr)
-                ):
+                if type(d) is bool or not isinstance(d, (int, type(None), Arg, Attr)):
                     raise StepCacheError(
-                        f"TensorSpec {name} entries must be int, None, Arg or Attr (got {d!r})"
+                        f"TensorSpec {name} entries must be int, None, Arg or Attr "
+                        f"(got {d!r})"
                     )
         if isinstance(self.device, (str, torch.device)):
             torch.device(self.device)  # raises on a malformed device string
@@ -185,8 +186,9 @@ def validate(
     if not isinstance(expect, TensorSpec):
         if not isinstance(value, (tuple, list)) or len(value) != len(expect):
             raise CacheValidationError(
-                f"{where}: expected a tuple of {len(expect)} values, got {_kind(value)}. "
-                "Fix: return a tuple that matches `expect`, or change `expect`."
+                f"{where}: expected a tuple of {len(expect)} values, got "
+                f"{_kind(value)}. Fix: return a tuple that matches `expect`, or change "
+                "`expect`."
             )
         for i, (item, spec) in enumerate(zip(value, expect, strict=True)):
             if spec is not None:
@@ -208,26 +210,30 @@ def validate(
             want, got = normalize_device(want), normalize_device(got)
             if got != want:
                 raise CacheValidationError(
-                    f"{where}: {what} device mismatch. expected {want}{_label(item)}, actual "
-                    f"{got}. Fix: compute into a buffer on {want}, or key the cache by device."
+                    f"{where}: {what} device mismatch. expected {want}{_label(item)}, "
+                    f"actual {got}. Fix: compute into a buffer on {want}, or key the "
+                    "cache by device."
                 )
     if (item := expect.dtype) is not None:
         want = _resolve(item, resolve, "dtype") if item.__class__ in _REFS else item
         if (got := value.dtype) != want:
             raise CacheValidationError(
-                f"{where}: {what} dtype mismatch. expected {want}{_label(item)}, actual {got}"
+                f"{where}: {what} dtype mismatch. expected {want}{_label(item)}, "
+                f"actual {got}"
             )
     shape = value.shape
     if expect.ndim is not None and len(shape) != expect.ndim:
         raise CacheValidationError(
-            f"{where}: {what} ndim mismatch. expected {expect.ndim}, actual {len(shape)} (shape {list(shape)})"
+            f"{where}: {what} ndim mismatch. expected {expect.ndim}, actual "
+            f"{len(shape)} (shape {list(shape)})"
         )
     for dims, least in ((expect.shape, ""), (expect.min_shape, "at least ")):
         if dims is None:
             continue
         if len(dims) > len(shape):
             raise CacheValidationError(
-                f"{where}: {what} has {len(shape)} dims (shape {list(shape)}), the spec describes {len(dims)}"
+                f"{where}: {what} has {len(shape)} dims (shape {list(shape)}), the "
+                f"spec describes {len(dims)}"
             )
         for i, item in enumerate(dims):
             if item is None:

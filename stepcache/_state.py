@@ -52,8 +52,8 @@ Examples:
 
 #: ``[disabled, debug mode]``, set by `stepcache._switches`
 switches: list[Any] = [_envs.STEPCACHE_DISABLE, _envs.STEPCACHE_DEBUG]
-#: ``SLOW[0]``: a switch is on, so every call takes the slow path. The hit path reads
-#: this one flag (a list item: one subscript of a global, the cheapest mutable read).
+#: ``SLOW[0]``: a switch is on, so every call takes the slow path (the hit path's one
+#: read: a list item is the cheapest mutable global)
 SLOW: list[bool] = [switches[0] or switches[1] != "off"]
 
 #: a new function's id: 1, 2, ...
