@@ -17,7 +17,6 @@ class StepCacheError(Exception):
         ... def index(self, kind):
         ...     return kind
         Traceback (most recent call last):
-          ...
         stepcache.StepCacheError: index: key names 'layer', which is not a parameter (parameters: self, kind)
     """
 
@@ -55,12 +54,9 @@ class StaleCacheError(StepCacheError):
         ...     def value(self):
         ...         return 1
         >>> m = Meta()
-        >>> m.value()
-        1
         >>> stepcache.cache_of(m).close()
         >>> m.value()
         Traceback (most recent call last):
-          ...
         stepcache.StaleCacheError: the step cache of this Meta was closed (the step is over), and it was used again. Fix: build a new metadata object for the new step, or call clear() instead of close() if the object is meant to be reused.
     """
 

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeAlias
 
 import torch
 
@@ -23,13 +23,13 @@ class _Ref:
 class Arg(_Ref):
     """A value taken from the decorated call's argument `name`, for a TensorSpec.
 
-    Use it in a [`TensorSpec`][stepcache.TensorSpec]. A tensor argument stands for its device (as `device`), its dtype (as `dtype`) and
-    its first dim (as a size).
+    In a [`TensorSpec`][stepcache.TensorSpec], a tensor argument stands for its device
+    (as `device`), its dtype (as `dtype`) and its first dim (as a size).
 
     Examples:
-        >>> import stepcache, torch
-        >>> spec = stepcache.TensorSpec(device=stepcache.Arg("buffer"))
-        >>> @stepcache.step_cached(expect=spec)
+        >>> import torch
+        >>> from stepcache import Arg, TensorSpec, step_cached
+        >>> @step_cached(expect=TensorSpec(device=Arg("buffer")))
         ... def head(self, buffer):
         ...     return buffer[:2]
         >>> class Meta: pass
@@ -41,15 +41,15 @@ class Arg(_Ref):
 class Attr(_Ref):
     """A value taken from the owner's attribute `name`, for a TensorSpec.
 
-    Use it in a [`TensorSpec`][stepcache.TensorSpec]. It is read on every check, so it follows the owner as the owner changes.
+    Use it in a [`TensorSpec`][stepcache.TensorSpec]. Read on every check, it follows
+    the owner as the owner changes.
 
     Examples:
-        >>> import stepcache, torch
+        >>> import torch
+        >>> from stepcache import Attr, TensorSpec, step_cached
         >>> class Meta:
         ...     num_actual_tokens = 3
-        ...     @stepcache.step_cached(
-        ...         expect=stepcache.TensorSpec(shape=(stepcache.Attr("num_actual_tokens"),))
-        ...     )
+        ...     @step_cached(expect=TensorSpec(shape=(Attr("num_actual_tokens"),)))
         ...     def index(self):
         ...         return torch.zeros(3, dtype=torch.int32)
         >>> Meta().index()
@@ -58,29 +58,31 @@ class Attr(_Ref):
 
 
 Dim = int | None | Arg | Attr
+Resolver = Callable[[Arg | Attr], Any]
+Spec: TypeAlias = "TensorSpec | tuple[TensorSpec | None, ...]"
+_REFS = {Arg: "argument", Attr: "owner attribute"}  # as the messages name them
+#: what references usually resolve to: answered without torch's slow isinstance()
+_PLAIN = frozenset({int, torch.device, torch.dtype, str})
 
 
 def _current_index(device_type: str) -> int:
     """The current device index of ``device_type`` (tests replace this on CPU)."""
-    module = getattr(torch, device_type, None)
-    if module is not None and hasattr(module, "is_available") and module.is_available():
-        return int(module.current_device())
-    return 0
+    module: Any = getattr(torch, device_type, None)
+    available = getattr(module, "is_available", None)
+    return int(module.current_device()) if available and available() else 0
 
 
 def normalize_device(device: torch.device | str | int) -> torch.device:
     """Return `device` as a `torch.device`, with the current device's index filled in.
 
-    `cuda` and `cuda:N` of the current device become the same device. Use it in keys that include a device: `cuda` and `cuda:0` are different keys
-    (two entries, two buffers) although they name one device. Debug mode reports such
-    keys as `device-alias`.
+    `cuda` and `cuda:N` of the current device become the same device. Use it in keys
+    that include a device: `cuda` and `cuda:0` are different keys (two entries, two
+    buffers) for one device, which debug mode reports as `device-alias`.
 
     Examples:
         >>> from stepcache import normalize_device
-        >>> normalize_device("cpu")
-        device(type='cpu')
-        >>> normalize_device("cuda:1")
-        device(type='cuda', index=1)
+        >>> normalize_device("cpu"), normalize_device("cuda:1")
+        (device(type='cpu'), device(type='cuda', index=1))
         >>> normalize_device("cuda") == normalize_device("cuda:0")  # device 0 is current
         True
     """
@@ -90,29 +92,16 @@ def normalize_device(device: torch.device | str | int) -> torch.device:
     return torch.device(d.type, _current_index(d.type))
 
 
-def _check_dims(name: str, dims: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
-    if dims is None:
-        return None
-    out = tuple(dims)
-    for d in out:
-        if not (d is None or isinstance(d, (int, Arg, Attr))) or isinstance(d, bool):
-            raise StepCacheError(
-                f"TensorSpec {name} entries must be int, None, Arg or Attr (got {d!r})"
-            )
-    return out
-
-
 @dataclasses.dataclass(frozen=True, repr=False)
 class TensorSpec:
     """What a cached tensor must look like: the `expect=` of a step-cached function.
 
-    See [`step_cached`][stepcache.step_cached]. A spec is checked whenever a value is stored (and on every hit in debug mode); a
-    violation raises [`CacheValidationError`][stepcache.CacheValidationError], whose
-    message names the function, the key, what was expected and what was found. Each
-    item is a fixed value or a reference resolved at call time: [`Arg`][stepcache.Arg]
-    (the call's argument) or [`Attr`][stepcache.Attr] (the owner's attribute). Devices
-    are compared normalised ([`normalize_device`][stepcache.normalize_device]).
-    Unset items (`None`) are not checked.
+    [`step_cached`][stepcache.step_cached] checks it whenever a value is stored (and on
+    every hit in debug mode); a violation raises
+    [`CacheValidationError`][stepcache.CacheValidationError], naming the function, the
+    key, what was expected and what was found. Each item is a fixed value, a reference
+    resolved at call time ([`Arg`][stepcache.Arg], [`Attr`][stepcache.Attr]) or `None`
+    (not checked). Devices are compared [normalised][stepcache.normalize_device].
 
     Attributes:
         device: The device, or a reference to a tensor (its device) or a device.
@@ -124,22 +113,16 @@ class TensorSpec:
 
     Examples:
         >>> import stepcache, torch
-        >>> from stepcache import Arg, Attr, TensorSpec
-        >>> spec = TensorSpec(
-        ...     device=Arg("buffer"),
-        ...     dtype=torch.int32,
-        ...     min_shape=(Attr("num_actual_tokens"),),
-        ... )
+        >>> spec = stepcache.TensorSpec(min_shape=(stepcache.Attr("num_actual_tokens"),))
         >>> spec
-        TensorSpec(device=Arg('buffer'), dtype=torch.int32, min_shape=(Attr('num_actual_tokens'),))
+        TensorSpec(min_shape=(Attr('num_actual_tokens'),))
         >>> class Meta:
         ...     num_actual_tokens = 4
         ...     @stepcache.step_cached(expect=spec)
-        ...     def index(self, buffer):
-        ...         return buffer[:3]  # BUG: one row short
-        >>> Meta().index(torch.zeros(8, dtype=torch.int32))
+        ...     def index(self):
+        ...         return torch.zeros(3)  # BUG: one row short
+        >>> Meta().index()
         Traceback (most recent call last):
-          ...
         stepcache.CacheValidationError: step_cached function 'Meta.index': result size mismatch at index 0. expected at least 4 (from owner attribute 'num_actual_tokens'), actual 3 (shape [3])
     """
 
@@ -150,75 +133,43 @@ class TensorSpec:
     min_shape: tuple[Dim, ...] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", _check_dims("shape", self.shape))
-        object.__setattr__(self, "min_shape", _check_dims("min_shape", self.min_shape))
+        for name in ("shape", "min_shape"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+            for d in getattr(self, name) or ():
+                if type(d) is bool or not isinstance(d, (int, type(None), Arg, Attr)):
+                    raise StepCacheError(
+                        f"TensorSpec {name} entries must be int, None, Arg or Attr "
+                        f"(got {d!r})"
+                    )
         if isinstance(self.device, (str, torch.device)):
             torch.device(self.device)  # raises on a malformed device string
-        if not (self.dtype is None or isinstance(self.dtype, (torch.dtype, Arg, Attr))):
+        if not isinstance(self.dtype, (torch.dtype, type(None), Arg, Attr)):
             raise StepCacheError(
                 f"TensorSpec dtype must be a torch.dtype (got {self.dtype!r})"
             )
 
     def refs(self) -> list[Arg | Attr]:
         """Every reference this spec resolves at call time."""
-        dims = list(self.shape or ()) + list(self.min_shape or ())
-        items = [self.device, self.dtype, *dims]
+        items = (self.device, self.dtype, *(self.shape or ()), *(self.min_shape or ()))
         return [r for r in items if isinstance(r, (Arg, Attr))]
 
     def __repr__(self) -> str:
-        parts = [
-            f"{f.name}={getattr(self, f.name)!r}"
-            for f in dataclasses.fields(TensorSpec)
-            if getattr(self, f.name) is not None
-        ]
-        return f"TensorSpec({', '.join(parts)})"
+        items = (f"{k}={v!r}" for k, v in vars(self).items() if v is not None)
+        return f"TensorSpec({', '.join(items)})"
 
 
-Resolver = Callable[[Arg | Attr], Any]
+def _label(item: Any) -> str:
+    kind = _REFS.get(item.__class__)
+    return f" (from {kind} '{item.name}')" if kind else ""
 
 
-def _label(ref: object) -> str:
-    if not isinstance(ref, _Ref):
-        return ""
-    return (
-        f" (from {'argument' if type(ref) is Arg else 'owner attribute'} '{ref.name}')"
-    )
-
-
-_REFS = (Arg, Attr)
-#: what references usually resolve to: answered without torch's slow isinstance()
-_PLAIN = frozenset({int, torch.device, torch.dtype, str})
-
-
-def _resolve(ref: Arg | Attr, resolve: Resolver, attr: str) -> Any:
+def _resolve(ref: Any, resolve: Resolver, attr: str) -> Any:
     """What ``ref`` refers to, where a tensor stands for its ``attr``."""
     value = resolve(ref)
     if value.__class__ in _PLAIN or not isinstance(value, torch.Tensor):
         return value
     return getattr(value, attr)
-
-
-def validate(
-    value: Any,
-    expect: TensorSpec | tuple[TensorSpec | None, ...],
-    resolve: Resolver,
-    where: str,
-) -> None:
-    """Raise :class:`CacheValidationError` if ``value`` breaks ``expect``.
-
-    ``where`` names the function and key for the message.
-    """
-    if isinstance(expect, TensorSpec):
-        _validate_one(value, expect, resolve, where, "result")
-        return
-    if not isinstance(value, (tuple, list)) or len(value) != len(expect):
-        raise CacheValidationError(
-            f"{where}: expected a tuple of {len(expect)} values, got {_kind(value)}. "
-            "Fix: return a tuple that matches `expect`, or change `expect`."
-        )
-    for i, (item, spec) in enumerate(zip(value, expect, strict=True)):
-        if spec is not None:
-            _validate_one(item, spec, resolve, where, f"result[{i}]")
 
 
 def _kind(value: Any) -> str:
@@ -227,68 +178,71 @@ def _kind(value: Any) -> str:
     return f"{value!r:.60} that is a {type(value)!r}"
 
 
-def _validate_one(
-    value: Any, spec: TensorSpec, resolve: Resolver, where: str, what: str
+def validate(
+    value: Any, expect: Spec, resolve: Resolver, where: str, what: str = "result"
 ) -> None:
-    # reads each item of the spec once, and resolves only references: a store's
-    # cost, paid on every miss
+    """Raise `CacheValidationError` if ``value`` breaks ``expect``; the message starts
+    with ``where`` and names ``value`` as ``what``."""
+    if not isinstance(expect, TensorSpec):
+        if not isinstance(value, (tuple, list)) or len(value) != len(expect):
+            raise CacheValidationError(
+                f"{where}: expected a tuple of {len(expect)} values, got "
+                f"{_kind(value)}. Fix: return a tuple that matches `expect`, or change "
+                "`expect`."
+            )
+        for i, (item, spec) in enumerate(zip(value, expect, strict=True)):
+            if spec is not None:
+                validate(item, spec, resolve, where, f"result[{i}]")
+        return
+    # paid on every miss: each item of the spec and each property of the tensor is
+    # read at most once, and only references are resolved
     if value.__class__ is not torch.Tensor and not isinstance(value, torch.Tensor):
         raise CacheValidationError(
             f"{where}: {what} must be a torch.Tensor (got {_kind(value)})"
         )
-    device, dtype, ndim, shape, min_shape = (
-        spec.device,
-        spec.dtype,
-        spec.ndim,
-        spec.shape,
-        spec.min_shape,
-    )
-    if device is not None:
-        want: Any = (
-            _resolve(device, resolve, "device") if device.__class__ in _REFS else device
-        )
+    want: Any
+    got: Any
+    if (item := expect.device) is not None:
+        want = _resolve(item, resolve, "device") if item.__class__ in _REFS else item
         got = value.device
-        # equal as given needs no normalisation (cuda and cuda:N of the current
-        # device are the same device: only a difference is looked at twice)
+        # only a difference is normalised (cuda and cuda:N may be one device)
         if not (want.__class__ is torch.device and got == want):
-            want = normalize_device(want)
-            if normalize_device(got) != want:
+            want, got = normalize_device(want), normalize_device(got)
+            if got != want:
                 raise CacheValidationError(
-                    f"{where}: {what} device mismatch. expected {want}"
-                    f"{_label(device)}, actual {normalize_device(got)}. Fix: compute "
-                    f"into a buffer on {want}, or key the cache by device."
+                    f"{where}: {what} device mismatch. expected {want}{_label(item)}, "
+                    f"actual {got}. Fix: compute into a buffer on {want}, or key the "
+                    "cache by device."
                 )
-    if dtype is not None:
-        want = _resolve(dtype, resolve, "dtype") if dtype.__class__ in _REFS else dtype
-        if value.dtype != want:
+    if (item := expect.dtype) is not None:
+        want = _resolve(item, resolve, "dtype") if item.__class__ in _REFS else item
+        if (got := value.dtype) != want:
             raise CacheValidationError(
-                f"{where}: {what} dtype mismatch. expected {want}"
-                f"{_label(dtype)}, actual {value.dtype}"
+                f"{where}: {what} dtype mismatch. expected {want}{_label(item)}, "
+                f"actual {got}"
             )
-    got_shape = value.shape
-    if ndim is not None and len(got_shape) != ndim:
+    shape = value.shape
+    if expect.ndim is not None and len(shape) != expect.ndim:
         raise CacheValidationError(
-            f"{where}: {what} ndim mismatch. expected {ndim}, actual {len(got_shape)} "
-            f"(shape {list(got_shape)})"
+            f"{where}: {what} ndim mismatch. expected {expect.ndim}, actual "
+            f"{len(shape)} (shape {list(shape)})"
         )
-    for dims, exact in ((shape, True), (min_shape, False)):
+    for dims, least in ((expect.shape, ""), (expect.min_shape, "at least ")):
         if dims is None:
             continue
-        if len(dims) > len(got_shape):
+        if len(dims) > len(shape):
             raise CacheValidationError(
-                f"{where}: {what} has {len(got_shape)} dims (shape {list(got_shape)}), "
-                f"the spec describes {len(dims)}"
+                f"{where}: {what} has {len(shape)} dims (shape {list(shape)}), the "
+                f"spec describes {len(dims)}"
             )
-        for i, d in enumerate(dims):
-            if d is None:
+        for i, item in enumerate(dims):
+            if item is None:
                 continue
-            want_n: Any = _resolve(d, resolve, "shape") if d.__class__ in _REFS else d
-            if want_n.__class__ is not int:  # a tensor stands for its first dim
-                want_n = int(want_n[0] if want_n.__class__ is torch.Size else want_n)
-            got_n = got_shape[i]
-            if (got_n != want_n) if exact else (got_n < want_n):
-                rel = "" if exact else "at least "
+            want = _resolve(item, resolve, "shape") if item.__class__ in _REFS else item
+            if want.__class__ is not int:  # a tensor stands for its first dim
+                want = int(want[0] if want.__class__ is torch.Size else want)
+            if (got := shape[i]) != want and (not least or got < want):
                 raise CacheValidationError(
-                    f"{where}: {what} size mismatch at index {i}. expected {rel}{want_n}"
-                    f"{_label(d)}, actual {got_n} (shape {list(got_shape)})"
+                    f"{where}: {what} size mismatch at index {i}. expected {least}{want}"
+                    f"{_label(item)}, actual {got} (shape {list(shape)})"
                 )

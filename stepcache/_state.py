@@ -15,27 +15,24 @@ if TYPE_CHECKING:
 
 
 DEBUG_MODES = ("off", "checks", "verify")
-
-
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
 def _flag(name: str, default: bool) -> bool:
     value = os.environ.get(name, "").strip().lower()
-    if value in _ON or value in _OFF:
-        return value in _ON if value else default
-    raise ValueError(f"{name} must be 0 or 1 (got {os.environ[name]!r})")
+    if value not in _ON and value not in _OFF:
+        raise ValueError(f"{name} must be 0 or 1 (got {os.environ[name]!r})")
+    return value in _ON if value else default
 
 
 def parse_debug_mode(raw: str, *, source: str = "debug mode") -> str:
-    """Map ``raw`` to one of ``"off"``, ``"checks"``, ``"verify"``.
-
-    ``"1"`` means ``"checks"`` and ``"0"`` or ``""`` mean ``"off"``.
-    """
+    """Map ``raw`` to a debug mode; ``"1"`` means ``"checks"``, ``"0"`` or ``""``
+    ``"off"``."""
     value = raw.strip().lower()
-    if value in _OFF or value in _ON or value in DEBUG_MODES:
-        return "off" if value in _OFF else "checks" if value in _ON else value
-    raise ValueError(f"{source} must be one of {DEBUG_MODES} or 0/1 (got {raw!r})")
+    mode = "off" if value in _OFF else "checks" if value in _ON else value
+    if mode not in DEBUG_MODES:
+        raise ValueError(f"{source} must be one of {DEBUG_MODES} or 0/1 (got {raw!r})")
+    return mode
 
 
 #: ``STEPCACHE_DISABLE=1``: every decorated function calls straight through.
@@ -70,40 +67,30 @@ Examples:
     >>> import stepcache
     >>> def kind_or_bypass(md, kind):
     ...     return stepcache.BYPASS if kind == "c4a" else kind
-    >>> @stepcache.step_cached(key=kind_or_bypass, owner="md", name="ex.sparse")
+    >>> @stepcache.step_cached(key=kind_or_bypass, name="ex.sparse")
     ... def sparse_index(md, kind):
     ...     print("building", kind)
-    ...     return kind.upper()
     >>> class SWAMetadata: pass
     >>> md = SWAMetadata()
-    >>> sparse_index(md, "c128a")
+    >>> for kind in ("c128a", "c128a", "c4a", "c4a"):
+    ...     sparse_index(md, kind)
     building c128a
-    'C128A'
-    >>> sparse_index(md, "c128a")
-    'C128A'
-    >>> sparse_index(md, "c4a")
     building c4a
-    'C4A'
-    >>> sparse_index(md, "c4a")
     building c4a
-    'C4A'
     >>> stepcache.stats()["ex.sparse"].bypasses
     2
 """
 
 #: ``[disabled, debug mode]``, set by `stepcache._switches`
 switches: list[Any] = [STEPCACHE_DISABLE, STEPCACHE_DEBUG]
-#: ``SLOW[0]``: a switch is on, so every call takes the slow path. The hit path reads
-#: this one flag (a list item: one subscript of a global, the cheapest mutable read).
+#: ``SLOW[0]``: a switch is on, so every call takes the slow path (the hit path's one
+#: read: a list item is the cheapest mutable global)
 SLOW: list[bool] = [switches[0] or switches[1] != "off"]
 
-_ids = itertools.count(1)
+#: a new function's id: 1, 2, ...
+new_id = itertools.count(1).__next__
 _by_id: weakref.WeakValueDictionary[int, CachedFunction] = weakref.WeakValueDictionary()
 _lock = threading.Lock()
-
-
-def new_id() -> int:
-    return next(_ids)
 
 
 def register(fn: CachedFunction) -> None:

@@ -1,18 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Process-wide switches: ``disabled`` and the debug mode.
-
-The hit path tests one flag, ``_state.SLOW[0]``, which is true while any switch is
-on; every call then takes the slow path, which reads the switches themselves.
-
-Like attrs' ``set_disabled``, these switches are global and not thread-local: flipping
-one while other threads call decorated functions affects them too.
-"""
+"""Process-wide switches, not thread-local: ``disabled`` and the debug mode. While one
+is on, ``_state.SLOW[0]`` sends every call to the slow path, which reads them."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from stepcache import _state
@@ -20,33 +14,31 @@ from stepcache import _state
 _lock = threading.RLock()
 
 
-def _set(index: int, value: object) -> None:
+def _set(index: int, value: Any) -> None:
     with _lock:
         _state.switches[index] = value
         _state.SLOW[0] = _state.switches[0] or _state.switches[1] != "off"
 
 
 @contextlib.contextmanager
-def _switched(index: int, value: Any, setter: Callable[[Any], None]) -> Iterator[None]:
-    """Switch ``index`` set to ``value`` (with ``setter``) for a block, then back."""
+def _switched(index: int, value: Any) -> Iterator[None]:
+    """Switch ``index`` (0: disabled, 1: debug mode) set to ``value`` for a block."""
     with _lock:
         before = _state.switches[index]
-        setter(value)
+        (set_disabled, set_debug)[index](value)
     try:
         yield
     finally:
-        setter(before)
+        _set(index, before)
 
 
 def set_disabled(value: bool) -> None:
     """Turn caching off (`True`) or back on (`False`), for every decorated function.
 
     While off, decorated functions call straight through; each call counts as a bypass.
-    The switch is global, not per thread. `STEPCACHE_DISABLE=1` starts the process with
-    caching off; [`disabled()`][stepcache.disabled] turns it off for a block.
-
-    Raises:
-        TypeError: `value` is not a bool.
+    The switch is global, not per thread; a `value` that is not a bool raises
+    `TypeError`. `STEPCACHE_DISABLE=1` starts the process with caching off;
+    [`disabled()`][stepcache.disabled] turns it off for a block.
 
     Examples:
         >>> import stepcache
@@ -54,8 +46,6 @@ def set_disabled(value: bool) -> None:
         >>> stepcache.get_disabled()
         True
         >>> stepcache.set_disabled(False)
-        >>> stepcache.get_disabled()
-        False
     """
     if not isinstance(value, bool):
         raise TypeError(f"set_disabled() takes a bool (got {value!r})")
@@ -81,9 +71,8 @@ def get_disabled() -> bool:
 def disabled() -> Iterator[None]:
     """Within the block, decorated functions call straight through (nestable).
 
-    For A/B runs and bisecting: if a bug goes away with caching off, a cache is to
-    blame. Each call in the block counts as a bypass. The switch is global: other
-    threads are affected too while the block runs.
+    Each call in the block counts as a bypass. The switch is global: other threads are
+    affected too. For A/B runs and bisecting: if a bug goes away, a cache is to blame.
 
     Examples:
         >>> import stepcache
@@ -91,19 +80,15 @@ def disabled() -> Iterator[None]:
         ...     @stepcache.step_cached(name="ex.disabled")
         ...     def value(self):
         ...         print("computing")
-        ...         return 1
         >>> m = Meta()
         >>> with stepcache.disabled():
-        ...     m.value()
-        ...     m.value()
+        ...     m.value(); m.value()
         computing
-        1
         computing
-        1
         >>> stepcache.stats()["ex.disabled"].bypasses
         2
     """
-    with _switched(0, True, set_disabled):
+    with _switched(0, True):
         yield
 
 
@@ -112,12 +97,10 @@ def set_debug(mode: str) -> None:
 
     `checks` validates every hit and finds stale entries, too-coarse reads and values
     used after their step; `verify` also recomputes on every hit and compares (a full
-    computation per hit). See the [debug mode guide](../debug.md). The mode is global,
-    not per thread, and debug mode itself is not thread-safe. `STEPCACHE_DEBUG` sets
-    the mode at import; [`debug()`][stepcache.debug] sets it for a block.
-
-    Raises:
-        ValueError: `mode` is not one of the three.
+    computation per hit): see the [debug mode guide](../debug.md). Another `mode` raises
+    `ValueError`. The mode is global, not per thread, and debug mode is not
+    thread-safe. `STEPCACHE_DEBUG` sets it at import, [`debug()`][stepcache.debug] for a
+    block.
 
     Examples:
         >>> import stepcache
@@ -158,5 +141,5 @@ def debug(mode: str = "checks") -> Iterator[None]:
         'checks'
         'verify'
     """
-    with _switched(1, mode, set_debug):
+    with _switched(1, mode):
         yield
