@@ -42,11 +42,14 @@ from stepcache._store import StepCache
 
 if TYPE_CHECKING:
     from stepcache._decorator import CachedFunction
-    from stepcache._entry import Entry
 
 Args = tuple[Any, ...]
 _MAX_REPORT = 10_000
 _MISSING = object()
+#: CPU tensors and numpy arrays up to this many elements have their contents compared
+DEEP_CONTENT_LIMIT = 4096
+#: the integer dtype of each size, to read a tensor's bits through numpy
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,23 +266,87 @@ def _detect(
 class _Info:
     """What debug mode records of an entry when it is stored (``Entry.info``)."""
 
-    deep: tuple[Any, ...]  # the deep fingerprint of each dependency
-    #: (tensor, its tag when stored) for each tensor of the value; an equal
-    #: recomputation into the same buffer moves the tags on (`_recompute`)
+    deps: tuple[tuple[Any, Any], ...]  # (`_view`, `_deep`) of each dependency
+    #: (tensor, its tag when stored) for each tensor of the value
     versions: list[tuple[torch.Tensor, Any]]
     #: fingerprints of the owner attributes the builder read but nothing declares
     watched: dict[str, tuple[Any, Any]]
     store: weakref.ref[StepCache]
-    #: the dependencies a hit compares deeply (not those compared by value or
-    #: snapshot, nor a repeat of an earlier one's object), and a content probe of each
-    deep_check: tuple[int, ...] = ()
-    probes: tuple[Any, ...] = ()
-    handed: Any = None  # what hits hand out: the value with its tensors guarded
+    handed: Any = None  # what calls hand out: the value with its tensors guarded
+
+
+def _view(x: Any) -> Any:
+    """A numpy array sharing the memory of ``x``, a small CPU tensor or numpy array,
+    through which its contents are read again; else ``None``."""
+    if isinstance(x, np.ndarray):
+        return x if x.size <= DEEP_CONTENT_LIMIT else None
+    if not isinstance(x, torch.Tensor) or x.numel() > DEEP_CONTENT_LIMIT:
+        return None
+    try:  # a real dtype as its bits: numpy lacks some (bfloat16)
+        t = x.detach()
+        return t.numpy() if t.is_complex() else t.view(_BITS[t.itemsize]).numpy()
+    except Exception:  # not on the CPU, not strided, a conjugate view: not read
+        return None
+
+
+def _deep(x: Any, view: Any) -> tuple[Any, ...]:
+    """What a change behind the version counter changes in dependency ``x``: a
+    tensor's or array's shape, dtype, data pointer and contents (through ``view``),
+    or a list's, dict's or set's snapshot."""
+    contents = None if view is None else view.tobytes()
+    if isinstance(x, torch.Tensor):
+        return x.shape, x.dtype, x.data_ptr(), contents
+    if isinstance(x, np.ndarray):
+        return x.shape, x.dtype, None, contents
+    return (fp.snapshot(x),)
+
+
+def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    """Which part of a dependency's `_deep` state changed, as a message says it."""
+    if len(before) == 1:
+        return f"expected {before[0]!r:.80}, actual {after[0]!r:.80}"
+    for name, b, a in zip(("shape", "dtype", "address"), before, after, strict=False):
+        if b != a:
+            return f"{name} mismatch. expected {b}, actual {a}"
+    dtype, b, a = before[1], before[3], after[3]
+    j = next(i for i, (p, q) in enumerate(zip(b, a, strict=True)) if p != q)
+    j //= dtype.itemsize
+    read = (
+        (lambda c: torch.frombuffer(bytearray(c), dtype=dtype))
+        if isinstance(dtype, torch.dtype)
+        else (lambda c: np.frombuffer(c, dtype))
+    )
+    e, v = read(b)[j].item(), read(a)[j].item()
+    return f"contents mismatch at flat index {j}. expected {e}, actual {v}"
+
+
+def _check_deps(
+    kind: str, at: str, fn: CachedFunction, key: Any, deps: Args, info: _Info
+) -> None:
+    """Raise ``kind`` for the first dependency changed since ``info`` was recorded."""
+    for dep, x, (view, before) in zip(fn.dep_names, deps, info.deps, strict=True):
+        if (now := _deep(x, view)) != before:
+            diff, desc = _deep_difference(before, now), _describe(x)
+            raise _detect(kind, at, fn, key, dep=dep, diff=diff, now=desc)
+
+
+def _describe(x: Any) -> str:
+    """A short description of a value, for messages."""
+    if isinstance(x, torch.Tensor):
+        state = "inference tensor" if x.is_inference() else f"version={x._version}"
+        text = f"tensor(shape={list(x.shape)}, dtype={x.dtype}, device={x.device}, "
+        text, small = text + state, x.is_cpu and x.numel() <= 16
+    elif isinstance(x, np.ndarray):
+        text, small = f"ndarray(shape={list(x.shape)}, dtype={x.dtype}", x.size <= 16
+    else:
+        r = repr(x)
+        return r if len(r) <= 80 else r[:77] + "..."
+    return f"{text}, id=0x{id(x):x}" + (f", values={x.tolist()}" if small else "") + ")"
 
 
 def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
-    """``work()`` and the owner attributes it read: the owner's class records them
-    with a ``__getattribute__`` of its own for the call (hence not thread-safe)."""
+    """``work()`` and the owner attributes it read, recorded by a
+    ``__getattribute__`` patched into the owner's class for the call."""
     cls, names = type(owner), set[str]()
     own, original = cls.__dict__.get("__getattribute__"), cls.__getattribute__
 
@@ -290,7 +357,7 @@ def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
 
     try:
         cls.__getattribute__ = recording  # type: ignore[method-assign]
-    except (TypeError, AttributeError):  # a class that cannot be patched (built-in)
+    except (TypeError, AttributeError):  # a built-in class cannot be patched
         return work(), set()
     try:
         return work(), names
@@ -347,16 +414,14 @@ class GuardedTensor(torch.Tensor):
             for arg in (*args, *kwargs.values()):
                 for t in arg if isinstance(arg, (tuple, list)) else (arg,):
                     if isinstance(t, GuardedTensor) and "_sc_guard" in t.__dict__:
-                        t._sc_check()
+                        fn, key, info, i = t._sc_guard
+                        if (store := info.store()) is not None and store.closed:
+                            raise _detect("use-after-close", "read", fn, key)
+                        if (new := fp.tag(t)) != (old := info.versions[i][1]):
+                            raise _detect(
+                                "buffer-overwritten", "read", fn, key, old=old, new=new
+                            )
             return func(*args, **kwargs)
-
-    def _sc_check(self) -> None:
-        fn, key, info, i = self._sc_guard
-        store = info.store()
-        if store is not None and store.closed:
-            raise _detect("use-after-close", "read", fn, key)
-        if (new := fp.tag(self)) != (old := info.versions[i][1]):
-            raise _detect("buffer-overwritten", "read", fn, key, old=old, new=new)
 
 
 def _guard(value: Any, fn: CachedFunction, key: Any, info: _Info) -> Any:
@@ -376,9 +441,8 @@ def _guard(value: Any, fn: CachedFunction, key: Any, info: _Info) -> Any:
 def _recompute(
     fn: CachedFunction, a: Args, value: Any, info: _Info | None
 ) -> str | None:
-    """Compute afresh and return where the result differs from ``value`` as it was.
-    A builder that writes into a persistent buffer rewrites the cached tensors: an
-    equal result keeps the entry and its handed-out views valid (the tags move on)."""
+    """Where a fresh computation differs from ``value`` (``None``: nowhere). An equal
+    one written into the cached buffers moves their tags on, keeping the views valid."""
     with torch._C.DisableTorchFunctionSubclass():
         before = fp.walk(value, lambda t: t.detach().clone())
     difference = first_difference(before, fn.invoke(a))
@@ -412,9 +476,7 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
                 return None
             i = int((~same).nonzero()[0])
             return f"tensor '{path}' value mismatch at flat index {i}. expected {e[i].item()}, actual {a[i].item()}"
-    mismatch = (
-        f"'{path}': expected {fp.describe(expected)}, actual {fp.describe(actual)}"
-    )
+    mismatch = f"'{path}': expected {_describe(expected)}, actual {_describe(actual)}"
     if type(expected) is not type(actual):
         return mismatch
     if isinstance(expected, np.ndarray):
@@ -438,32 +500,16 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
     return next((f for f in found if f is not None), None)
 
 
-def _deep_difference(before: Any, after: Any) -> str:
-    """Which part of a deep fingerprint (`stepcache._fingerprint.deep`) changed."""
-    if before[0] == after[0] and before[0] in ("tensor", "ndarray"):
-        names = ("shape", "dtype", "address", "contents")
-        for name, b, a in zip(names, before[1:], after[1:], strict=True):
-            if b == a:
-                continue
-            if name == "contents" and b is not None and a is not None:
-                if before[0] == "ndarray":  # contents as bytes
-                    b, a = (np.frombuffer(c, before[2]).tolist() for c in (b, a))
-                pairs = enumerate(zip(b, a, strict=True))
-                j = next((j for j, (x, y) in pairs if x != y), 0)
-                return f"contents mismatch at flat index {j}. expected {b[j]}, actual {a[j]}"
-            return f"{name} mismatch. expected {b}, actual {a}"
-    return f"expected {before!r:.80}, actual {after!r:.80}"
-
-
 _DEVICE_TEXT = re.compile(r"(cpu|cuda|xpu|mps|hip|npu|meta)(:\d+)?")
 
 
 def _canonical(key: Any) -> Any:
-    """``key`` with each device (a `torch.device`, or a string naming one) normalised."""
+    """``key`` with each device in it (a `torch.device` or a string) normalised."""
     if isinstance(key, tuple):
         return tuple(_canonical(k) for k in key)
-    named = isinstance(key, str) and _DEVICE_TEXT.fullmatch(key)
-    if isinstance(key, torch.device) or named:
+    if isinstance(key, torch.device) or (
+        isinstance(key, str) and _DEVICE_TEXT.fullmatch(key)
+    ):
         return ("device", normalize_device(key))
     return key
 
@@ -474,29 +520,16 @@ def call(fn: CachedFunction, a: Args, key: Any) -> Any:
         owner, store, deps, entry = fn.find(a, key)
     except StaleCacheError as exc:  # the owner's store was closed
         raise _detect("use-after-close", "call", fn, key, error=exc) from None
-    if entry is not None:
-        return _hit(fn, a, key, owner, deps, entry)
-    return _miss(fn, a, key, owner, store, deps)
-
-
-def _hit(
-    fn: CachedFunction, a: Args, key: Any, owner: object, deps: Args, entry: Entry
-) -> Any:
+    if entry is None:
+        return _miss(fn, a, key, owner, store, deps)
     value, info = entry.value, entry.info  # info is None if stored in production
     if info is not None:
-        for i, probe in zip(info.deep_check, info.probes, strict=True):
-            x, before = deps[i], info.deep[i]
-            if not fp.deep_unchanged(x, before, probe):
-                dep, now = fn.dep_names[i], fp.describe(x)
-                change = _deep_difference(before, fp.deep(x))
-                raise _detect(
-                    "dependency-changed", "hit", fn, key, dep=dep, diff=change, now=now
-                )
+        _check_deps("dependency-changed", "hit", fn, key, deps, info)
         # with guard_result the lookup compared these tags already: a written buffer
-        # was a recomputation there, not a detection here
+        # was a recomputation there
         for t, old in () if fn.guard else info.versions:
             if (new := fp.tag(t)) != old:
-                desc = fp.describe(t)
+                desc = _describe(t)
                 raise _detect(
                     "buffer-overwritten", "hit", fn, key, tensor=desc, old=old, new=new
                 )
@@ -516,20 +549,17 @@ def _hit(
     if verify and (diff := _recompute(fn, a, value, info)) is not None:
         raise _detect("key-too-coarse", "hit", fn, key, diff=diff, fix=_fix(fn, info))
     fn.count_hit()
-    if info is None or not info.versions or not _envs.STEPCACHE_DEBUG_GUARD:
-        return value
-    if info.handed is None:
-        info.handed = _guard(value, fn, key, info)
-    return info.handed
+    return value if info is None else info.handed
 
 
 def _fix(fn: CachedFunction, info: _Info | None) -> str:
     """The fix a key-too-coarse message suggests: the inputs nothing declares."""
     declared = {*fn.dep_names, *fn.key_names, fn.owner_name}
     params = [] if fn.key_fn else [n for n in fn.names if n not in declared]
-    attributes = sorted(info.watched) if info else []
     candidates = [f"parameter '{n}'" for n in params]
-    candidates += [f"owner attribute '{n}'" for n in attributes]
+    candidates += [
+        f"owner attribute '{n}'" for n in sorted(info.watched if info else ())
+    ]
     if not candidates:
         return (
             "Fix: add the input that distinguishes these calls to key= or depends_on=."
@@ -548,7 +578,8 @@ def _miss(
         if cached != key and _canonical(cached) == canonical:
             raise _detect("device-alias", "miss", fn, key, cached=cached)
     fps = fp.fingerprints(deps)
-    deep_before = tuple(fp.deep(x) for x in deps)
+    recorded = tuple((v := _view(x), _deep(x, v)) for x in deps)
+    info = _Info(recorded, [], {}, weakref.ref(store))
     value, read = _reads(owner, lambda: fn.invoke(a))
     declared = set(fn.dep_names)
     if fn.key_fn is not None and fn.dep_names:
@@ -556,28 +587,14 @@ def _miss(
         names = sorted(n for n in key_read if not callable(getattr(owner, n, None)))
         if names:
             raise _detect("key-reads-undeclared", "miss", fn, key, names=names)
-    for dep, x, before in zip(fn.dep_names, deps, deep_before, strict=True):
-        if (after := fp.deep(x)) != before:
-            diff = _deep_difference(before, after)
-            raise _detect(
-                "builder-mutates-dependency", "miss", fn, key, dep=dep, diff=diff
-            )
+    _check_deps("builder-mutates-dependency", "miss", fn, key, deps, info)
     if (error := fn.violation(value, a)) is not None:
         raise _detect("validation", "miss", fn, key, error=error[2:])
-    watched = {
-        name: fp.fingerprint(attr)
-        for name in sorted(read - declared - {"_stepcache"})
-        if not callable(attr := getattr(owner, name, _MISSING)) and attr is not _MISSING
-    }
-    kinds = fps[1::2]  # VAL and SNAP dependencies compare by value: no deep check
-    deep_check = tuple(
-        i
-        for i, x in enumerate(deps)
-        if kinds[i] not in (fp.VAL, fp.SNAP) and all(d is not x for d in deps[:i])
-    )
-    probes = tuple(fp.content_probe(deps[i]) for i in deep_check)
-    versions = [(t, fp.tag(t)) for t in fp.tensors(value)]
-    info = _Info(deep_before, versions, watched, weakref.ref(store), deep_check, probes)
+    for name in sorted(read - declared - {"_stepcache"}):
+        attr = getattr(owner, name, _MISSING)
+        if attr is not _MISSING and not callable(attr):
+            info.watched[name] = fp.fingerprint(attr)
+    info.versions = [(t, fp.tag(t)) for t in fp.tensors(value)]
+    info.handed = _guard(value, fn, key, info) if info.versions else value
     fn.store(store, key, owner, fps, value, info)
-    info.handed = _guard(value, fn, key, info)
     return info.handed
