@@ -1,25 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Debug mode: find stale caches at the line that causes them.
 
-``checks`` adds, on every call of a decorated function:
-
-* deep dependency fingerprints (shape, data pointer and, for small CPU tensors and
-  numpy arrays, the contents), which see a change behind the version counter;
-* a record of the owner attributes the builder and the key function read: one that
-  nothing declares and that changed triggers a recomputation; a different result raises;
-* ``expect`` validated on every hit, and a check that the cached tensors were not
-  written since they were stored (a persistent buffer overwritten by the next step);
-* guarded values: tensors handed out raise when read after their cache was closed or
-  their storage was overwritten;
-* keys that name one device two ways (``cuda`` and ``cuda:0``).
-
-``verify`` adds a recomputation on every hit, compared with the cached value
-(:func:`first_difference`): a difference means the key or ``depends_on`` misses an
-input. It costs one full computation per hit.
-
-Every detection raises a typed error and is kept in :func:`debug_report`. Debug mode is
-for tests and bisecting: it is not thread-safe (recording attribute reads patches the
-owner's class for one builder call).
+``checks`` compares deep dependency fingerprints, the owner attributes a function and
+its key read, ``expect``, and the cached tensors' tags on every hit, guards the values
+handed out (`GuardedTensor`) and catches keys that name one device two ways;
+``verify`` also computes afresh on every hit and compares (:func:`first_difference`).
+Each detection raises a typed error and is kept in :func:`debug_report`. Not
+thread-safe: recording attribute reads patches the owner's class for the call.
 """
 
 from __future__ import annotations
@@ -28,7 +15,7 @@ import dataclasses
 import re
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,6 +37,7 @@ _MISSING = object()
 DEEP_CONTENT_LIMIT = 4096
 #: the integer dtype of each size, to read a tensor's bits through numpy
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_DEVICE_TEXT = re.compile(r"(cpu|cuda|xpu|mps|hip|npu|meta)(:\d+)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,19 +69,17 @@ class Detection:
 
 
 @dataclasses.dataclass(frozen=True)
-class DebugReport:
+class DebugReport(Sequence[Detection]):
     """Every detection of the process so far, oldest first.
 
     A sequence of [`Detection`][stepcache.Detection]; `str()` renders a numbered list.
 
     Examples:
         >>> import stepcache
-        >>> stepcache.clear_debug_report()
-        >>> print(stepcache.debug_report())
+        >>> print(stepcache.DebugReport(()))
         stepcache debug report: nothing detected
-        >>> report = stepcache.DebugReport(
-        ...     (stepcache.Detection("validation", "f", "None", "f: it broke"),)
-        ... )
+        >>> d = stepcache.Detection("validation", "f", "None", "f: it broke")
+        >>> report = stepcache.DebugReport((d,))
         >>> len(report), report[0].kind
         (1, 'validation')
         >>> print(report)
@@ -117,21 +103,15 @@ class DebugReport:
     def __len__(self) -> int:
         return len(self.detections)
 
-    def __iter__(self) -> Iterator[Detection]:
-        return iter(self.detections)
-
-    def __getitem__(self, i: int) -> Detection:
+    def __getitem__(self, i: Any) -> Any:
         return self.detections[i]
 
     def __str__(self) -> str:
         if not self.detections:
             return "stepcache debug report: nothing detected"
-        lines = [f"stepcache debug report: {len(self.detections)} detection(s)"]
-        if self.dropped:
-            lines[0] += f" ({self.dropped} more not kept)"
-        lines += (
-            f"{i}. [{d.kind}] {d.message}" for i, d in enumerate(self.detections, 1)
-        )
+        more = f" ({self.dropped} more not kept)" if self.dropped else ""
+        lines = [f"stepcache debug report: {len(self)} detection(s){more}"]
+        lines += (f"{i}. [{d.kind}] {d.message}" for i, d in enumerate(self, 1))
         return "\n".join(lines)
 
 
@@ -150,11 +130,9 @@ def debug_report() -> DebugReport:
     Examples:
         >>> import stepcache, torch
         >>> class Meta:
-        ...     def __init__(self):
-        ...         self.qsl = torch.tensor([0, 2, 3])
-        ...     @stepcache.step_cached(depends_on=("qsl",), name="ex.lens")
+        ...     @stepcache.step_cached(name="ex.lens")
         ...     def lens(self):
-        ...         return self.qsl.diff()
+        ...         return torch.tensor([2, 1])
         >>> stepcache.clear_debug_report()
         >>> with stepcache.debug("checks"):
         ...     m = Meta()
@@ -164,9 +142,8 @@ def debug_report() -> DebugReport:
         ...         lens.sum()  # used after its step
         ...     except stepcache.StaleCacheError:
         ...         pass
-        >>> print(stepcache.debug_report())
-        stepcache debug report: 1 detection(s)
-        1. [use-after-close] step_cached function 'ex.lens': this value was handed out by a step cache that has since been closed (the step is over), and it was used again. Fix: finish using step values within the step, or keep a copy with .clone().
+        >>> [d.kind for d in stepcache.debug_report()]
+        ['use-after-close']
         >>> stepcache.clear_debug_report()
     """
     with _report_lock:
@@ -192,58 +169,41 @@ def clear_debug_report() -> None:
 #: guarded tensor, a hit, a miss); `_detect` fills in the fields
 _MESSAGES: dict[tuple[str, str], str] = {
     ("use-after-close", "call"): "{error}",  # the closed store's own message
-    ("use-after-close", "read"): (
-        "this value was handed out by a step cache that has since been closed (the "
-        "step is over), and it was used again. Fix: finish using step values within "
-        "the step, or keep a copy with .clone()."
-    ),
-    ("buffer-overwritten", "read"): (
-        "this tensor was overwritten by a subsequent write to its storage after the "
-        "cache handed it out (version {old} -> {new}): the next step's build wrote the "
-        "same persistent buffer, or someone mutated a cached value in place. To keep "
-        "the value beyond the step, clone() it."
-    ),
-    ("dependency-changed", "hit"): (
-        "dependency '{dep}' changed without the cache noticing: {diff} (now {now}). It "
-        "was changed through a path that does not bump the version counter (a write "
-        "through .numpy(), .data assignment, a kernel writing through data_ptr(), or "
-        "an in-place change of a numpy array). Fix: change it with torch in-place ops "
-        "or assign a new object."
-    ),
-    ("buffer-overwritten", "hit"): (
-        "the cached tensor {tensor} was overwritten after it was stored (version {old} "
-        "-> {new}): another step's build wrote the same persistent buffer while this "
-        "step's cache still held a view into it, or a consumer mutated the cached "
-        "value in place. Fix: one step at a time per buffer (close the old step "
-        "first), or clone() values that must outlive the step."
-    ),
-    ("undeclared-input", "hit"): (
-        "owner attribute {names} changed since the entry was stored, and the function "
-        "reads it, but neither the key nor depends_on names it; the cached value is "
-        "stale: {diff}. Fix: add {names} to depends_on."
-    ),
+    ("use-after-close", "read"): "this value was handed out by a step cache that has "
+    "since been closed (the step is over), and it was used again. Fix: finish using "
+    "step values within the step, or keep a copy with .clone().",
+    ("buffer-overwritten", "read"): "this tensor was overwritten by a subsequent write "
+    "to its storage after the cache handed it out (version {old} -> {new}): the next "
+    "step's build wrote the same persistent buffer, or someone mutated a cached value "
+    "in place. To keep the value beyond the step, clone() it.",
+    ("dependency-changed", "hit"): "dependency '{dep}' changed without the cache "
+    "noticing: {diff} (now {now}). It was changed through a path that does not bump "
+    "the version counter (a write through .numpy(), .data assignment, a kernel "
+    "writing through data_ptr(), or an in-place change of a numpy array). Fix: change "
+    "it with torch in-place ops or assign a new object.",
+    ("buffer-overwritten", "hit"): "the cached tensor {tensor} was overwritten after "
+    "it was stored (version {old} -> {new}): another step's build wrote the same "
+    "persistent buffer while this step's cache still held a view into it, or a "
+    "consumer mutated the cached value in place. Fix: one step at a time per buffer "
+    "(close the old step first), or clone() values that must outlive the step.",
+    ("undeclared-input", "hit"): "owner attribute {names} changed since the entry was "
+    "stored, and the function reads it, but neither the key nor depends_on names it; "
+    "the cached value is stale: {diff}. Fix: add {names} to depends_on.",
     ("validation", "hit"): "on a hit, the cached value no longer matches expect{error}",
-    ("key-too-coarse", "hit"): (
-        "the cached value differs from a fresh computation: {diff}. The key or "
-        "depends_on misses an input. {fix}"
-    ),
-    ("device-alias", "miss"): (
-        "the key {key!r} and the cached key {cached!r} name the same device two ways "
-        "(cuda and cuda:N of the current device), so one step computes and holds the "
-        "value twice, and consumers disagree on which buffer they read. Fix: "
-        "normalise devices in the key (stepcache.normalize_device) or key by the "
-        "device index."
-    ),
-    ("key-reads-undeclared", "miss"): (
-        "the key function reads owner attribute(s) {names} that depends_on does not "
-        "name: an in-place change that keeps the key equal would not be noticed. "
-        "Fix: add {names} to depends_on."
-    ),
-    ("builder-mutates-dependency", "miss"): (
-        "the function itself changed its declared dependency '{dep}' ({diff}), so the "
-        "entry could never be reused. Fix: remove it from depends_on (validate an "
-        "output buffer with expect=TensorSpec(device=Arg(...)) instead)."
-    ),
+    ("key-too-coarse", "hit"): "the cached value differs from a fresh computation: "
+    "{diff}. The key or depends_on misses an input. {fix}",
+    ("device-alias", "miss"): "the key {key!r} and the cached key {cached!r} name the "
+    "same device two ways (cuda and cuda:N of the current device), so one step "
+    "computes and holds the value twice, and consumers disagree on which buffer they "
+    "read. Fix: normalise devices in the key (stepcache.normalize_device) or key by "
+    "the device index.",
+    ("key-reads-undeclared", "miss"): "the key function reads owner attribute(s) "
+    "{names} that depends_on does not name: an in-place change that keeps the key "
+    "equal would not be noticed. Fix: add {names} to depends_on.",
+    ("builder-mutates-dependency", "miss"): "the function itself changed its declared "
+    "dependency '{dep}' ({diff}), so the entry could never be reused. Fix: remove it "
+    "from depends_on (validate an output buffer with "
+    "expect=TensorSpec(device=Arg(...)) instead).",
     ("validation", "miss"): "{error}",  # expect's own message
 }
 
@@ -251,8 +211,8 @@ _MESSAGES: dict[tuple[str, str], str] = {
 def _detect(
     kind: str, at: str, fn: CachedFunction, key: Any, **fields: Any
 ) -> StaleCacheError | CacheValidationError:
-    """Record a detection in the report and return its error, to raise: a
-    CacheValidationError for `validation`, a StaleCacheError for any other kind."""
+    """Record a detection and return its error, to raise: a CacheValidationError for
+    `validation`, a StaleCacheError for any other kind."""
     global _total
     text = f"{fn.where(key)}: {_MESSAGES[kind, at].format(key=key, **fields)}"
     with _report_lock:
@@ -267,10 +227,8 @@ class _Info:
     """What debug mode records of an entry when it is stored (``Entry.info``)."""
 
     deps: tuple[tuple[Any, Any], ...]  # (`_view`, `_deep`) of each dependency
-    #: (tensor, its tag when stored) for each tensor of the value
-    versions: list[tuple[torch.Tensor, Any]]
-    #: fingerprints of the owner attributes the builder read but nothing declares
-    watched: dict[str, tuple[Any, Any]]
+    versions: list[tuple[torch.Tensor, Any]]  # each tensor of the value, and its tag
+    watched: dict[str, tuple[Any, Any]]  # fingerprints of undeclared owner attributes
     store: weakref.ref[StepCache]
     handed: Any = None  # what calls hand out: the value with its tensors guarded
 
@@ -290,9 +248,9 @@ def _view(x: Any) -> Any:
 
 
 def _deep(x: Any, view: Any) -> tuple[Any, ...]:
-    """What a change behind the version counter changes in dependency ``x``: a
-    tensor's or array's shape, dtype, data pointer and contents (through ``view``),
-    or a list's, dict's or set's snapshot."""
+    """What a write behind the version counter changes in dependency ``x``: a tensor's
+    or array's shape, dtype, data pointer and contents (through ``view``), or the
+    snapshot of a list, dict or set."""
     contents = None if view is None else view.tobytes()
     if isinstance(x, torch.Tensor):
         return x.shape, x.dtype, x.data_ptr(), contents
@@ -301,33 +259,31 @@ def _deep(x: Any, view: Any) -> tuple[Any, ...]:
     return (fp.snapshot(x),)
 
 
-def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
-    """Which part of a dependency's `_deep` state changed, as a message says it."""
-    if len(before) == 1:
-        return f"expected {before[0]!r:.80}, actual {after[0]!r:.80}"
-    for name, b, a in zip(("shape", "dtype", "address"), before, after, strict=False):
-        if b != a:
-            return f"{name} mismatch. expected {b}, actual {a}"
-    dtype, b, a = before[1], before[3], after[3]
-    j = next(i for i, (p, q) in enumerate(zip(b, a, strict=True)) if p != q)
-    j //= dtype.itemsize
-    read = (
-        (lambda c: torch.frombuffer(bytearray(c), dtype=dtype))
-        if isinstance(dtype, torch.dtype)
-        else (lambda c: np.frombuffer(c, dtype))
-    )
-    e, v = read(b)[j].item(), read(a)[j].item()
-    return f"contents mismatch at flat index {j}. expected {e}, actual {v}"
-
-
 def _check_deps(
-    kind: str, at: str, fn: CachedFunction, key: Any, deps: Args, info: _Info
+    kind: str, at: str, fn: CachedFunction, key: Any, deps: Args, recorded: Any
 ) -> None:
-    """Raise ``kind`` for the first dependency changed since ``info`` was recorded."""
-    for dep, x, (view, before) in zip(fn.dep_names, deps, info.deps, strict=True):
-        if (now := _deep(x, view)) != before:
-            diff, desc = _deep_difference(before, now), _describe(x)
-            raise _detect(kind, at, fn, key, dep=dep, diff=diff, now=desc)
+    """Raise ``kind``, saying what changed, for the first dependency whose `_deep`
+    state is not the one ``recorded``."""
+    for dep, x, (view, before) in zip(fn.dep_names, deps, recorded, strict=True):
+        if (after := _deep(x, view)) == before:
+            continue
+        parts = zip(("shape", "dtype", "address"), before, after, strict=False)
+        if len(before) == 1:  # snapshots
+            diff = f"expected {before[0]!r:.80}, actual {after[0]!r:.80}"
+        elif changed := [
+            f"{n} mismatch. expected {b}, actual {a}" for n, b, a in parts if b != a
+        ]:
+            diff = changed[0]
+        else:
+            dtype, b, a = before[1], before[3], after[3]
+            j = next(i for i, (p, q) in enumerate(zip(b, a, strict=True)) if p != q)
+            j //= dtype.itemsize
+            if isinstance(dtype, torch.dtype):
+                b, a = (torch.frombuffer(bytearray(c), dtype=dtype) for c in (b, a))
+            else:
+                b, a = (np.frombuffer(c, dtype) for c in (b, a))
+            diff = f"contents mismatch at flat index {j}. expected {b[j].item()}, actual {a[j].item()}"
+        raise _detect(kind, at, fn, key, dep=dep, diff=diff, now=_describe(x))
 
 
 def _describe(x: Any) -> str:
@@ -381,20 +337,16 @@ class GuardedTensor(torch.Tensor):
     Examples:
         >>> import stepcache, torch
         >>> class Meta:
-        ...     def __init__(self):
-        ...         self.qsl = torch.tensor([0, 2, 3])
-        ...     @stepcache.step_cached(depends_on=("qsl",), name="ex.guarded")
+        ...     @stepcache.step_cached(name="ex.guarded")
         ...     def lens(self):
-        ...         return self.qsl.diff()
+        ...         return torch.tensor([2, 1])
         >>> with stepcache.debug("checks"):
         ...     m = Meta()
         ...     lens = m.lens()
         ...     kept = lens.clone()
-        >>> type(lens).__name__, type(kept).__name__
-        ('GuardedTensor', 'Tensor')
         >>> stepcache.cache_of(m).close()
-        >>> kept
-        tensor([2, 1])
+        >>> type(lens).__name__, kept
+        ('GuardedTensor', tensor([2, 1]))
         >>> lens + 1
         Traceback (most recent call last):
           ...
@@ -418,31 +370,18 @@ class GuardedTensor(torch.Tensor):
                         if (store := info.store()) is not None and store.closed:
                             raise _detect("use-after-close", "read", fn, key)
                         if (new := fp.tag(t)) != (old := info.versions[i][1]):
+                            fields = {"old": old, "new": new}
                             raise _detect(
-                                "buffer-overwritten", "read", fn, key, old=old, new=new
+                                "buffer-overwritten", "read", fn, key, **fields
                             )
             return func(*args, **kwargs)
-
-
-def _guard(value: Any, fn: CachedFunction, key: Any, info: _Info) -> Any:
-    """``value`` with each of its tensors handed out as a `GuardedTensor`."""
-    index = {id(t): i for i, (t, _) in enumerate(info.versions)}
-
-    def guarded(t: torch.Tensor) -> torch.Tensor:
-        if (i := index.get(id(t))) is None or isinstance(t, GuardedTensor):
-            return t
-        view = t.as_subclass(GuardedTensor)
-        view.__dict__["_sc_guard"] = (fn, key, info, i)
-        return view
-
-    return fp.walk(value, guarded) if _envs.STEPCACHE_DEBUG_GUARD else value
 
 
 def _recompute(
     fn: CachedFunction, a: Args, value: Any, info: _Info | None
 ) -> str | None:
     """Where a fresh computation differs from ``value`` (``None``: nowhere). An equal
-    one written into the cached buffers moves their tags on, keeping the views valid."""
+    one written into the cached buffers moves their tags on: the views stay valid."""
     with torch._C.DisableTorchFunctionSubclass():
         before = fp.walk(value, lambda t: t.detach().clone())
     difference = first_difference(before, fn.invoke(a))
@@ -464,8 +403,7 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
     if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             for what in ("device", "dtype", "ndim"):
-                e, a = getattr(expected, what), getattr(actual, what)
-                if e != a:
+                if (e := getattr(expected, what)) != (a := getattr(actual, what)):
                     return f"tensor '{path}' {what} mismatch. expected {e}, actual {a}"
             for i, (n, m) in enumerate(zip(expected.shape, actual.shape, strict=True)):
                 if n != m:
@@ -479,37 +417,31 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
     mismatch = f"'{path}': expected {_describe(expected)}, actual {_describe(actual)}"
     if type(expected) is not type(actual):
         return mismatch
-    if isinstance(expected, np.ndarray):
-        return None if np.array_equal(expected, actual) else mismatch
-    if isinstance(expected, (tuple, list)):
+    if isinstance(expected, dict) and expected.keys() != actual.keys():
+        keys = [sorted(map(repr, d)) for d in (expected, actual)]
+        return f"'{path}' keys mismatch. expected {keys[0]}, actual {keys[1]}"
+    if isinstance(expected, (tuple, list, dict)):
         if len(expected) != len(actual):
             return f"'{path}' length mismatch. expected {len(expected)}, actual {len(actual)}"
-        pairs = enumerate(zip(expected, actual, strict=True))
-        items = ((e, a, f"{path}[{i}]") for i, (e, a) in pairs)
-    elif isinstance(expected, dict):
-        if expected.keys() != actual.keys():
-            keys = [sorted(map(repr, d)) for d in (expected, actual)]
-            return f"'{path}' keys mismatch. expected {keys[0]}, actual {keys[1]}"
-        items = ((v, actual[k], f"{path}[{k!r}]") for k, v in expected.items())
-    else:
-        try:
-            return None if bool(expected == actual) else mismatch
-        except Exception:  # an == that does not give a bool
-            return None if expected is actual else mismatch
-    found = (first_difference(*item) for item in items)
-    return next((f for f in found if f is not None), None)
-
-
-_DEVICE_TEXT = re.compile(r"(cpu|cuda|xpu|mps|hip|npu|meta)(:\d+)?")
+        names = expected.keys() if isinstance(expected, dict) else range(len(expected))
+        found = (
+            first_difference(expected[k], actual[k], f"{path}[{k!r}]") for k in names
+        )
+        return next((f for f in found if f is not None), None)
+    try:
+        if isinstance(expected, np.ndarray):
+            return None if np.array_equal(expected, actual) else mismatch
+        return None if bool(expected == actual) else mismatch
+    except Exception:  # an == that does not give a bool
+        return None if expected is actual else mismatch
 
 
 def _canonical(key: Any) -> Any:
     """``key`` with each device in it (a `torch.device` or a string) normalised."""
     if isinstance(key, tuple):
         return tuple(_canonical(k) for k in key)
-    if isinstance(key, torch.device) or (
-        isinstance(key, str) and _DEVICE_TEXT.fullmatch(key)
-    ):
+    named = isinstance(key, str) and _DEVICE_TEXT.fullmatch(key)
+    if isinstance(key, torch.device) or named:
         return ("device", normalize_device(key))
     return key
 
@@ -524,9 +456,8 @@ def call(fn: CachedFunction, a: Args, key: Any) -> Any:
         return _miss(fn, a, key, owner, store, deps)
     value, info = entry.value, entry.info  # info is None if stored in production
     if info is not None:
-        _check_deps("dependency-changed", "hit", fn, key, deps, info)
-        # with guard_result the lookup compared these tags already: a written buffer
-        # was a recomputation there
+        _check_deps("dependency-changed", "hit", fn, key, deps, info.deps)
+        # with guard_result the lookup compared these tags already (a recomputation)
         for t, old in () if fn.guard else info.versions:
             if (new := fp.tag(t)) != old:
                 desc = _describe(t)
@@ -541,8 +472,7 @@ def call(fn: CachedFunction, a: Args, key: Any) -> Any:
         if changed and (diff := _recompute(fn, a, value, info)) is not None:
             names = ", ".join(f"'{n}'" for n in changed)
             raise _detect("undeclared-input", "hit", fn, key, names=names, diff=diff)
-        for name in changed:
-            info.watched[name] = fp.fingerprint(getattr(owner, name))
+        info.watched.update((n, fp.fingerprint(getattr(owner, n))) for n in changed)
     if (error := fn.violation(value, a)) is not None:
         raise _detect("validation", "hit", fn, key, error=error)
     verify = _state.switches[1] == "verify"
@@ -556,17 +486,15 @@ def _fix(fn: CachedFunction, info: _Info | None) -> str:
     """The fix a key-too-coarse message suggests: the inputs nothing declares."""
     declared = {*fn.dep_names, *fn.key_names, fn.owner_name}
     params = [] if fn.key_fn else [n for n in fn.names if n not in declared]
-    candidates = [f"parameter '{n}'" for n in params]
-    candidates += [
-        f"owner attribute '{n}'" for n in sorted(info.watched if info else ())
-    ]
-    if not candidates:
+    found = [f"parameter '{n}'" for n in params]
+    found += [f"owner attribute '{n}'" for n in sorted(info.watched if info else ())]
+    if not found:
         return (
             "Fix: add the input that distinguishes these calls to key= or depends_on=."
         )
     return (
-        f"Candidates: {', '.join(candidates)}. Fix: add the one that distinguishes "
-        "these calls to key= (parameters) or depends_on= (owner attributes)."
+        f"Candidates: {', '.join(found)}. Fix: add the one that distinguishes these "
+        "calls to key= (parameters) or depends_on= (owner attributes)."
     )
 
 
@@ -579,7 +507,6 @@ def _miss(
             raise _detect("device-alias", "miss", fn, key, cached=cached)
     fps = fp.fingerprints(deps)
     recorded = tuple((v := _view(x), _deep(x, v)) for x in deps)
-    info = _Info(recorded, [], {}, weakref.ref(store))
     value, read = _reads(owner, lambda: fn.invoke(a))
     declared = set(fn.dep_names)
     if fn.key_fn is not None and fn.dep_names:
@@ -587,14 +514,27 @@ def _miss(
         names = sorted(n for n in key_read if not callable(getattr(owner, n, None)))
         if names:
             raise _detect("key-reads-undeclared", "miss", fn, key, names=names)
-    _check_deps("builder-mutates-dependency", "miss", fn, key, deps, info)
+    _check_deps("builder-mutates-dependency", "miss", fn, key, deps, recorded)
     if (error := fn.violation(value, a)) is not None:
         raise _detect("validation", "miss", fn, key, error=error[2:])
-    for name in sorted(read - declared - {"_stepcache"}):
-        attr = getattr(owner, name, _MISSING)
-        if attr is not _MISSING and not callable(attr):
-            info.watched[name] = fp.fingerprint(attr)
-    info.versions = [(t, fp.tag(t)) for t in fp.tensors(value)]
-    info.handed = _guard(value, fn, key, info) if info.versions else value
+    watched = {
+        name: fp.fingerprint(attr)
+        for name in sorted(read - declared - {"_stepcache"})
+        if not callable(attr := getattr(owner, name, _MISSING)) and attr is not _MISSING
+    }
+    versions = [(t, fp.tag(t)) for t in fp.tensors(value)]
+    info = _Info(recorded, versions, watched, weakref.ref(store))
+    info.handed = value
+    index = {id(t): i for i, (t, _) in enumerate(versions)}
+
+    def guarded(t: torch.Tensor) -> torch.Tensor:  # a GuardedTensor view of ``t``
+        if isinstance(t, GuardedTensor):
+            return t
+        view = t.as_subclass(GuardedTensor)
+        view.__dict__["_sc_guard"] = (fn, key, info, index[id(t)])
+        return view
+
+    if versions and _envs.STEPCACHE_DEBUG_GUARD:
+        info.handed = fp.walk(value, guarded)
     fn.store(store, key, owner, fps, value, info)
     return info.handed
