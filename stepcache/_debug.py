@@ -1,12 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Debug mode: find stale caches at the line that causes them.
 
-``checks`` compares deep dependency fingerprints, the owner attributes a function and
-its key read, ``expect``, and the cached tensors' tags on every hit, guards the values
-handed out (`GuardedTensor`) and catches keys that name one device two ways;
-``verify`` also computes afresh on every hit and compares (:func:`first_difference`).
-Each detection raises a typed error and is kept in :func:`debug_report`. Not
-thread-safe: recording attribute reads patches the owner's class for the call.
+docs/debug.md describes each check of ``checks`` and ``verify``. Not thread-safe:
+recording the attributes a function reads patches the owner's class for the call.
 """
 
 from __future__ import annotations
@@ -249,7 +245,7 @@ def _view(x: Any) -> Any:
 
 def _deep(x: Any, view: Any) -> tuple[Any, ...]:
     """What a write behind the version counter changes in dependency ``x``: a tensor's
-    or array's shape, dtype, data pointer and contents (through ``view``), or the
+    or array's shape, dtype, address and contents (read through ``view``), or the
     snapshot of a list, dict or set."""
     contents = None if view is None else view.tobytes()
     if isinstance(x, torch.Tensor):
@@ -262,28 +258,29 @@ def _deep(x: Any, view: Any) -> tuple[Any, ...]:
 def _check_deps(
     kind: str, at: str, fn: CachedFunction, key: Any, deps: Args, recorded: Any
 ) -> None:
-    """Raise ``kind``, saying what changed, for the first dependency whose `_deep`
-    state is not the one ``recorded``."""
+    """Raise ``kind`` for the first dependency whose `_deep` state is not the one
+    ``recorded``."""
     for dep, x, (view, before) in zip(fn.dep_names, deps, recorded, strict=True):
-        if (after := _deep(x, view)) == before:
-            continue
-        parts = zip(("shape", "dtype", "address"), before, after, strict=False)
-        if len(before) == 1:  # snapshots
-            diff = f"expected {before[0]!r:.80}, actual {after[0]!r:.80}"
-        elif changed := [
-            f"{n} mismatch. expected {b}, actual {a}" for n, b, a in parts if b != a
-        ]:
-            diff = changed[0]
-        else:
-            dtype, b, a = before[1], before[3], after[3]
-            j = next(i for i, (p, q) in enumerate(zip(b, a, strict=True)) if p != q)
-            j //= dtype.itemsize
-            if isinstance(dtype, torch.dtype):
-                b, a = (torch.frombuffer(bytearray(c), dtype=dtype) for c in (b, a))
-            else:
-                b, a = (np.frombuffer(c, dtype) for c in (b, a))
-            diff = f"contents mismatch at flat index {j}. expected {b[j].item()}, actual {a[j].item()}"
-        raise _detect(kind, at, fn, key, dep=dep, diff=diff, now=_describe(x))
+        if (after := _deep(x, view)) != before:
+            diff = _deep_difference(before, after)
+            raise _detect(kind, at, fn, key, dep=dep, diff=diff, now=_describe(x))
+
+
+def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    """What changed between two `_deep` states of a dependency."""
+    if len(before) == 1:  # snapshots
+        return f"expected {before[0]!r:.80}, actual {after[0]!r:.80}"
+    for name, b, a in zip(("shape", "dtype", "address"), before, after, strict=False):
+        if b != a:
+            return f"{name} mismatch. expected {b}, actual {a}"
+    dtype, b, a = before[1], before[3], after[3]  # the first element whose bytes differ
+    j = next(i for i, (p, q) in enumerate(zip(b, a, strict=True)) if p != q)
+    j //= dtype.itemsize
+    if isinstance(dtype, torch.dtype):
+        b, a = (torch.frombuffer(bytearray(c), dtype=dtype) for c in (b, a))
+    else:
+        b, a = (np.frombuffer(c, dtype) for c in (b, a))
+    return f"contents mismatch at flat index {j}. expected {b[j].item()}, actual {a[j].item()}"
 
 
 def _describe(x: Any) -> str:
@@ -295,8 +292,7 @@ def _describe(x: Any) -> str:
     elif isinstance(x, np.ndarray):
         text, small = f"ndarray(shape={list(x.shape)}, dtype={x.dtype}", x.size <= 16
     else:
-        r = repr(x)
-        return r if len(r) <= 80 else r[:77] + "..."
+        return r if len(r := repr(x)) <= 80 else r[:77] + "..."
     return f"{text}, id=0x{id(x):x}" + (f", values={x.tolist()}" if small else "") + ")"
 
 
@@ -327,12 +323,11 @@ def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
 class GuardedTensor(torch.Tensor):
     """A tensor handed out by a cache in debug mode, guarded against stale reads.
 
-    Any torch operation on it first checks that its cache is still open and that its
-    storage was not written since it was stored; if not, it raises
-    [`StaleCacheError`][stepcache.StaleCacheError], in the style of CUDA Graph Trees'
-    "overwritten by a subsequent run". Results of operations are plain tensors, and a
-    `clone()` taken in time stays valid. `STEPCACHE_DEBUG_GUARD=0` hands out plain
-    tensors instead.
+    Every torch operation on it first checks that its cache is still open and that its
+    storage was not written since it was stored, else raises
+    [`StaleCacheError`][stepcache.StaleCacheError]. Results of operations are plain
+    tensors; a `clone()` taken in time stays valid. `STEPCACHE_DEBUG_GUARD=0` hands
+    out plain tensors instead.
 
     Examples:
         >>> import stepcache, torch
@@ -370,10 +365,8 @@ class GuardedTensor(torch.Tensor):
                         if (store := info.store()) is not None and store.closed:
                             raise _detect("use-after-close", "read", fn, key)
                         if (new := fp.tag(t)) != (old := info.versions[i][1]):
-                            fields = {"old": old, "new": new}
-                            raise _detect(
-                                "buffer-overwritten", "read", fn, key, **fields
-                            )
+                            tags = {"old": old, "new": new}
+                            raise _detect("buffer-overwritten", "read", fn, key, **tags)
             return func(*args, **kwargs)
 
 
@@ -423,11 +416,12 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
     if isinstance(expected, (tuple, list, dict)):
         if len(expected) != len(actual):
             return f"'{path}' length mismatch. expected {len(expected)}, actual {len(actual)}"
-        names = expected.keys() if isinstance(expected, dict) else range(len(expected))
-        found = (
-            first_difference(expected[k], actual[k], f"{path}[{k!r}]") for k in names
-        )
-        return next((f for f in found if f is not None), None)
+        for k in (
+            expected.keys() if isinstance(expected, dict) else range(len(expected))
+        ):
+            if found := first_difference(expected[k], actual[k], f"{path}[{k!r}]"):
+                return found
+        return None
     try:
         if isinstance(expected, np.ndarray):
             return None if np.array_equal(expected, actual) else mismatch
@@ -460,10 +454,8 @@ def call(fn: CachedFunction, a: Args, key: Any) -> Any:
         # with guard_result the lookup compared these tags already (a recomputation)
         for t, old in () if fn.guard else info.versions:
             if (new := fp.tag(t)) != old:
-                desc = _describe(t)
-                raise _detect(
-                    "buffer-overwritten", "hit", fn, key, tensor=desc, old=old, new=new
-                )
+                tags = {"tensor": _describe(t), "old": old, "new": new}
+                raise _detect("buffer-overwritten", "hit", fn, key, **tags)
         changed = [
             name
             for name, (o, v) in info.watched.items()
@@ -523,18 +515,17 @@ def _miss(
         if not callable(attr := getattr(owner, name, _MISSING)) and attr is not _MISSING
     }
     versions = [(t, fp.tag(t)) for t in fp.tensors(value)]
-    info = _Info(recorded, versions, watched, weakref.ref(store))
-    info.handed = value
-    index = {id(t): i for i, (t, _) in enumerate(versions)}
+    info = _Info(recorded, versions, watched, weakref.ref(store), value)
+    if versions and _envs.STEPCACHE_DEBUG_GUARD:  # hand out guarded views
+        index = {id(t): i for i, (t, _) in enumerate(versions)}
 
-    def guarded(t: torch.Tensor) -> torch.Tensor:  # a GuardedTensor view of ``t``
-        if isinstance(t, GuardedTensor):
-            return t
-        view = t.as_subclass(GuardedTensor)
-        view.__dict__["_sc_guard"] = (fn, key, info, index[id(t)])
-        return view
+        def guarded(t: torch.Tensor) -> torch.Tensor:
+            if isinstance(t, GuardedTensor):
+                return t
+            view = t.as_subclass(GuardedTensor)
+            view.__dict__["_sc_guard"] = (fn, key, info, index[id(t)])
+            return view
 
-    if versions and _envs.STEPCACHE_DEBUG_GUARD:
         info.handed = fp.walk(value, guarded)
     fn.store(store, key, owner, fps, value, info)
     return info.handed
