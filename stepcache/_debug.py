@@ -1,25 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Debug mode: find stale caches at the line that causes them.
 
-``checks`` adds, on every call of a decorated function:
-
-* deep dependency fingerprints (shape, data pointer and, for small CPU tensors and
-  numpy arrays, the contents), which see a change behind the version counter;
-* a record of the owner attributes the builder and the key function read: one that
-  nothing declares and that changed triggers a recomputation; a different result raises;
-* ``expect`` validated on every hit, and a check that the cached tensors were not
-  written since they were stored (a persistent buffer overwritten by the next step);
-* guarded values: tensors handed out raise when read after their cache was closed or
-  their storage was overwritten;
-* keys that name one device two ways (``cuda`` and ``cuda:0``).
-
-``verify`` adds a recomputation on every hit, compared with the cached value
-(:func:`first_difference`): a difference means the key or ``depends_on`` misses an
-input. It costs one full computation per hit.
-
-Every detection raises a typed error and is kept in :func:`debug_report`. Debug mode is
-for tests and bisecting: it is not thread-safe (recording attribute reads patches the
-owner's class for one builder call).
+docs/debug.md describes each check of ``checks`` and ``verify``. Not thread-safe:
+recording the attributes a function reads patches the owner's class for the call.
 """
 
 from __future__ import annotations
@@ -28,7 +11,7 @@ import dataclasses
 import re
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,11 +25,15 @@ from stepcache._store import StepCache
 
 if TYPE_CHECKING:
     from stepcache._decorator import CachedFunction
-    from stepcache._entry import Entry
 
 Args = tuple[Any, ...]
 _MAX_REPORT = 10_000
 _MISSING = object()
+#: CPU tensors and numpy arrays up to this many elements have their contents compared
+DEEP_CONTENT_LIMIT = 4096
+#: the integer dtype of each size, to read a tensor's bits through numpy
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_DEVICE_TEXT = re.compile(r"(cpu|cuda|xpu|mps|hip|npu|meta)(:\d+)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,19 +65,17 @@ class Detection:
 
 
 @dataclasses.dataclass(frozen=True)
-class DebugReport:
+class DebugReport(Sequence[Detection]):
     """Every detection of the process so far, oldest first.
 
     A sequence of [`Detection`][stepcache.Detection]; `str()` renders a numbered list.
 
     Examples:
         >>> import stepcache
-        >>> stepcache.clear_debug_report()
-        >>> print(stepcache.debug_report())
+        >>> print(stepcache.DebugReport(()))
         stepcache debug report: nothing detected
-        >>> report = stepcache.DebugReport(
-        ...     (stepcache.Detection("validation", "f", "None", "f: it broke"),)
-        ... )
+        >>> d = stepcache.Detection("validation", "f", "None", "f: it broke")
+        >>> report = stepcache.DebugReport((d,))
         >>> len(report), report[0].kind
         (1, 'validation')
         >>> print(report)
@@ -114,21 +99,15 @@ class DebugReport:
     def __len__(self) -> int:
         return len(self.detections)
 
-    def __iter__(self) -> Iterator[Detection]:
-        return iter(self.detections)
-
-    def __getitem__(self, i: int) -> Detection:
+    def __getitem__(self, i: Any) -> Any:
         return self.detections[i]
 
     def __str__(self) -> str:
         if not self.detections:
             return "stepcache debug report: nothing detected"
-        lines = [f"stepcache debug report: {len(self.detections)} detection(s)"]
-        if self.dropped:
-            lines[0] += f" ({self.dropped} more not kept)"
-        lines += (
-            f"{i}. [{d.kind}] {d.message}" for i, d in enumerate(self.detections, 1)
-        )
+        more = f" ({self.dropped} more not kept)" if self.dropped else ""
+        lines = [f"stepcache debug report: {len(self)} detection(s){more}"]
+        lines += (f"{i}. [{d.kind}] {d.message}" for i, d in enumerate(self, 1))
         return "\n".join(lines)
 
 
@@ -147,11 +126,9 @@ def debug_report() -> DebugReport:
     Examples:
         >>> import stepcache, torch
         >>> class Meta:
-        ...     def __init__(self):
-        ...         self.qsl = torch.tensor([0, 2, 3])
-        ...     @stepcache.step_cached(depends_on=("qsl",), name="ex.lens")
+        ...     @stepcache.step_cached(name="ex.lens")
         ...     def lens(self):
-        ...         return self.qsl.diff()
+        ...         return torch.tensor([2, 1])
         >>> stepcache.clear_debug_report()
         >>> with stepcache.debug("checks"):
         ...     m = Meta()
@@ -161,9 +138,8 @@ def debug_report() -> DebugReport:
         ...         lens.sum()  # used after its step
         ...     except stepcache.StaleCacheError:
         ...         pass
-        >>> print(stepcache.debug_report())
-        stepcache debug report: 1 detection(s)
-        1. [use-after-close] step_cached function 'ex.lens': this value was handed out by a step cache that has since been closed (the step is over), and it was used again. Fix: finish using step values within the step, or keep a copy with .clone().
+        >>> [d.kind for d in stepcache.debug_report()]
+        ['use-after-close']
         >>> stepcache.clear_debug_report()
     """
     with _report_lock:
@@ -189,58 +165,41 @@ def clear_debug_report() -> None:
 #: guarded tensor, a hit, a miss); `_detect` fills in the fields
 _MESSAGES: dict[tuple[str, str], str] = {
     ("use-after-close", "call"): "{error}",  # the closed store's own message
-    ("use-after-close", "read"): (
-        "this value was handed out by a step cache that has since been closed (the "
-        "step is over), and it was used again. Fix: finish using step values within "
-        "the step, or keep a copy with .clone()."
-    ),
-    ("buffer-overwritten", "read"): (
-        "this tensor was overwritten by a subsequent write to its storage after the "
-        "cache handed it out (version {old} -> {new}): the next step's build wrote the "
-        "same persistent buffer, or someone mutated a cached value in place. To keep "
-        "the value beyond the step, clone() it."
-    ),
-    ("dependency-changed", "hit"): (
-        "dependency '{dep}' changed without the cache noticing: {diff} (now {now}). It "
-        "was changed through a path that does not bump the version counter (a write "
-        "through .numpy(), .data assignment, a kernel writing through data_ptr(), or "
-        "an in-place change of a numpy array). Fix: change it with torch in-place ops "
-        "or assign a new object."
-    ),
-    ("buffer-overwritten", "hit"): (
-        "the cached tensor {tensor} was overwritten after it was stored (version {old} "
-        "-> {new}): another step's build wrote the same persistent buffer while this "
-        "step's cache still held a view into it, or a consumer mutated the cached "
-        "value in place. Fix: one step at a time per buffer (close the old step "
-        "first), or clone() values that must outlive the step."
-    ),
-    ("undeclared-input", "hit"): (
-        "owner attribute {names} changed since the entry was stored, and the function "
-        "reads it, but neither the key nor depends_on names it; the cached value is "
-        "stale: {diff}. Fix: add {names} to depends_on."
-    ),
+    ("use-after-close", "read"): "this value was handed out by a step cache that has "
+    "since been closed (the step is over), and it was used again. Fix: finish using "
+    "step values within the step, or keep a copy with .clone().",
+    ("buffer-overwritten", "read"): "this tensor was overwritten by a subsequent write "
+    "to its storage after the cache handed it out (version {old} -> {new}): the next "
+    "step's build wrote the same persistent buffer, or someone mutated a cached value "
+    "in place. To keep the value beyond the step, clone() it.",
+    ("dependency-changed", "hit"): "dependency '{dep}' changed without the cache "
+    "noticing: {diff} (now {now}). It was changed through a path that does not bump "
+    "the version counter (a write through .numpy(), .data assignment, a kernel "
+    "writing through data_ptr(), or an in-place change of a numpy array). Fix: change "
+    "it with torch in-place ops or assign a new object.",
+    ("buffer-overwritten", "hit"): "the cached tensor {tensor} was overwritten after "
+    "it was stored (version {old} -> {new}): another step's build wrote the same "
+    "persistent buffer while this step's cache still held a view into it, or a "
+    "consumer mutated the cached value in place. Fix: one step at a time per buffer "
+    "(close the old step first), or clone() values that must outlive the step.",
+    ("undeclared-input", "hit"): "owner attribute {names} changed since the entry was "
+    "stored, and the function reads it, but neither the key nor depends_on names it; "
+    "the cached value is stale: {diff}. Fix: add {names} to depends_on.",
     ("validation", "hit"): "on a hit, the cached value no longer matches expect{error}",
-    ("key-too-coarse", "hit"): (
-        "the cached value differs from a fresh computation: {diff}. The key or "
-        "depends_on misses an input. {fix}"
-    ),
-    ("device-alias", "miss"): (
-        "the key {key!r} and the cached key {cached!r} name the same device two ways "
-        "(cuda and cuda:N of the current device), so one step computes and holds the "
-        "value twice, and consumers disagree on which buffer they read. Fix: "
-        "normalise devices in the key (stepcache.normalize_device) or key by the "
-        "device index."
-    ),
-    ("key-reads-undeclared", "miss"): (
-        "the key function reads owner attribute(s) {names} that depends_on does not "
-        "name: an in-place change that keeps the key equal would not be noticed. "
-        "Fix: add {names} to depends_on."
-    ),
-    ("builder-mutates-dependency", "miss"): (
-        "the function itself changed its declared dependency '{dep}' ({diff}), so the "
-        "entry could never be reused. Fix: remove it from depends_on (validate an "
-        "output buffer with expect=TensorSpec(device=Arg(...)) instead)."
-    ),
+    ("key-too-coarse", "hit"): "the cached value differs from a fresh computation: "
+    "{diff}. The key or depends_on misses an input. {fix}",
+    ("device-alias", "miss"): "the key {key!r} and the cached key {cached!r} name the "
+    "same device two ways (cuda and cuda:N of the current device), so one step "
+    "computes and holds the value twice, and consumers disagree on which buffer they "
+    "read. Fix: normalise devices in the key (stepcache.normalize_device) or key by "
+    "the device index.",
+    ("key-reads-undeclared", "miss"): "the key function reads owner attribute(s) "
+    "{names} that depends_on does not name: an in-place change that keeps the key "
+    "equal would not be noticed. Fix: add {names} to depends_on.",
+    ("builder-mutates-dependency", "miss"): "the function itself changed its declared "
+    "dependency '{dep}' ({diff}), so the entry could never be reused. Fix: remove it "
+    "from depends_on (validate an output buffer with "
+    "expect=TensorSpec(device=Arg(...)) instead).",
     ("validation", "miss"): "{error}",  # expect's own message
 }
 
@@ -248,8 +207,8 @@ _MESSAGES: dict[tuple[str, str], str] = {
 def _detect(
     kind: str, at: str, fn: CachedFunction, key: Any, **fields: Any
 ) -> StaleCacheError | CacheValidationError:
-    """Record a detection in the report and return its error, to raise: a
-    CacheValidationError for `validation`, a StaleCacheError for any other kind."""
+    """Record a detection and return its error, to raise: a CacheValidationError for
+    `validation`, a StaleCacheError for any other kind."""
     global _total
     text = f"{fn.where(key)}: {_MESSAGES[kind, at].format(key=key, **fields)}"
     with _report_lock:
@@ -263,23 +222,83 @@ def _detect(
 class _Info:
     """What debug mode records of an entry when it is stored (``Entry.info``)."""
 
-    deep: tuple[Any, ...]  # the deep fingerprint of each dependency
-    #: (tensor, its tag when stored) for each tensor of the value; an equal
-    #: recomputation into the same buffer moves the tags on (`_recompute`)
-    versions: list[tuple[torch.Tensor, Any]]
-    #: fingerprints of the owner attributes the builder read but nothing declares
-    watched: dict[str, tuple[Any, Any]]
+    deps: tuple[tuple[Any, Any], ...]  # (`_view`, `_deep`) of each dependency
+    versions: list[tuple[torch.Tensor, Any]]  # each tensor of the value, and its tag
+    watched: dict[str, tuple[Any, Any]]  # fingerprints of undeclared owner attributes
     store: weakref.ref[StepCache]
-    #: the dependencies a hit compares deeply (not those compared by value or
-    #: snapshot, nor a repeat of an earlier one's object), and a content probe of each
-    deep_check: tuple[int, ...] = ()
-    probes: tuple[Any, ...] = ()
-    handed: Any = None  # what hits hand out: the value with its tensors guarded
+    handed: Any = None  # what calls hand out: the value with its tensors guarded
+
+
+def _view(x: Any) -> Any:
+    """A numpy array sharing the memory of ``x``, a small CPU tensor or numpy array,
+    through which its contents are read again; else ``None``."""
+    if isinstance(x, np.ndarray):
+        return x if x.size <= DEEP_CONTENT_LIMIT else None
+    if not isinstance(x, torch.Tensor) or x.numel() > DEEP_CONTENT_LIMIT:
+        return None
+    try:  # a real dtype as its bits: numpy lacks some (bfloat16)
+        t = x.detach()
+        return t.numpy() if t.is_complex() else t.view(_BITS[t.itemsize]).numpy()
+    except Exception:  # not on the CPU, not strided, a conjugate view: not read
+        return None
+
+
+def _deep(x: Any, view: Any) -> tuple[Any, ...]:
+    """What a write behind the version counter changes in dependency ``x``: a tensor's
+    or array's shape, dtype, address and contents (read through ``view``), or the
+    snapshot of a list, dict or set."""
+    contents = None if view is None else view.tobytes()
+    if isinstance(x, torch.Tensor):
+        return x.shape, x.dtype, x.data_ptr(), contents
+    if isinstance(x, np.ndarray):
+        return x.shape, x.dtype, None, contents
+    return (fp.snapshot(x),)
+
+
+def _check_deps(
+    kind: str, at: str, fn: CachedFunction, key: Any, deps: Args, recorded: Any
+) -> None:
+    """Raise ``kind`` for the first dependency whose `_deep` state is not the one
+    ``recorded``."""
+    for dep, x, (view, before) in zip(fn.dep_names, deps, recorded, strict=True):
+        if (after := _deep(x, view)) != before:
+            diff = _deep_difference(before, after)
+            raise _detect(kind, at, fn, key, dep=dep, diff=diff, now=_describe(x))
+
+
+def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    """What changed between two `_deep` states of a dependency."""
+    if len(before) == 1:  # snapshots
+        return f"expected {before[0]!r:.80}, actual {after[0]!r:.80}"
+    for name, b, a in zip(("shape", "dtype", "address"), before, after, strict=False):
+        if b != a:
+            return f"{name} mismatch. expected {b}, actual {a}"
+    dtype, b, a = before[1], before[3], after[3]  # the first element whose bytes differ
+    j = next(i for i, (p, q) in enumerate(zip(b, a, strict=True)) if p != q)
+    j //= dtype.itemsize
+    if isinstance(dtype, torch.dtype):
+        b, a = (torch.frombuffer(bytearray(c), dtype=dtype) for c in (b, a))
+    else:
+        b, a = (np.frombuffer(c, dtype) for c in (b, a))
+    return f"contents mismatch at flat index {j}. expected {b[j].item()}, actual {a[j].item()}"
+
+
+def _describe(x: Any) -> str:
+    """A short description of a value, for messages."""
+    if isinstance(x, torch.Tensor):
+        state = "inference tensor" if x.is_inference() else f"version={x._version}"
+        text = f"tensor(shape={list(x.shape)}, dtype={x.dtype}, device={x.device}, "
+        text, small = text + state, x.is_cpu and x.numel() <= 16
+    elif isinstance(x, np.ndarray):
+        text, small = f"ndarray(shape={list(x.shape)}, dtype={x.dtype}", x.size <= 16
+    else:
+        return r if len(r := repr(x)) <= 80 else r[:77] + "..."
+    return f"{text}, id=0x{id(x):x}" + (f", values={x.tolist()}" if small else "") + ")"
 
 
 def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
-    """``work()`` and the owner attributes it read: the owner's class records them
-    with a ``__getattribute__`` of its own for the call (hence not thread-safe)."""
+    """``work()`` and the owner attributes it read, recorded by a
+    ``__getattribute__`` patched into the owner's class for the call."""
     cls, names = type(owner), set[str]()
     own, original = cls.__dict__.get("__getattribute__"), cls.__getattribute__
 
@@ -290,7 +309,7 @@ def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
 
     try:
         cls.__getattribute__ = recording  # type: ignore[method-assign]
-    except (TypeError, AttributeError):  # a class that cannot be patched (built-in)
+    except (TypeError, AttributeError):  # a built-in class cannot be patched
         return work(), set()
     try:
         return work(), names
@@ -304,30 +323,25 @@ def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
 class GuardedTensor(torch.Tensor):
     """A tensor handed out by a cache in debug mode, guarded against stale reads.
 
-    Any torch operation on it first checks that its cache is still open and that its
-    storage was not written since it was stored; if not, it raises
-    [`StaleCacheError`][stepcache.StaleCacheError], in the style of CUDA Graph Trees'
-    "overwritten by a subsequent run". Results of operations are plain tensors, and a
-    `clone()` taken in time stays valid. `STEPCACHE_DEBUG_GUARD=0` hands out plain
-    tensors instead.
+    Every torch operation on it first checks that its cache is still open and that its
+    storage was not written since it was stored, else raises
+    [`StaleCacheError`][stepcache.StaleCacheError]. Results of operations are plain
+    tensors; a `clone()` taken in time stays valid. `STEPCACHE_DEBUG_GUARD=0` hands
+    out plain tensors instead.
 
     Examples:
         >>> import stepcache, torch
         >>> class Meta:
-        ...     def __init__(self):
-        ...         self.qsl = torch.tensor([0, 2, 3])
-        ...     @stepcache.step_cached(depends_on=("qsl",), name="ex.guarded")
+        ...     @stepcache.step_cached(name="ex.guarded")
         ...     def lens(self):
-        ...         return self.qsl.diff()
+        ...         return torch.tensor([2, 1])
         >>> with stepcache.debug("checks"):
         ...     m = Meta()
         ...     lens = m.lens()
         ...     kept = lens.clone()
-        >>> type(lens).__name__, type(kept).__name__
-        ('GuardedTensor', 'Tensor')
         >>> stepcache.cache_of(m).close()
-        >>> kept
-        tensor([2, 1])
+        >>> type(lens).__name__, kept
+        ('GuardedTensor', tensor([2, 1]))
         >>> lens + 1
         Traceback (most recent call last):
           ...
@@ -347,38 +361,20 @@ class GuardedTensor(torch.Tensor):
             for arg in (*args, *kwargs.values()):
                 for t in arg if isinstance(arg, (tuple, list)) else (arg,):
                     if isinstance(t, GuardedTensor) and "_sc_guard" in t.__dict__:
-                        t._sc_check()
+                        fn, key, info, i = t._sc_guard
+                        if (store := info.store()) is not None and store.closed:
+                            raise _detect("use-after-close", "read", fn, key)
+                        if (new := fp.tag(t)) != (old := info.versions[i][1]):
+                            tags = {"old": old, "new": new}
+                            raise _detect("buffer-overwritten", "read", fn, key, **tags)
             return func(*args, **kwargs)
-
-    def _sc_check(self) -> None:
-        fn, key, info, i = self._sc_guard
-        store = info.store()
-        if store is not None and store.closed:
-            raise _detect("use-after-close", "read", fn, key)
-        if (new := fp.tag(self)) != (old := info.versions[i][1]):
-            raise _detect("buffer-overwritten", "read", fn, key, old=old, new=new)
-
-
-def _guard(value: Any, fn: CachedFunction, key: Any, info: _Info) -> Any:
-    """``value`` with each of its tensors handed out as a `GuardedTensor`."""
-    index = {id(t): i for i, (t, _) in enumerate(info.versions)}
-
-    def guarded(t: torch.Tensor) -> torch.Tensor:
-        if (i := index.get(id(t))) is None or isinstance(t, GuardedTensor):
-            return t
-        view = t.as_subclass(GuardedTensor)
-        view.__dict__["_sc_guard"] = (fn, key, info, i)
-        return view
-
-    return fp.walk(value, guarded) if _state.STEPCACHE_DEBUG_GUARD else value
 
 
 def _recompute(
     fn: CachedFunction, a: Args, value: Any, info: _Info | None
 ) -> str | None:
-    """Compute afresh and return where the result differs from ``value`` as it was.
-    A builder that writes into a persistent buffer rewrites the cached tensors: an
-    equal result keeps the entry and its handed-out views valid (the tags move on)."""
+    """Where a fresh computation differs from ``value`` (``None``: nowhere). An equal
+    one written into the cached buffers moves their tags on: the views stay valid."""
     with torch._C.DisableTorchFunctionSubclass():
         before = fp.walk(value, lambda t: t.detach().clone())
     difference = first_difference(before, fn.invoke(a))
@@ -400,8 +396,7 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
     if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             for what in ("device", "dtype", "ndim"):
-                e, a = getattr(expected, what), getattr(actual, what)
-                if e != a:
+                if (e := getattr(expected, what)) != (a := getattr(actual, what)):
                     return f"tensor '{path}' {what} mismatch. expected {e}, actual {a}"
             for i, (n, m) in enumerate(zip(expected.shape, actual.shape, strict=True)):
                 if n != m:
@@ -412,54 +407,31 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
                 return None
             i = int((~same).nonzero()[0])
             return f"tensor '{path}' value mismatch at flat index {i}. expected {e[i].item()}, actual {a[i].item()}"
-    mismatch = (
-        f"'{path}': expected {fp.describe(expected)}, actual {fp.describe(actual)}"
-    )
+    mismatch = f"'{path}': expected {_describe(expected)}, actual {_describe(actual)}"
     if type(expected) is not type(actual):
         return mismatch
-    if isinstance(expected, np.ndarray):
-        return None if np.array_equal(expected, actual) else mismatch
-    if isinstance(expected, (tuple, list)):
+    if isinstance(expected, dict) and expected.keys() != actual.keys():
+        keys = [sorted(map(repr, d)) for d in (expected, actual)]
+        return f"'{path}' keys mismatch. expected {keys[0]}, actual {keys[1]}"
+    if isinstance(expected, (tuple, list, dict)):
         if len(expected) != len(actual):
             return f"'{path}' length mismatch. expected {len(expected)}, actual {len(actual)}"
-        pairs = enumerate(zip(expected, actual, strict=True))
-        items = ((e, a, f"{path}[{i}]") for i, (e, a) in pairs)
-    elif isinstance(expected, dict):
-        if expected.keys() != actual.keys():
-            keys = [sorted(map(repr, d)) for d in (expected, actual)]
-            return f"'{path}' keys mismatch. expected {keys[0]}, actual {keys[1]}"
-        items = ((v, actual[k], f"{path}[{k!r}]") for k, v in expected.items())
-    else:
-        try:
-            return None if bool(expected == actual) else mismatch
-        except Exception:  # an == that does not give a bool
-            return None if expected is actual else mismatch
-    found = (first_difference(*item) for item in items)
-    return next((f for f in found if f is not None), None)
-
-
-def _deep_difference(before: Any, after: Any) -> str:
-    """Which part of a deep fingerprint (`stepcache._fingerprint.deep`) changed."""
-    if before[0] == after[0] and before[0] in ("tensor", "ndarray"):
-        names = ("shape", "dtype", "address", "contents")
-        for name, b, a in zip(names, before[1:], after[1:], strict=True):
-            if b == a:
-                continue
-            if name == "contents" and b is not None and a is not None:
-                if before[0] == "ndarray":  # contents as bytes
-                    b, a = (np.frombuffer(c, before[2]).tolist() for c in (b, a))
-                pairs = enumerate(zip(b, a, strict=True))
-                j = next((j for j, (x, y) in pairs if x != y), 0)
-                return f"contents mismatch at flat index {j}. expected {b[j]}, actual {a[j]}"
-            return f"{name} mismatch. expected {b}, actual {a}"
-    return f"expected {before!r:.80}, actual {after!r:.80}"
-
-
-_DEVICE_TEXT = re.compile(r"(cpu|cuda|xpu|mps|hip|npu|meta)(:\d+)?")
+        for k in (
+            expected.keys() if isinstance(expected, dict) else range(len(expected))
+        ):
+            if found := first_difference(expected[k], actual[k], f"{path}[{k!r}]"):
+                return found
+        return None
+    try:
+        if isinstance(expected, np.ndarray):
+            return None if np.array_equal(expected, actual) else mismatch
+        return None if bool(expected == actual) else mismatch
+    except Exception:  # an == that does not give a bool
+        return None if expected is actual else mismatch
 
 
 def _canonical(key: Any) -> Any:
-    """``key`` with each device (a `torch.device`, or a string naming one) normalised."""
+    """``key`` with each device in it (a `torch.device` or a string) normalised."""
     if isinstance(key, tuple):
         return tuple(_canonical(k) for k in key)
     named = isinstance(key, str) and _DEVICE_TEXT.fullmatch(key)
@@ -474,32 +446,16 @@ def call(fn: CachedFunction, a: Args, key: Any) -> Any:
         owner, store, deps, entry = fn.find(a, key)
     except StaleCacheError as exc:  # the owner's store was closed
         raise _detect("use-after-close", "call", fn, key, error=exc) from None
-    if entry is not None:
-        return _hit(fn, a, key, owner, deps, entry)
-    return _miss(fn, a, key, owner, store, deps)
-
-
-def _hit(
-    fn: CachedFunction, a: Args, key: Any, owner: object, deps: Args, entry: Entry
-) -> Any:
+    if entry is None:
+        return _miss(fn, a, key, owner, store, deps)
     value, info = entry.value, entry.info  # info is None if stored in production
     if info is not None:
-        for i, probe in zip(info.deep_check, info.probes, strict=True):
-            x, before = deps[i], info.deep[i]
-            if not fp.deep_unchanged(x, before, probe):
-                dep, now = fn.dep_names[i], fp.describe(x)
-                change = _deep_difference(before, fp.deep(x))
-                raise _detect(
-                    "dependency-changed", "hit", fn, key, dep=dep, diff=change, now=now
-                )
-        # with guard_result the lookup compared these tags already: a written buffer
-        # was a recomputation there, not a detection here
+        _check_deps("dependency-changed", "hit", fn, key, deps, info.deps)
+        # with guard_result the lookup compared these tags already (a recomputation)
         for t, old in () if fn.guard else info.versions:
             if (new := fp.tag(t)) != old:
-                desc = fp.describe(t)
-                raise _detect(
-                    "buffer-overwritten", "hit", fn, key, tensor=desc, old=old, new=new
-                )
+                tags = {"tensor": _describe(t), "old": old, "new": new}
+                raise _detect("buffer-overwritten", "hit", fn, key, **tags)
         changed = [
             name
             for name, (o, v) in info.watched.items()
@@ -508,35 +464,29 @@ def _hit(
         if changed and (diff := _recompute(fn, a, value, info)) is not None:
             names = ", ".join(f"'{n}'" for n in changed)
             raise _detect("undeclared-input", "hit", fn, key, names=names, diff=diff)
-        for name in changed:
-            info.watched[name] = fp.fingerprint(getattr(owner, name))
+        info.watched.update((n, fp.fingerprint(getattr(owner, n))) for n in changed)
     if (error := fn.violation(value, a)) is not None:
         raise _detect("validation", "hit", fn, key, error=error)
     verify = _state.switches[1] == "verify"
     if verify and (diff := _recompute(fn, a, value, info)) is not None:
         raise _detect("key-too-coarse", "hit", fn, key, diff=diff, fix=_fix(fn, info))
     fn.count_hit()
-    if info is None or not info.versions or not _state.STEPCACHE_DEBUG_GUARD:
-        return value
-    if info.handed is None:
-        info.handed = _guard(value, fn, key, info)
-    return info.handed
+    return value if info is None else info.handed
 
 
 def _fix(fn: CachedFunction, info: _Info | None) -> str:
     """The fix a key-too-coarse message suggests: the inputs nothing declares."""
     declared = {*fn.dep_names, *fn.key_names, fn.owner_name}
     params = [] if fn.key_fn else [n for n in fn.names if n not in declared]
-    attributes = sorted(info.watched) if info else []
-    candidates = [f"parameter '{n}'" for n in params]
-    candidates += [f"owner attribute '{n}'" for n in attributes]
-    if not candidates:
+    found = [f"parameter '{n}'" for n in params]
+    found += [f"owner attribute '{n}'" for n in sorted(info.watched if info else ())]
+    if not found:
         return (
             "Fix: add the input that distinguishes these calls to key= or depends_on=."
         )
     return (
-        f"Candidates: {', '.join(candidates)}. Fix: add the one that distinguishes "
-        "these calls to key= (parameters) or depends_on= (owner attributes)."
+        f"Candidates: {', '.join(found)}. Fix: add the one that distinguishes these "
+        "calls to key= (parameters) or depends_on= (owner attributes)."
     )
 
 
@@ -548,7 +498,7 @@ def _miss(
         if cached != key and _canonical(cached) == canonical:
             raise _detect("device-alias", "miss", fn, key, cached=cached)
     fps = fp.fingerprints(deps)
-    deep_before = tuple(fp.deep(x) for x in deps)
+    recorded = tuple((v := _view(x), _deep(x, v)) for x in deps)
     value, read = _reads(owner, lambda: fn.invoke(a))
     declared = set(fn.dep_names)
     if fn.key_fn is not None and fn.dep_names:
@@ -556,12 +506,7 @@ def _miss(
         names = sorted(n for n in key_read if not callable(getattr(owner, n, None)))
         if names:
             raise _detect("key-reads-undeclared", "miss", fn, key, names=names)
-    for dep, x, before in zip(fn.dep_names, deps, deep_before, strict=True):
-        if (after := fp.deep(x)) != before:
-            diff = _deep_difference(before, after)
-            raise _detect(
-                "builder-mutates-dependency", "miss", fn, key, dep=dep, diff=diff
-            )
+    _check_deps("builder-mutates-dependency", "miss", fn, key, deps, recorded)
     if (error := fn.violation(value, a)) is not None:
         raise _detect("validation", "miss", fn, key, error=error[2:])
     watched = {
@@ -569,15 +514,18 @@ def _miss(
         for name in sorted(read - declared - {"_stepcache"})
         if not callable(attr := getattr(owner, name, _MISSING)) and attr is not _MISSING
     }
-    kinds = fps[1::2]  # VAL and SNAP dependencies compare by value: no deep check
-    deep_check = tuple(
-        i
-        for i, x in enumerate(deps)
-        if kinds[i] not in (fp.VAL, fp.SNAP) and all(d is not x for d in deps[:i])
-    )
-    probes = tuple(fp.content_probe(deps[i]) for i in deep_check)
     versions = [(t, fp.tag(t)) for t in fp.tensors(value)]
-    info = _Info(deep_before, versions, watched, weakref.ref(store), deep_check, probes)
+    info = _Info(recorded, versions, watched, weakref.ref(store), value)
+    if versions and _state.STEPCACHE_DEBUG_GUARD:  # hand out guarded views
+        index = {id(t): i for i, (t, _) in enumerate(versions)}
+
+        def guarded(t: torch.Tensor) -> torch.Tensor:
+            if isinstance(t, GuardedTensor):
+                return t
+            view = t.as_subclass(GuardedTensor)
+            view.__dict__["_sc_guard"] = (fn, key, info, index[id(t)])
+            return view
+
+        info.handed = fp.walk(value, guarded)
     fn.store(store, key, owner, fps, value, info)
-    info.handed = _guard(value, fn, key, info)
     return info.handed

@@ -67,10 +67,6 @@ _VALUE_CLASSES: Final[frozenset[type]] = frozenset(
 )
 _SCALARS = (*_VALUE_CLASSES, enum.Enum, np.generic, slice)
 
-#: CPU tensors and arrays up to this many elements are fingerprinted by contents in
-#: debug mode.
-DEEP_CONTENT_LIMIT = 4096
-
 
 def _is_value(x: object) -> bool:
     if isinstance(x, _SCALARS):
@@ -210,83 +206,3 @@ def result_guard(value: Any) -> tuple[Any, Any]:
         return found[0], found[0]._version
     several = _Tags(found)
     return several, several._version
-
-
-def deep(x: Any) -> Any:
-    """A deep, comparable fingerprint for debug mode: for a tensor or numpy array,
-    ``(kind, shape, dtype, address, contents)``, which sees what the production
-    fingerprint cannot: a ``.data =`` swap and, for small CPU tensors and arrays, the
-    contents (a write through ``.numpy()`` or ``data_ptr()``, or any write to an
-    inference tensor). Contents are a flat list (a tensor's) or bytes (an array's).
-    """
-    if isinstance(x, torch.Tensor):
-        content = x.reshape(-1).tolist() if _small_cpu(x) else None
-        return ("tensor", x.shape, x.dtype, x.data_ptr(), content)
-    if isinstance(x, np.ndarray):
-        body = x.tobytes() if x.size <= DEEP_CONTENT_LIMIT else None
-        return ("ndarray", x.shape, x.dtype.str, id(x), body)
-    if _is_value(x):
-        return ("value", type(x), x)
-    snap = snapshot(x)
-    return ("snapshot", snap) if snap is not None else ("object", id(x))
-
-
-def _small_cpu(x: torch.Tensor) -> bool:
-    return x.is_cpu and x.layout is torch.strided and x.numel() <= DEEP_CONTENT_LIMIT
-
-
-def content_probe(x: Any) -> tuple[np.ndarray, bytes] | None:
-    """A numpy view of a small CPU tensor's memory and its bytes now, or ``None``:
-    re-reading the view is the cheapest way to see a write that did not move the
-    version counter (:func:`deep_unchanged`)."""
-    try:
-        if isinstance(x, torch.Tensor) and _small_cpu(x):
-            view = x.detach().numpy()
-            return view, view.tobytes()
-    except Exception:
-        pass  # a tensor numpy cannot view (conjugated, say): no probe
-    return None
-
-
-def deep_unchanged(
-    x: Any, before: Any, probe: tuple[np.ndarray, bytes] | None = None
-) -> bool:
-    """``deep(x) == before``, reading as little as possible when nothing changed.
-
-    >>> t = torch.tensor([1, 2])
-    >>> before, probe = deep(t), content_probe(t)
-    >>> deep_unchanged(t, before, probe)
-    True
-    >>> t.numpy()[0] = 7  # a write that does not move the version counter
-    >>> deep_unchanged(t, before, probe), deep_unchanged(t, before)
-    (False, False)
-    """
-    if probe is not None and before[0] == "tensor" and isinstance(x, torch.Tensor):
-        if (x.data_ptr(), x.dtype, x.shape) != (before[3], before[2], before[1]):
-            return False
-        return probe[0].tobytes() == probe[1]
-    return bool(deep(x) == before)
-
-
-def describe(x: Any) -> str:
-    """A short human description of a dependency value, for error messages."""
-    if isinstance(x, torch.Tensor):
-        state = (
-            "inference tensor"
-            if x.is_inference()
-            else f"version={x._version}"  # the counter, where there is one
-        )
-        text = (
-            f"tensor(shape={list(x.shape)}, dtype={x.dtype}, device={x.device}, "
-            f"{state}, id=0x{id(x):x}"
-        )
-        if x.device.type == "cpu" and x.numel() <= 16:
-            text += f", values={x.tolist()}"
-        return text + ")"
-    if isinstance(x, np.ndarray):
-        text = f"ndarray(shape={list(x.shape)}, dtype={x.dtype}, id=0x{id(x):x}"
-        if x.size <= 16:
-            text += f", values={x.tolist()}"
-        return text + ")"
-    r = repr(x)
-    return r if len(r) <= 80 else r[:77] + "..."
