@@ -12,7 +12,7 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 import torch
@@ -99,7 +99,11 @@ class DebugReport(Sequence[Detection]):
     def __len__(self) -> int:
         return len(self.detections)
 
-    def __getitem__(self, i: Any) -> Any:
+    @overload
+    def __getitem__(self, i: int) -> Detection: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Detection, ...]: ...
+    def __getitem__(self, i: int | slice) -> Detection | tuple[Detection, ...]:
         return self.detections[i]
 
     def __str__(self) -> str:
