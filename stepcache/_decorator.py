@@ -13,10 +13,9 @@ from collections.abc import Callable, Container, Hashable, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
 from stepcache import _debug, _state, _store
-from stepcache._entry import Entry
 from stepcache._errors import CacheValidationError, StepCacheError
 from stepcache._fingerprint import fingerprints, result_guard
-from stepcache._hit import compile_hit
+from stepcache._hit import Entry, compile_hit
 from stepcache._spec import Arg, TensorSpec, validate
 from stepcache._state import BYPASS
 
@@ -67,29 +66,33 @@ class CachedFunction:
         self.params = tuple(self.signature.parameters.values())
         self.names = [p.name for p in self.params]
         self.index = {n: i for i, n in enumerate(self.names)}
-        listing = f" (parameters: {', '.join(self.names)})"
+        listing = f"(parameters: {', '.join(self.names)})"
+        plain = [p.name for p in self.params if p.kind not in _STARS]
+        self.owner_name = (plain or [""])[0] if owner is None else owner
+        self.keyed = key is not None
+        self.key_fn = key if callable(key) else None
+        names: Any = () if key is None or callable(key) else key
+        names = (names,) if isinstance(names, str) else names
+        deps = (depends_on,) if isinstance(depends_on, str) else tuple(depends_on)
+        self.dep_names: tuple[str, ...] = deps
+        self.expect = expect
+        specs = (expect,) if isinstance(expect, TensorSpec) else expect
+        self.guard = guard_result
         require = self._require
         require(
             not any(n.startswith("_sc_") for n in self.names),
             "parameter names starting with '_sc_' are reserved",
         )
-        plain = [p.name for p in self.params if p.kind not in _STARS]
         require(
             bool(plain),
             "a step-cached function needs an owner parameter (its first parameter, "
             "or the one named by owner=)",
         )
-        self.owner_name = plain[0] if owner is None else owner
         require(
             self.owner_name in plain,
-            f"owner={self.owner_name!r} is not a parameter{listing}",
+            f"owner={self.owner_name!r} is not a parameter {listing}",
         )
         self.owner_index = self.index[self.owner_name]
-
-        self.keyed = key is not None
-        self.key_fn = key if callable(key) else None
-        names: Any = () if key is None or callable(key) else key
-        names = (names,) if isinstance(names, str) else names
         require(
             isinstance(names, Sequence) and all(isinstance(k, str) for k in names),
             "key must be a callable, a parameter name or a tuple of parameter names "
@@ -97,15 +100,12 @@ class CachedFunction:
         )
         self.key_names: tuple[str, ...] = tuple(names)
         require(
-            bool(self.key_names) or not self.keyed or self.key_fn is not None,
-            "key=() names no parameter",
+            bool(names) or not self.keyed or callable(key), "key=() names no parameter"
         )
         for k in self.key_names:
             require(
-                k in self.index, f"key names {k!r}, which is not a parameter{listing}"
+                k in self.index, f"key names {k!r}, which is not a parameter {listing}"
             )
-
-        deps = (depends_on,) if isinstance(depends_on, str) else tuple(depends_on)
         for d in deps:
             require(
                 isinstance(d, str) and d.isidentifier(),
@@ -115,9 +115,6 @@ class CachedFunction:
                 d != self.owner_name,
                 f"depends_on names the owner {d!r} itself; name its attributes instead",
             )
-        self.dep_names: tuple[str, ...] = deps
-
-        specs = (expect,) if isinstance(expect, TensorSpec) else expect
         require(
             isinstance(specs, tuple | None)
             and all(s is None or isinstance(s, TensorSpec) for s in specs or ()),
@@ -126,16 +123,12 @@ class CachedFunction:
         for ref in (r for s in specs or () if s is not None for r in s.refs()):
             require(
                 not isinstance(ref, Arg) or ref.name in self.index,
-                f"expect refers to Arg({ref.name!r}), which is not a parameter{listing}",
+                f"expect refers to Arg({ref.name!r}), which is not a parameter {listing}",
             )
-        self.expect = expect
-
         require(
             isinstance(guard_result, bool),
             f"guard_result must be True or False (got {guard_result!r})",
         )
-        self.guard = guard_result
-
         require(
             only is None or isinstance(only, Mapping),
             f"only= takes a mapping of parameter names to collections (got {only!r})",
@@ -144,7 +137,7 @@ class CachedFunction:
         for n, allowed in self.only.items():
             require(
                 n in self.index and n != self.owner_name,
-                f"only= names {n!r}, which is not a parameter besides the owner{listing}",
+                f"only= names {n!r}, which is not a parameter besides the owner {listing}",
             )
             require(
                 not isinstance(allowed, (str, bytes))
@@ -300,7 +293,7 @@ class CachedFunction:
         """The call's owner, its store, its dependencies and the entry that serves it
         (``None``: a miss); an entry that does not serve it is counted (`stale`)."""
         owner = a[self.owner_index]
-        store = _store.store_for(owner)
+        store = _store.cache_of(owner)
         entry = store.lookup(self.fid, self.keyed, key)
         deps = self.dep_values(a, key) if self.dep_names else ()
         if entry is not None and not entry.matches(owner, deps):
@@ -357,40 +350,35 @@ def step_cached(
         key: Which entry a call uses: a callable taking the function's own arguments
             and returning a hashable, a parameter name or a tuple of them, or `None`
             (one entry per owner). A [`BYPASS`][stepcache.BYPASS] key computes without
-            caching. An unhashable key, or a key function that raises, is a
-            [`StepCacheError`][stepcache.StepCacheError] naming the function.
+            caching.
         owner: The parameter whose object holds the cache; the entries live exactly as
             long as that object. Default: the first parameter (`self` of a method).
         depends_on: The owner's attributes (or the function's parameters) the value is
-            computed from. An entry is reused only while each is unchanged: a tensor
-            must be the same object with the same version counter (an inference
-            tensor, which has none: the same object with the same data pointer,
-            shape, strides, dtype and device); anything else must be equal and of the
-            same type. Entries with dependencies may serve copies of the owner (they
-            are re-checked on every hit); one without is bound to its owner.
+            computed from; an entry is reused only while each is unchanged (the
+            [concepts page](../concepts.md#dependencies-and-fingerprints) says how each kind is compared). Entries
+            with dependencies may serve copies of the owner; one without is bound to
+            its owner.
         expect: A [`TensorSpec`][stepcache.TensorSpec], or for a tuple result a tuple
             of them (`None` skips an item), checked whenever a value is stored (and on
-            every hit in debug mode); a violation raises
-            [`CacheValidationError`][stepcache.CacheValidationError].
+            every hit in debug mode).
         name: The label in [`stats()`][stepcache.stats] and in error messages.
             Default: the function's qualified name.
         guard_result: Re-check on every hit that no tensor of the value was written
-            since it was stored (one version read per tensor): for a view into a
-            persistent buffer that later builds may rewrite, such a write invalidates
-            the entry instead of handing out the new rows as the old ones.
+            since it was stored: for a view into a persistent buffer that a later
+            build may rewrite, that write invalidates the entry.
         only: Cache only the calls whose named arguments are in the given collections
-            (`{"kind": frozenset({"swa_only", "c128a"})}`); any other call computes
-            without caching and counts as a bypass: a key function returning
-            [`BYPASS`][stepcache.BYPASS], declared, and tested inline.
+            (`{"kind": frozenset({"swa_only", "c128a"})}`); other calls compute
+            without caching and count as bypasses.
 
     Returns:
-        The decorator. The decorated function keeps its signature, for type checkers
-            too (`ParamSpec`).
+        The decorator; the decorated function keeps its signature (`ParamSpec`).
 
     Raises:
-        StepCacheError: At decoration, for a configuration that cannot work: an
-            `owner`, `key` or `depends_on` entry that names no parameter, a malformed
-            `expect`, or `@step_cached` written without parentheses.
+        StepCacheError: At decoration, for a configuration that cannot work (an
+            `owner`, `key` or `depends_on` that names no parameter, a malformed
+            `expect`, `@step_cached` without parentheses); at a call, for an
+            unhashable key or a key function that raised.
+        CacheValidationError: A stored value breaks `expect`.
 
     Examples:
         >>> import dataclasses, stepcache

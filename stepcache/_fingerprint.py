@@ -2,22 +2,10 @@
 """Dependency fingerprints: what an entry remembers of each input, and the one rule
 (:data:`MATCH`) that says whether an input still matches it.
 
-A fingerprint is a pair ``(o, v)``:
-
-* a tensor: the object itself and its *tag*, :func:`tag`: the in-place version
-  counter (``_version``), which in-place ops, ``resize_`` and ``set_`` bump. An
-  *inference tensor* (made under ``torch.inference_mode()``, as every tensor a vLLM
-  step makes) has no version counter: its tag is its *place*, the tuple of its data
-  pointer, shape, strides, dtype and device (:data:`PLACE`; no other tag is a tuple).
-  Reassigning it always recomputes (another object); an in-place write to it is not
-  seen in production (debug mode's deep fingerprint sees it in small CPU tensors);
-* a scalar (int, float, bool, str, None, dtype, device, enum, tuples of those): its
-  value, with `VAL`;
-* a list, dict or set of scalars: a snapshot of its contents, with `SNAP`;
-* anything else (numpy arrays, objects): the object, with `ID`.
-
-Deep fingerprints (debug mode) add shape, dtype, data pointer and, for small CPU
-tensors and numpy arrays, the contents.
+A fingerprint is a pair ``(o, v)``: a tensor and its :func:`tag`; a scalar (or a tuple
+of scalars) and `VAL`; a snapshot of a list, dict or set of scalars and `SNAP`; any
+other object and `ID`. docs/concepts.md ("Dependencies and fingerprints") says what
+each one sees and misses.
 """
 
 from __future__ import annotations
@@ -29,16 +17,15 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-#: how an input's fingerprint compares (its ``v``, where it is not a tensor's tag):
-#: by value and type, by identity, by a snapshot of the contents
+#: an input's ``v``, where it is not a tensor's tag: compared by value and type, by
+#: identity, by a snapshot of the contents
 VAL: Final = "VAL"
 ID: Final = "ID"
 SNAP: Final = "SNAP"
 
 Place = tuple[int, torch.Size, tuple[int, ...], torch.dtype, torch.device]
-#: Where tensor ``{t}``'s data lies and how it is laid out: the tag of an inference
-#: tensor. Source text, inlined by :data:`MATCH` (no call per hit) and compiled into
-#: :func:`place`.
+#: Where tensor ``{t}``'s data lies and how: an inference tensor's tag. Source text,
+#: inlined by :data:`MATCH` (no call per hit).
 PLACE: Final = "({t}.data_ptr(), {t}.shape, {t}.stride(), {t}.dtype, {t}.device)"
 place: Callable[[torch.Tensor], Place] = eval("lambda t: " + PLACE.format(t="t"))
 
@@ -50,10 +37,9 @@ def tag(t: torch.Tensor) -> int | Place:
 
 
 #: The one rule: does input ``{x}`` still match the fingerprint ``({o}, {v})``? The
-#: same object whose version is unchanged (or, without a counter, whose place is); an
-#: equal value of the same type; an equal snapshot. Source text, so that each
-#: decorated function's hit inlines it (`stepcache._entry.condition`); the slow paths
-#: call :func:`matches`, compiled from the same text.
+#: same object with the same tag; an equal value of the same type; an equal snapshot.
+#: Source text: each hit inlines it (`stepcache._hit.condition`), :func:`matches`
+#: compiles it.
 MATCH: Final = (
     "({x} is {o} and ({x}._version == {v} if {v}.__class__ is int"
     " else {v}.__class__ is not _sc_tuple or " + PLACE.format(t="{x}") + " == {v}))"
@@ -79,15 +65,12 @@ def _is_value(x: object) -> bool:
 def snapshot(x: Any) -> Any:
     """A comparable copy of a list, dict or set (or ``None`` if it holds non-scalars)."""
     if isinstance(x, (list, bytearray)):
-        items = tuple(x)
-        return (type(x), items) if all(_is_value(v) for v in items) else None
-    if isinstance(x, dict):
-        pairs = tuple(x.items())
-        return (type(x), pairs) if all(_is_value(v) for p in pairs for v in p) else None
-    if isinstance(x, set):
-        fs = frozenset(x)
-        return (type(x), fs) if all(_is_value(v) for v in fs) else None
-    return None
+        items: Any = tuple(x)
+    elif isinstance(x, (dict, set)):
+        items = tuple(x.items()) if isinstance(x, dict) else frozenset(x)
+    else:
+        return None
+    return (type(x), items) if all(_is_value(v) for v in items) else None
 
 
 def fingerprints(deps: Sequence[Any]) -> tuple[Any, ...]:

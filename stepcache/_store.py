@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepcache._entry import ABSENT, Entry
 from stepcache._errors import StaleCacheError, StepCacheError
 from stepcache._fingerprint import walk
+from stepcache._hit import ABSENT, Entry
 from stepcache._state import name_of
 
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
@@ -25,8 +25,8 @@ ATTR = "_stepcache"
 COUNTED = ("misses", "invalidations")
 MISSES, INVALIDATIONS = range(len(COUNTED))
 
-#: Every store alive, once `live_caches()` was called; a dead store's weak reference
-#: removes itself (its callback is the dict's own pop: no Python code runs).
+#: Every store alive, once `live_caches()` was called (a dead store's weak reference
+#: removes itself through the dict's own pop: no Python code runs).
 _live: dict[weakref.ref[StepCache], None] = {}
 _live_pop = _live.pop
 _tracking = False
@@ -64,24 +64,17 @@ class StepCache:
         stepcache.StaleCacheError: the step cache of this Meta was closed (the step is over), and it was used again. Fix: build a new metadata object for the new step, or call clear() instead of close() if the object is meant to be reused.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_attached",
-        "_closed",
-        "_counts",
-        "_kept",
-        "_owner_ref",
-        "table",
-    )
+    __slots__ = ("__weakref__", "_closed", "_counts", "_kept", "_members", "table")
 
     def __init__(self, owner: object | None = None) -> None:
         #: function id -> entry, or {key: entry} for a keyed function: what a hit reads
         self.table: dict[int, Any] = {}
-        self._owner_ref = None if owner is None else _weak(owner)
-        self._attached: dict[int, weakref.ref[Any]] | None = None  # by id(owner)
+        #: id -> weak reference of the owner that made it and those attached to it;
+        #: replaced, never changed, so that readers need no lock
+        self._members = {} if owner is None else {id(owner): _weak(owner)}
         self._closed = False
         self._counts: dict[int, list[int]] = {}  # function id -> its COUNTED
-        self._kept: list[Any] | None = None
+        self._kept: list[Any] = []
         if _tracking:
             _live[weakref.ref(self, _live_pop)] = None
 
@@ -91,23 +84,17 @@ class StepCache:
         return self._closed
 
     def keep_alive(self, obj: Any) -> None:
-        """Hold a reference to ``obj`` until the step ends (close, or the owner goes).
-
-        For a pinned staging tensor read by a ``non_blocking`` copy: freeing it before
-        the copy ran would let the copy read reused memory.
-        """
+        """Hold a reference to ``obj`` until the step ends (close, or the owner goes):
+        a pinned staging tensor that a ``non_blocking`` copy still reads, say."""
         if self._closed:
             raise StaleCacheError(
                 "keep_alive() on a closed StepCache (its step is over)"
             )
-        if self._kept is None:
-            self._kept = []
         self._kept.append(obj)
 
     def clear(self) -> None:
         """Drop every entry (and kept object); the store stays open for the same owner."""
-        self.table = {}
-        self._kept = None
+        self.table, self._kept = {}, []
 
     def close(self) -> None:
         """End the step: drop every entry and refuse any later use."""
@@ -115,13 +102,12 @@ class StepCache:
         self.clear()
 
     def stats(self) -> dict[str, dict[str, int]]:
-        """Per-function counts for this store: entries, bytes, misses, invalidations
-        (hits and bypasses, which the hit answers without the store, are counted
-        process-wide: see [`stats()`][stepcache.stats])."""
-        sizes, zero, out = measure((self,)), [0] * len(COUNTED), {}
+        """Per-function entries, bytes, misses and invalidations in this store (hits and
+        bypasses skip the store: [`stats()`][stepcache.stats] counts them)."""
+        sizes, out = measure((self,)), {}
         for f in {**self._counts, **sizes}:
             entries, size = sizes.get(f, (0, 0))
-            counts = zip(COUNTED, self._counts.get(f, zero), strict=True)
+            counts = zip(COUNTED, self._counts.get(f, (0, 0)), strict=True)
             out[name_of(f)] = {"entries": entries, "bytes": size, **dict(counts)}
         return out
 
@@ -139,16 +125,12 @@ class StepCache:
 
     def belongs_to(self, owner: object) -> bool:
         """Whether ``owner`` made this store or was attached to it."""
-        if self._owner_ref is not None and self._owner_ref() is owner:
-            return True
-        member = (self._attached or {}).get(id(owner))  # a dict: misses call this
+        member = self._members.get(id(owner))
         return member is not None and member() is owner
 
     def count(self, fid: int, which: int) -> None:
         """Add one to count ``which`` (`MISSES` or `INVALIDATIONS`) of ``fid``."""
-        counts = self._counts.get(fid)
-        if counts is None:  # not setdefault: no list made on every miss
-            counts = self._counts[fid] = [0] * len(COUNTED)
+        counts = self._counts.get(fid) or self._counts.setdefault(fid, [0, 0])
         counts[which] += 1
 
     def lookup(self, fid: int, keyed: bool, key: Any) -> Entry | None:
@@ -202,10 +184,9 @@ class _Absent(dict[Any, Any]):
 
 
 _EMPTY_SLOT = _Absent()
-#: What a hit reads for an owner with no store yet: the class attribute ``_stepcache``
-#: of owner classes (`_write`), so that its reads find `ABSENT` instead of raising (a
-#: caught exception is the slowest part of a first call). A ``SimpleNamespace``: CPython
-#: specializes an attribute read only where the class attribute is of a builtin type.
+#: What a hit reads for an owner with no store yet (the class attribute `_write` gives
+#: owner classes): it finds `ABSENT` instead of raising, the slowest part of a first
+#: call. A ``SimpleNamespace``: CPython specializes reads of builtin-typed attributes.
 NO_STORE = SimpleNamespace(table=_Absent())
 
 
@@ -243,12 +224,10 @@ def _write(owner: object, store: StepCache) -> None:
 def cache_of(owner: object) -> StepCache:
     """Return the [`StepCache`][stepcache.StepCache] of `owner`, creating it on first use.
 
-    The store is kept in the owner (its `__dict__`, or a `_stepcache` slot declared with
-    [`cache_field()`][stepcache.cache_field] or
-    [`dataclass_cache_field()`][stepcache.dataclass_cache_field]), else in a side table
-    keyed by a weak reference to it. A `copy.copy` of the owner gets a store of its own,
-    seeded with the entries that declare dependencies. No lock: of two stores two
-    threads make at once for one owner, the last written stays.
+    The store is kept in the owner (its `__dict__`, or a `_stepcache` slot: see
+    [`cache_field()`][stepcache.cache_field]), else in a side table. A `copy.copy` of
+    the owner gets a store of its own, seeded with the entries that declare
+    dependencies. No lock: of two stores made at once for one owner, the last stays.
 
     Raises:
         StaleCacheError: The owner's store was closed.
@@ -267,21 +246,7 @@ def cache_of(owner: object) -> StepCache:
         store = getattr(owner, ATTR, None)
     except Exception:  # an odd __getattr__
         store = None
-    if (
-        store.__class__ is StepCache
-        and store._owner_ref is not None
-        and store._owner_ref() is owner
-        and not store._closed
-    ):
-        return store
-    if store is NO_STORE and not _side:
-        fresh = StepCache(owner)
-        try:
-            object.__setattr__(owner, ATTR, fresh)
-            return fresh
-        except (AttributeError, TypeError):
-            pass  # the class has the placeholder, this owner no place for a store
-    if not isinstance(store, StepCache):
+    if not isinstance(store, StepCache):  # none yet (NO_STORE), or in the side table
         side = _side.get(id(owner))
         store = side[1] if side is not None and side[0]() is owner else None
     if store is not None and store.belongs_to(owner):
@@ -298,7 +263,7 @@ def cache_of(owner: object) -> StepCache:
     if store is not None and not store._closed:
         # the original's, carried by copy.copy: the copy's own store starts with its
         # kept objects and the entries that declare dependencies (a hit checks those)
-        fresh._kept = None if store._kept is None else list(store._kept)
+        fresh._kept = list(store._kept)
         for fid, slot in list(store.table.items()):
             if isinstance(slot, dict):
                 if shared := {k: e for k, e in list(slot.items()) if e.bound is None}:
@@ -308,16 +273,13 @@ def cache_of(owner: object) -> StepCache:
     return fresh
 
 
-store_for = cache_of  # the decorator's name for it
-
-
 def attach(owner: object, cache: StepCache) -> StepCache:
     """Make `owner` use `cache`, shared on purpose with other objects of one step.
 
     vLLM builds one metadata object per KV-cache group of a step; attached to one store,
-    a value one builder computed serves the others. Entries that declare dependencies
-    are reused while those are identical on the caller (else recomputed); entries
-    without dependencies stay bound to the object that computed them. Returns `cache`.
+    a value one builder computed serves the others while the dependencies it declares
+    match on the caller. Entries without dependencies stay bound to the object that
+    computed them. Returns `cache`.
 
     Raises:
         StepCacheError: `cache` is not a [`StepCache`][stepcache.StepCache].
@@ -344,14 +306,14 @@ def attach(owner: object, cache: StepCache) -> StepCache:
         raise StaleCacheError("attach(): that StepCache is closed (its step is over)")
     with _attach_lock:
         if not cache.belongs_to(owner):
-            cache._attached = {**(cache._attached or {}), id(owner): _weak(owner)}
+            cache._members = {**cache._members, id(owner): _weak(owner)}
         _write(owner, cache)
     return cache
 
 
 def live_caches() -> list[StepCache]:
-    """Every store alive; tracked from the first call on, which finds those alive then
-    among the garbage collector's objects (see `stats`)."""
+    """Every store alive: tracked from the first call, which finds those alive then
+    among the garbage collector's objects."""
     global _tracking
     with _tracking_lock:
         if not _tracking:
@@ -368,9 +330,9 @@ def live_caches() -> list[StepCache]:
 def cache_field() -> Any:
     """An attrs field that holds the store, for slotted attrs classes.
 
-    Declare it as `_stepcache`; it is left out of `__init__`, `repr` and comparisons,
-    and `attrs.evolve` does not carry it over. Without it, a slotted class's store is
-    kept in a side table (and a copy then starts with an empty store).
+    Declare it as `_stepcache`; it is left out of `__init__`, `repr`, comparisons and
+    `attrs.evolve`. Without it, a slotted class's store is kept in a side table (and a
+    copy starts with an empty store).
 
     Examples:
         >>> import attrs, stepcache
@@ -389,9 +351,8 @@ def cache_field() -> Any:
 def dataclass_cache_field() -> Any:
     """A dataclass field that holds the store, for `@dataclass(slots=True)` classes.
 
-    Declare it as `_stepcache`; it is left out of `__init__`, `repr` and comparisons,
-    and `dataclasses.replace` does not carry it over. The class also needs
-    `weakref_slot=True`: the store refers to its owner weakly.
+    Declare it as `_stepcache`; it is left out of `__init__`, `repr`, comparisons and
+    `dataclasses.replace`. The class also needs `weakref_slot=True`.
 
     Examples:
         >>> import dataclasses, stepcache
