@@ -29,6 +29,19 @@ NO_KEY: Final = object()
 _STARS = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
+def _reader(
+    deps: tuple[str, ...], index: dict[str, int]
+) -> Callable[[Args, Any], Args]:
+    """How a call's dependencies are read (from its arguments ``a`` and owner ``o``):
+    the owner's attributes in one C call, where no dependency is a parameter."""
+    if any(d in index for d in deps):
+        return lambda a, o: tuple(
+            a[index[d]] if d in index else getattr(o, d) for d in deps
+        )
+    get: Any = operator.attrgetter(*deps) if deps else lambda o: ()
+    return (lambda a, o: (get(o),)) if len(deps) == 1 else (lambda a, o: tuple(get(o)))
+
+
 class CachedFunction:
     """Everything stepcache knows about one decorated function.
 
@@ -147,11 +160,7 @@ class CachedFunction:
             )
 
         self._simple = all(p.kind < p.VAR_POSITIONAL for p in self.params)
-        # the owner's attributes in one C call, where no dependency is a parameter
-        self._deps_of: Callable[[Any], Any] | None = None
-        if deps and not any(d in self.index for d in deps):
-            getter = operator.attrgetter(*deps)
-            self._deps_of = getter if len(deps) > 1 else lambda o: (getter(o),)
+        self._deps_of = _reader(deps, self.index)
         self.wrapper, self._counts = compile_hit(self)
         functools.update_wrapper(self.wrapper, fn)
         self.wrapper.__stepcache__ = self
@@ -228,21 +237,6 @@ class CachedFunction:
             ) from None
         return key
 
-    def dep_values(self, a: Args, key: Any = NO_KEY) -> Args:
-        owner = a[self.owner_index]
-        try:
-            if self._deps_of is not None:
-                return tuple(self._deps_of(owner))
-            return tuple(
-                a[self.index[d]] if d in self.index else getattr(owner, d)
-                for d in self.dep_names
-            )
-        except AttributeError as exc:
-            raise StepCacheError(
-                f"{self.where(key)}: depends_on names an attribute the owner "
-                f"{type(owner).__qualname__} does not have ({exc})"
-            ) from exc
-
     def violation(self, value: Any, a: Args) -> str | None:
         """What `validate` finds wrong with ``value`` (``": result ..."``), or
         ``None`` if it meets ``expect``."""
@@ -281,7 +275,7 @@ class CachedFunction:
             self.count_hit()
             return entry.value
         fps = fingerprints(deps)
-        value = self.fn(*a) if self._simple else self.invoke(a)
+        value = self.invoke(a)
         if self.expect is not None and (wrong := self.violation(value, a)) is not None:
             raise CacheValidationError(f"{self.where(key)}{wrong}")
         self.store(store, key, owner, fps, value)
@@ -295,7 +289,13 @@ class CachedFunction:
         owner = a[self.owner_index]
         store = _store.cache_of(owner)
         entry = store.lookup(self.fid, self.keyed, key)
-        deps = self.dep_values(a, key) if self.dep_names else ()
+        try:
+            deps = self._deps_of(a, owner)
+        except AttributeError as exc:
+            raise StepCacheError(
+                f"{self.where(key)}: depends_on names an attribute the owner "
+                f"{type(owner).__qualname__} does not have ({exc})"
+            ) from exc
         if entry is not None and not entry.matches(owner, deps):
             # an invalidation, unless the entry is bound to another owner of the store
             if entry.bound is None or entry.bound() is owner:
@@ -307,7 +307,7 @@ class CachedFunction:
     def bypass(self, a: Args) -> Any:
         """A call left out of the cache (a `BYPASS` key, only=, or caching off)."""
         self._counts(0, 1)
-        return self.fn(*a) if self._simple else self.invoke(a)
+        return self.invoke(a)
 
     def store(
         self,
