@@ -40,22 +40,17 @@ _DEVICE_TEXT = re.compile(r"(cpu|cuda|xpu|mps|hip|npu|meta)(:\d+)?")
 class Detection:
     """One problem debug mode found.
 
-    An item of [`debug_report()`][stepcache.debug_report].
-
     Attributes:
-        kind: What was found: `dependency-changed`, `undeclared-input`,
-            `key-too-coarse`, `use-after-close`, `buffer-overwritten`, `validation`,
-            `builder-mutates-dependency`, `device-alias` or `key-reads-undeclared`
-            (the [debug mode guide](../debug.md) explains each).
+        kind: What was found: a kind of the [debug mode guide](../debug.md) (its
+            table lists them), such as `dependency-changed`.
         function: The decorated function's label.
         key: The `repr` of the entry's key.
         message: The message of the error that was raised.
 
     Examples:
         >>> import stepcache
-        >>> d = stepcache.Detection("use-after-close", "Meta.index", "None", "...")
-        >>> d.kind, d.function
-        ('use-after-close', 'Meta.index')
+        >>> stepcache.Detection("use-after-close", "Meta.index", "None", "...").kind
+        'use-after-close'
     """
 
     kind: str
@@ -72,8 +67,6 @@ class DebugReport(Sequence[Detection]):
 
     Examples:
         >>> import stepcache
-        >>> print(stepcache.DebugReport(()))
-        stepcache debug report: nothing detected
         >>> d = stepcache.Detection("validation", "f", "None", "f: it broke")
         >>> report = stepcache.DebugReport((d,))
         >>> len(report), report[0].kind
@@ -123,12 +116,10 @@ _total = 0
 def debug_report() -> DebugReport:
     """Return every detection of debug mode in this process so far.
 
-    For a test suite's summary: print it at the end of the session (in a
-    `pytest_terminal_summary` hook, say). Detections are kept even when the error they
-    raised was caught; at most 10,000 are kept.
+    Detections are kept (at most 10,000) even when the error they raised was caught.
 
     Examples:
-        >>> import stepcache, torch
+        >>> import contextlib, stepcache, torch
         >>> class Meta:
         ...     @stepcache.step_cached(name="ex.lens")
         ...     def lens(self):
@@ -136,12 +127,9 @@ def debug_report() -> DebugReport:
         >>> stepcache.clear_debug_report()
         >>> with stepcache.debug("checks"):
         ...     m = Meta()
-        ...     lens = m.lens()
         ...     stepcache.cache_of(m).close()
-        ...     try:
-        ...         lens.sum()  # used after its step
-        ...     except stepcache.StaleCacheError:
-        ...         pass
+        ...     with contextlib.suppress(stepcache.StaleCacheError):  # caught, yet kept
+        ...         m.lens()  # used after its step
         >>> [d.kind for d in stepcache.debug_report()]
         ['use-after-close']
         >>> stepcache.clear_debug_report()
@@ -156,8 +144,8 @@ def clear_debug_report() -> None:
     Examples:
         >>> import stepcache
         >>> stepcache.clear_debug_report()
-        >>> len(stepcache.debug_report())
-        0
+        >>> print(stepcache.debug_report())
+        stepcache debug report: nothing detected
     """
     global _total
     with _report_lock:
@@ -165,56 +153,48 @@ def clear_debug_report() -> None:
         _total = 0
 
 
-#: each detection's message, by its kind and where it is found (a call, a read of a
-#: guarded tensor, a hit, a miss); `_detect` fills in the fields
-_MESSAGES: dict[tuple[str, str], str] = {
-    ("use-after-close", "call"): "{error}",  # the closed store's own message
-    ("use-after-close", "read"): "this value was handed out by a step cache that has "
-    "since been closed (the step is over), and it was used again. Fix: finish using "
-    "step values within the step, or keep a copy with .clone().",
-    ("buffer-overwritten", "read"): "this tensor was overwritten by a subsequent write "
-    "to its storage after the cache handed it out (version {old} -> {new}): the next "
-    "step's build wrote the same persistent buffer, or someone mutated a cached value "
-    "in place. To keep the value beyond the step, clone() it.",
-    ("dependency-changed", "hit"): "dependency '{dep}' changed without the cache "
-    "noticing: {diff} (now {now}). It was changed through a path that does not bump "
-    "the version counter (a write through .numpy(), .data assignment, a kernel "
-    "writing through data_ptr(), or an in-place change of a numpy array). Fix: change "
-    "it with torch in-place ops or assign a new object.",
-    ("buffer-overwritten", "hit"): "the cached tensor {tensor} was overwritten after "
-    "it was stored (version {old} -> {new}): another step's build wrote the same "
-    "persistent buffer while this step's cache still held a view into it, or a "
-    "consumer mutated the cached value in place. Fix: one step at a time per buffer "
-    "(close the old step first), or clone() values that must outlive the step.",
-    ("undeclared-input", "hit"): "owner attribute {names} changed since the entry was "
-    "stored, and the function reads it, but neither the key nor depends_on names it; "
-    "the cached value is stale: {diff}. Fix: add {names} to depends_on.",
-    ("validation", "hit"): "on a hit, the cached value no longer matches expect{error}",
-    ("key-too-coarse", "hit"): "the cached value differs from a fresh computation: "
-    "{diff}. The key or depends_on misses an input. {fix}",
-    ("device-alias", "miss"): "the key {key!r} and the cached key {cached!r} name the "
-    "same device two ways (cuda and cuda:N of the current device), so one step "
-    "computes and holds the value twice, and consumers disagree on which buffer they "
-    "read. Fix: normalise devices in the key (stepcache.normalize_device) or key by "
-    "the device index.",
-    ("key-reads-undeclared", "miss"): "the key function reads owner attribute(s) "
-    "{names} that depends_on does not name: an in-place change that keeps the key "
-    "equal would not be noticed. Fix: add {names} to depends_on.",
-    ("builder-mutates-dependency", "miss"): "the function itself changed its declared "
+#: each kind's message, for `_detect` to fill in
+_MESSAGES: dict[str, str] = {
+    "use-after-close": "this value was handed out by a step cache that has since been "
+    "closed (the step is over), and it was used again. Fix: finish using step values "
+    "within the step, or keep a copy with .clone().",
+    "buffer-overwritten": "the cached tensor {tensor} was overwritten after it was "
+    "stored (version {old} -> {new}): another step's build wrote the same persistent "
+    "buffer, or a consumer mutated the cached value in place. Fix: one step at a time "
+    "per buffer (close the old step first), or clone() values that must outlive the "
+    "step.",
+    "dependency-changed": "dependency '{dep}' changed without the cache noticing: "
+    "{diff} (now {now}). It was changed through a path that does not bump the version "
+    "counter (a write through .numpy(), .data assignment, a kernel writing through "
+    "data_ptr(), or an in-place change of a numpy array). Fix: change it with torch "
+    "in-place ops or assign a new object.",
+    "undeclared-input": "owner attribute {names} changed since the entry was stored, "
+    "and the function reads it, but neither the key nor depends_on names it; the "
+    "cached value is stale: {diff}. Fix: add {names} to depends_on.",
+    "validation": "on a hit, the cached value no longer matches expect{error}",
+    "key-too-coarse": "the cached value differs from a fresh computation: {diff}. The "
+    "key or depends_on misses an input. {fix}",
+    "device-alias": "the key {key!r} and the cached key {cached!r} name the same "
+    "device two ways (cuda and cuda:N of the current device), so one step computes "
+    "and holds the value twice. Fix: normalise devices in the key "
+    "(stepcache.normalize_device) or key by the device index.",
+    "key-reads-undeclared": "the key function reads owner attribute(s) {names} that "
+    "depends_on does not name: an in-place change that keeps the key equal would not "
+    "be noticed. Fix: add {names} to depends_on.",
+    "builder-mutates-dependency": "the function itself changed its declared "
     "dependency '{dep}' ({diff}), so the entry could never be reused. Fix: remove it "
     "from depends_on (validate an output buffer with "
     "expect=TensorSpec(device=Arg(...)) instead).",
-    ("validation", "miss"): "{error}",  # expect's own message
 }
 
 
 def _detect(
-    kind: str, at: str, fn: CachedFunction, key: Any, **fields: Any
+    kind: str, fn: CachedFunction, key: Any, text: str = "", **fields: Any
 ) -> StaleCacheError | CacheValidationError:
-    """Record a detection and return its error, to raise: a CacheValidationError for
-    `validation`, a StaleCacheError for any other kind."""
+    """Record a detection; return its error (a CacheValidationError for `validation`).
+    The message is ``text``, else the kind's with ``fields`` filled in."""
     global _total
-    text = f"{fn.where(key)}: {_MESSAGES[kind, at].format(key=key, **fields)}"
+    text = f"{fn.where(key)}: {text or _MESSAGES[kind].format(key=key, **fields)}"
     with _report_lock:
         if len(_report) < _MAX_REPORT:
             _report.append(Detection(kind, fn.name, repr(key), text))
@@ -234,8 +214,8 @@ class _Info:
 
 
 def _view(x: Any) -> Any:
-    """A numpy array sharing the memory of ``x``, a small CPU tensor or numpy array,
-    through which its contents are read again; else ``None``."""
+    """A numpy array sharing the memory of ``x``, a small CPU tensor or numpy array
+    (else ``None``), through which its contents are read again."""
     if isinstance(x, np.ndarray):
         return x if x.size <= DEEP_CONTENT_LIMIT else None
     if not isinstance(x, torch.Tensor) or x.numel() > DEEP_CONTENT_LIMIT:
@@ -248,9 +228,8 @@ def _view(x: Any) -> Any:
 
 
 def _deep(x: Any, view: Any) -> tuple[Any, ...]:
-    """What a write behind the version counter changes in dependency ``x``: a tensor's
-    or array's shape, dtype, address and contents (read through ``view``), or the
-    snapshot of a list, dict or set."""
+    """What a write behind the version counter changes in dependency ``x``: shape,
+    dtype, address and contents (read through ``view``), or a container's snapshot."""
     contents = None if view is None else view.tobytes()
     if isinstance(x, torch.Tensor):
         return x.shape, x.dtype, x.data_ptr(), contents
@@ -260,18 +239,16 @@ def _deep(x: Any, view: Any) -> tuple[Any, ...]:
 
 
 def _check_deps(
-    kind: str, at: str, fn: CachedFunction, key: Any, deps: Args, recorded: Any
+    kind: str, fn: CachedFunction, key: Any, deps: Args, recorded: Any
 ) -> None:
-    """Raise ``kind`` for the first dependency whose `_deep` state is not the one
-    ``recorded``."""
+    """Raise ``kind`` for the first dependency whose `_deep` state is not ``recorded``."""
     for dep, x, (view, before) in zip(fn.dep_names, deps, recorded, strict=True):
         if (after := _deep(x, view)) != before:
             diff = _deep_difference(before, after)
-            raise _detect(kind, at, fn, key, dep=dep, diff=diff, now=_describe(x))
+            raise _detect(kind, fn, key, dep=dep, diff=diff, now=_describe(x))
 
 
 def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
-    """What changed between two `_deep` states of a dependency."""
     if len(before) == 1:  # snapshots
         return f"expected {before[0]!r:.80}, actual {after[0]!r:.80}"
     for name, b, a in zip(("shape", "dtype", "address"), before, after, strict=False):
@@ -300,9 +277,11 @@ def _describe(x: Any) -> str:
     return f"{text}, id=0x{id(x):x}" + (f", values={x.tolist()}" if small else "") + ")"
 
 
-def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
-    """``work()`` and the owner attributes it read, recorded by a
-    ``__getattribute__`` patched into the owner's class for the call."""
+def _reads(
+    owner: object, work: Callable[[], Any], declared: set[str]
+) -> tuple[Any, list[str]]:
+    """``work()`` and the data attributes of ``owner`` it read that are not
+    ``declared``, recorded by a ``__getattribute__`` patched into the owner's class."""
     cls, names = type(owner), set[str]()
     own, original = cls.__dict__.get("__getattribute__"), cls.__getattribute__
 
@@ -314,24 +293,25 @@ def _reads(owner: object, work: Callable[[], Any]) -> tuple[Any, set[str]]:
     try:
         cls.__getattribute__ = recording  # type: ignore[method-assign]
     except (TypeError, AttributeError):  # a built-in class cannot be patched
-        return work(), set()
+        return work(), []
     try:
-        return work(), names
+        value = work()
     finally:
         if own is not None:
             cls.__getattribute__ = own  # type: ignore[method-assign]
         else:
             del cls.__getattribute__
+    names -= {*declared, "_stepcache"}
+    data = (n for n in names if not callable(getattr(owner, n, _MISSING)))
+    return value, sorted(n for n in data if hasattr(owner, n))
 
 
 class GuardedTensor(torch.Tensor):
     """A tensor handed out by a cache in debug mode, guarded against stale reads.
 
-    Every torch operation on it first checks that its cache is still open and that its
-    storage was not written since it was stored, else raises
-    [`StaleCacheError`][stepcache.StaleCacheError]. Results of operations are plain
-    tensors; a `clone()` taken in time stays valid. `STEPCACHE_DEBUG_GUARD=0` hands
-    out plain tensors instead.
+    Every torch operation on it first checks that its cache is open and its storage
+    unwritten since, else raises [`StaleCacheError`][stepcache.StaleCacheError]; its
+    results and a `clone()` taken in time are plain tensors.
 
     Examples:
         >>> import stepcache, torch
@@ -367,10 +347,10 @@ class GuardedTensor(torch.Tensor):
                     if isinstance(t, GuardedTensor) and "_sc_guard" in t.__dict__:
                         fn, key, info, i = t._sc_guard
                         if (store := info.store()) is not None and store.closed:
-                            raise _detect("use-after-close", "read", fn, key)
+                            raise _detect("use-after-close", fn, key)
                         if (new := fp.tag(t)) != (old := info.versions[i][1]):
-                            tags = {"old": old, "new": new}
-                            raise _detect("buffer-overwritten", "read", fn, key, **tags)
+                            tags = {"tensor": _describe(t), "old": old, "new": new}
+                            raise _detect("buffer-overwritten", fn, key, **tags)
             return func(*args, **kwargs)
 
 
@@ -420,9 +400,7 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
     if isinstance(expected, (tuple, list, dict)):
         if len(expected) != len(actual):
             return f"'{path}' length mismatch. expected {len(expected)}, actual {len(actual)}"
-        for k in (
-            expected.keys() if isinstance(expected, dict) else range(len(expected))
-        ):
+        for k in expected if isinstance(expected, dict) else range(len(expected)):
             if found := first_difference(expected[k], actual[k], f"{path}[{k!r}]"):
                 return found
         return None
@@ -449,31 +427,30 @@ def call(fn: CachedFunction, a: Args, key: Any) -> Any:
     try:
         owner, store, deps, entry = fn.find(a, key)
     except StaleCacheError as exc:  # the owner's store was closed
-        raise _detect("use-after-close", "call", fn, key, error=exc) from None
+        raise _detect("use-after-close", fn, key, str(exc)) from None
     if entry is None:
         return _miss(fn, a, key, owner, store, deps)
     value, info = entry.value, entry.info  # info is None if stored in production
     if info is not None:
-        _check_deps("dependency-changed", "hit", fn, key, deps, info.deps)
+        _check_deps("dependency-changed", fn, key, deps, info.deps)
         # with guard_result the lookup compared these tags already (a recomputation)
         for t, old in () if fn.guard else info.versions:
             if (new := fp.tag(t)) != old:
                 tags = {"tensor": _describe(t), "old": old, "new": new}
-                raise _detect("buffer-overwritten", "hit", fn, key, **tags)
+                raise _detect("buffer-overwritten", fn, key, **tags)
         changed = [
             name
             for name, (o, v) in info.watched.items()
             if not fp.matches(getattr(owner, name, _MISSING), o, v)
         ]
-        if changed and (diff := _recompute(fn, a, value, info)) is not None:
+        if changed and (diff := _recompute(fn, a, value, info)):
             names = ", ".join(f"'{n}'" for n in changed)
-            raise _detect("undeclared-input", "hit", fn, key, names=names, diff=diff)
+            raise _detect("undeclared-input", fn, key, names=names, diff=diff)
         info.watched.update((n, fp.fingerprint(getattr(owner, n))) for n in changed)
     if (error := fn.violation(value, a)) is not None:
-        raise _detect("validation", "hit", fn, key, error=error)
-    verify = _state.switches[1] == "verify"
-    if verify and (diff := _recompute(fn, a, value, info)) is not None:
-        raise _detect("key-too-coarse", "hit", fn, key, diff=diff, fix=_fix(fn, info))
+        raise _detect("validation", fn, key, error=error)
+    if _state.switches[1] == "verify" and (diff := _recompute(fn, a, value, info)):
+        raise _detect("key-too-coarse", fn, key, diff=diff, fix=_fix(fn, info))
     fn.count_hit()
     return value if info is None else info.handed
 
@@ -481,8 +458,8 @@ def call(fn: CachedFunction, a: Args, key: Any) -> Any:
 def _fix(fn: CachedFunction, info: _Info | None) -> str:
     """The fix a key-too-coarse message suggests: the inputs nothing declares."""
     declared = {*fn.dep_names, *fn.key_names, fn.owner_name}
-    params = [] if fn.key_fn else [n for n in fn.names if n not in declared]
-    found = [f"parameter '{n}'" for n in params]
+    params = () if fn.key_fn else fn.names  # a key function's inputs are unknown
+    found = [f"parameter '{n}'" for n in params if n not in declared]
     found += [f"owner attribute '{n}'" for n in sorted(info.watched if info else ())]
     if not found:
         return (
@@ -500,24 +477,18 @@ def _miss(
     canonical = _canonical(key)
     for cached in store.keys(fn.fid) if fn.keyed else ():
         if cached != key and _canonical(cached) == canonical:
-            raise _detect("device-alias", "miss", fn, key, cached=cached)
+            raise _detect("device-alias", fn, key, cached=cached)
     fps = fp.fingerprints(deps)
     recorded = tuple((v := _view(x), _deep(x, v)) for x in deps)
-    value, read = _reads(owner, lambda: fn.invoke(a))
     declared = set(fn.dep_names)
-    if fn.key_fn is not None and fn.dep_names:
-        key_read = _reads(owner, lambda: fn.key_of(a))[1] - declared
-        names = sorted(n for n in key_read if not callable(getattr(owner, n, None)))
-        if names:
-            raise _detect("key-reads-undeclared", "miss", fn, key, names=names)
-    _check_deps("builder-mutates-dependency", "miss", fn, key, deps, recorded)
+    value, read = _reads(owner, lambda: fn.invoke(a), declared)
+    key_reads = fn.key_fn is not None and fn.dep_names
+    if key_reads and (names := _reads(owner, lambda: fn.key_of(a), declared)[1]):
+        raise _detect("key-reads-undeclared", fn, key, names=names)
+    _check_deps("builder-mutates-dependency", fn, key, deps, recorded)
     if (error := fn.violation(value, a)) is not None:
-        raise _detect("validation", "miss", fn, key, error=error[2:])
-    watched = {
-        name: fp.fingerprint(attr)
-        for name in sorted(read - declared - {"_stepcache"})
-        if not callable(attr := getattr(owner, name, _MISSING)) and attr is not _MISSING
-    }
+        raise _detect("validation", fn, key, error[2:])
+    watched = {name: fp.fingerprint(getattr(owner, name)) for name in read}
     versions = [(t, fp.tag(t)) for t in fp.tensors(value)]
     info = _Info(recorded, versions, watched, weakref.ref(store), value)
     if versions and _state.STEPCACHE_DEBUG_GUARD:  # hand out guarded views

@@ -301,7 +301,7 @@ def test_overwritten_buffer_is_stale_in_production() -> None:
 def test_overwritten_buffer_is_caught_in_checks_mode(checks: None) -> None:
     old, md1 = _two_steps_one_buffer()
     with pytest.raises(
-        StaleCacheError, match=r"overwritten by a subsequent write.*clone\(\)"
+        StaleCacheError, match=r"was overwritten after it was stored.*clone\(\)"
     ):
         old.tolist()
     assert _last_kind() == "buffer-overwritten"
