@@ -23,8 +23,7 @@ class _Ref:
 class Arg(_Ref):
     """A value taken from the decorated call's argument `name`, for a TensorSpec.
 
-    In a [`TensorSpec`][stepcache.TensorSpec], a tensor argument stands for its device
-    (as `device`), its dtype (as `dtype`) and its first dim (as a size).
+    A tensor stands for its device, its dtype or its first dim, as the item needs.
 
     Examples:
         >>> import torch
@@ -41,8 +40,8 @@ class Arg(_Ref):
 class Attr(_Ref):
     """A value taken from the owner's attribute `name`, for a TensorSpec.
 
-    Use it in a [`TensorSpec`][stepcache.TensorSpec]. Read on every check, it follows
-    the owner as the owner changes.
+    Read on every check; a tensor stands for its device, dtype or first dim, as for
+    [`Arg`][stepcache.Arg].
 
     Examples:
         >>> import torch
@@ -75,9 +74,8 @@ def _current_index(device_type: str) -> int:
 def normalize_device(device: torch.device | str | int) -> torch.device:
     """Return `device` as a `torch.device`, with the current device's index filled in.
 
-    `cuda` and `cuda:N` of the current device become the same device. Use it in keys
-    that include a device: `cuda` and `cuda:0` are different keys (two entries, two
-    buffers) for one device, which debug mode reports as `device-alias`.
+    Use it in keys that hold a device: `cuda` and `cuda:0` would be two keys (two
+    entries, two buffers) for one device, which debug mode reports as `device-alias`.
 
     Examples:
         >>> from stepcache import normalize_device
@@ -96,34 +94,31 @@ def normalize_device(device: torch.device | str | int) -> torch.device:
 class TensorSpec:
     """What a cached tensor must look like: the `expect=` of a step-cached function.
 
-    [`step_cached`][stepcache.step_cached] checks it whenever a value is stored (and on
-    every hit in debug mode); a violation raises
-    [`CacheValidationError`][stepcache.CacheValidationError], naming the function, the
-    key, what was expected and what was found. Each item is a fixed value, a reference
-    resolved at call time ([`Arg`][stepcache.Arg], [`Attr`][stepcache.Attr]) or `None`
-    (not checked). Devices are compared [normalised][stepcache.normalize_device].
+    Checked whenever a value is stored (and on every hit in debug mode); a violation
+    raises [`CacheValidationError`][stepcache.CacheValidationError]. Each item is fixed,
+    a reference ([`Arg`][stepcache.Arg], [`Attr`][stepcache.Attr]) or `None` (not
+    checked). Devices are compared [normalised][stepcache.normalize_device].
 
     Attributes:
-        device: The device, or a reference to a tensor (its device) or a device.
-        dtype: The dtype, or a reference to a tensor (its dtype) or a dtype.
+        device: The device.
+        dtype: The dtype.
         ndim: The exact number of dims.
-        shape: Exact sizes of the leading dims (`None` skips a dim); a reference to a
-            tensor stands for its first dim.
+        shape: Exact sizes of the leading dims (`None` skips a dim).
         min_shape: Lower bounds for the leading dims, as in `shape`.
 
     Examples:
         >>> import stepcache, torch
-        >>> spec = stepcache.TensorSpec(min_shape=(stepcache.Attr("num_actual_tokens"),))
+        >>> spec = stepcache.TensorSpec(min_shape=(stepcache.Attr("n"),))
         >>> spec
-        TensorSpec(min_shape=(Attr('num_actual_tokens'),))
+        TensorSpec(min_shape=(Attr('n'),))
         >>> class Meta:
-        ...     num_actual_tokens = 4
+        ...     n = 4
         ...     @stepcache.step_cached(expect=spec)
         ...     def index(self):
         ...         return torch.zeros(3)  # BUG: one row short
         >>> Meta().index()
         Traceback (most recent call last):
-        stepcache.CacheValidationError: step_cached function 'Meta.index': result size mismatch at index 0. expected at least 4 (from owner attribute 'num_actual_tokens'), actual 3 (shape [3])
+        stepcache.CacheValidationError: step_cached function 'Meta.index': result size mismatch at index 0. expected at least 4 (from owner attribute 'n'), actual 3 (shape [3])
     """
 
     device: torch.device | str | Arg | Attr | None = None
@@ -137,7 +132,7 @@ class TensorSpec:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
             for d in getattr(self, name) or ():
-                if type(d) is bool or not isinstance(d, (int, type(None), Arg, Attr)):
+                if type(d) is bool or not isinstance(d, Dim):
                     raise StepCacheError(
                         f"TensorSpec {name} entries must be int, None, Arg or Attr "
                         f"(got {d!r})"
@@ -201,13 +196,11 @@ def validate(
             f"{where}: {what} must be a torch.Tensor (got {_kind(value)})"
         )
     want: Any
-    got: Any
     if (item := expect.device) is not None:
         want = _resolve(item, resolve, "device") if item.__class__ in _REFS else item
-        got = value.device
         # only a difference is normalised (cuda and cuda:N may be one device)
-        if not (want.__class__ is torch.device and got == want):
-            want, got = normalize_device(want), normalize_device(got)
+        if not (want.__class__ is torch.device and value.device == want):
+            want, got = normalize_device(want), normalize_device(value.device)
             if got != want:
                 raise CacheValidationError(
                     f"{where}: {what} device mismatch. expected {want}{_label(item)}, "
@@ -227,9 +220,10 @@ def validate(
             f"{where}: {what} ndim mismatch. expected {expect.ndim}, actual "
             f"{len(shape)} (shape {list(shape)})"
         )
-    for dims, least in ((expect.shape, ""), (expect.min_shape, "at least ")):
-        if dims is None:
-            continue
+    for dims, least in (
+        (expect.shape or (), ""),
+        (expect.min_shape or (), "at least "),
+    ):
         if len(dims) > len(shape):
             raise CacheValidationError(
                 f"{where}: {what} has {len(shape)} dims (shape {list(shape)}), the "
