@@ -3,12 +3,11 @@
 
 >>> import stepcache
 >>> class Meta:
-...     def __init__(self, n: int) -> None:
-...         self.n = n
+...     n = 4
 ...     @stepcache.step_cached(depends_on=("n",))
 ...     def squares(self) -> list[int]:
 ...         return [i * i for i in range(self.n)]
->>> m = Meta(4)
+>>> m = Meta()
 >>> m.squares() is m.squares()
 True
 """

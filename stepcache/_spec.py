@@ -26,11 +26,10 @@ class Arg(_Ref):
     A tensor stands for its device, its dtype or its first dim, as the item needs.
 
     Examples:
-        >>> import torch
-        >>> from stepcache import Arg, TensorSpec, step_cached
-        >>> @step_cached(expect=TensorSpec(device=Arg("buffer")))
-        ... def head(self, buffer):
-        ...     return buffer[:2]
+        >>> import stepcache, torch
+        >>> @stepcache.step_cached(expect=stepcache.TensorSpec(device=stepcache.Arg("buf")))
+        ... def head(self, buf):
+        ...     return buf[:2]
         >>> class Meta: pass
         >>> head(Meta(), torch.arange(4))
         tensor([0, 1])
@@ -44,15 +43,14 @@ class Attr(_Ref):
     [`Arg`][stepcache.Arg].
 
     Examples:
-        >>> import torch
-        >>> from stepcache import Attr, TensorSpec, step_cached
+        >>> import stepcache, torch
         >>> class Meta:
-        ...     num_actual_tokens = 3
-        ...     @step_cached(expect=TensorSpec(shape=(Attr("num_actual_tokens"),)))
+        ...     n = 3
+        ...     @stepcache.step_cached(expect=stepcache.TensorSpec(shape=(stepcache.Attr("n"),)))
         ...     def index(self):
-        ...         return torch.zeros(3, dtype=torch.int32)
+        ...         return torch.zeros(3)
         >>> Meta().index()
-        tensor([0, 0, 0], dtype=torch.int32)
+        tensor([0., 0., 0.])
     """
 
 
@@ -64,8 +62,7 @@ _REFS = {Arg: "argument", Attr: "owner attribute"}  # as the messages name them
 _PLAIN = frozenset({int, torch.device, torch.dtype, str})
 
 
-def _current_index(device_type: str) -> int:
-    """The current device index of ``device_type`` (tests replace this on CPU)."""
+def _current_index(device_type: str) -> int:  # tests replace it on CPU
     module: Any = getattr(torch, device_type, None)
     available = getattr(module, "is_available", None)
     return int(module.current_device()) if available and available() else 0
@@ -134,12 +131,11 @@ class TensorSpec:
             for d in getattr(self, name) or ():
                 if type(d) is bool or not isinstance(d, Dim):
                     raise StepCacheError(
-                        f"TensorSpec {name} entries must be int, None, Arg or Attr "
-                        f"(got {d!r})"
+                        f"TensorSpec {name} entries must be int, None, Arg or Attr (got {d!r})"
                     )
         if isinstance(self.device, (str, torch.device)):
             torch.device(self.device)  # raises on a malformed device string
-        if not isinstance(self.dtype, (torch.dtype, type(None), Arg, Attr)):
+        if not isinstance(self.dtype, torch.dtype | None | Arg | Attr):
             raise StepCacheError(
                 f"TensorSpec dtype must be a torch.dtype (got {self.dtype!r})"
             )
@@ -196,6 +192,7 @@ def validate(
             f"{where}: {what} must be a torch.Tensor (got {_kind(value)})"
         )
     want: Any
+    got: Any
     if (item := expect.device) is not None:
         want = _resolve(item, resolve, "device") if item.__class__ in _REFS else item
         # only a difference is normalised (cuda and cuda:N may be one device)
@@ -220,10 +217,9 @@ def validate(
             f"{where}: {what} ndim mismatch. expected {expect.ndim}, actual "
             f"{len(shape)} (shape {list(shape)})"
         )
-    for dims, least in (
-        (expect.shape or (), ""),
-        (expect.min_shape or (), "at least "),
-    ):
+    for dims, least in ((expect.shape, ""), (expect.min_shape, "at least ")):
+        if dims is None:
+            continue
         if len(dims) > len(shape):
             raise CacheValidationError(
                 f"{where}: {what} has {len(shape)} dims (shape {list(shape)}), the "

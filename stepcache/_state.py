@@ -107,8 +107,7 @@ def _switched(index: int, value: Any) -> Iterator[None]:
 def set_disabled(value: bool) -> None:
     """Turn caching off (`True`) or back on (`False`), for every decorated function.
 
-    While off, decorated functions call straight through, each call counted as a
-    bypass. `value` must be a bool.
+    While off, decorated functions call straight through, each call counted as a bypass.
 
     Examples:
         >>> import stepcache
@@ -125,17 +124,14 @@ def get_disabled() -> bool:
 
     Examples:
         >>> import stepcache
-        >>> with stepcache.disabled():
-        ...     stepcache.get_disabled()
-        True
+        >>> stepcache.get_disabled()
+        False
     """
     return bool(switches[0])
 
 
 def disabled() -> contextlib.AbstractContextManager[None]:
     """Within the block, decorated functions call straight through (nestable).
-
-    Each call in the block counts as a bypass; other threads are affected too.
 
     Examples:
         >>> import stepcache
@@ -156,8 +152,8 @@ def set_debug(mode: str) -> None:
     """Set the debug mode: `"off"`, `"checks"` or `"verify"`.
 
     `checks` validates every hit and finds stale entries, too-coarse reads and values
-    used after their step; `verify` also recomputes on every hit and compares: see the
-    [debug mode guide](../debug.md). Debug mode is not thread-safe.
+    used after their step; `verify` also recomputes on every hit and compares (see the
+    [debug mode guide](../debug.md)). Debug mode is not thread-safe.
 
     Examples:
         >>> import stepcache
@@ -174,9 +170,9 @@ def get_debug() -> str:
 
     Examples:
         >>> import stepcache
-        >>> with stepcache.debug("checks"):
+        >>> with stepcache.debug("verify"):
         ...     stepcache.get_debug()
-        'checks'
+        'verify'
     """
     return str(switches[1])
 
