@@ -91,10 +91,8 @@ def normalize_device(device: torch.device | str | int) -> torch.device:
 class TensorSpec:
     """What a cached tensor must look like: the `expect=` of a step-cached function.
 
-    Checked whenever a value is stored (and on every hit in debug mode); a violation
-    raises [`CacheValidationError`][stepcache.CacheValidationError]. Each item is fixed,
-    a reference ([`Arg`][stepcache.Arg], [`Attr`][stepcache.Attr]) or `None` (not
-    checked). Devices are compared [normalised][stepcache.normalize_device].
+    Each item is fixed, a reference ([`Arg`][stepcache.Arg], [`Attr`][stepcache.Attr])
+    or `None` (not checked); devices are compared [normalised][stepcache.normalize_device].
 
     Attributes:
         device: The device.

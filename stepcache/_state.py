@@ -21,8 +21,7 @@ _OFF, _ON = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
 
 
 def _env(name: str, modes: tuple[str, ...], default: str) -> str:
-    """The mode ``$name`` sets, one of ``modes``; 0 and 1 (or their spellings in
-    ``_OFF`` and ``_ON``) mean ``modes[0]`` and ``modes[1]``."""
+    """The mode ``$name`` sets, one of ``modes`` (0 and 1 mean the first two)."""
     raw = os.environ.get(name, "")
     value = raw.strip().lower() or default
     value = modes[0] if value in _OFF else modes[1] if value in _ON else value
@@ -151,9 +150,8 @@ def disabled() -> contextlib.AbstractContextManager[None]:
 def set_debug(mode: str) -> None:
     """Set the debug mode: `"off"`, `"checks"` or `"verify"`.
 
-    `checks` validates every hit and finds stale entries, too-coarse reads and values
-    used after their step; `verify` also recomputes on every hit and compares (see the
-    [debug mode guide](../debug.md)). Debug mode is not thread-safe.
+    `verify` also recomputes on every hit and compares: see the
+    [debug mode guide](../debug.md). Debug mode is not thread-safe.
 
     Examples:
         >>> import stepcache
