@@ -3,12 +3,11 @@
 
 >>> import stepcache
 >>> class Meta:
-...     def __init__(self, n: int) -> None:
-...         self.n = n
+...     n = 4
 ...     @stepcache.step_cached(depends_on=("n",))
 ...     def squares(self) -> list[int]:
 ...         return [i * i for i in range(self.n)]
->>> m = Meta(4)
+>>> m = Meta()
 >>> m.squares() is m.squares()
 True
 """
@@ -27,7 +26,15 @@ from stepcache._debug import (
 from stepcache._decorator import step_cached
 from stepcache._errors import CacheValidationError, StaleCacheError, StepCacheError
 from stepcache._spec import Arg, Attr, TensorSpec, normalize_device
-from stepcache._state import BYPASS
+from stepcache._state import (
+    BYPASS,
+    debug,
+    disabled,
+    get_debug,
+    get_disabled,
+    set_debug,
+    set_disabled,
+)
 from stepcache._stats import FunctionStats, StatsTable, reset_stats, stats
 from stepcache._store import (
     StepCache,
@@ -35,14 +42,6 @@ from stepcache._store import (
     cache_field,
     cache_of,
     dataclass_cache_field,
-)
-from stepcache._switches import (
-    debug,
-    disabled,
-    get_debug,
-    get_disabled,
-    set_debug,
-    set_disabled,
 )
 
 if TYPE_CHECKING:

@@ -7,9 +7,8 @@ from __future__ import annotations
 class StepCacheError(Exception):
     """Base class of every error stepcache raises on purpose.
 
-    Raised as such for a misuse: a decoration that cannot work, a key that is
-    unhashable or whose key function raised, a `depends_on` attribute the owner lacks.
-    Each message names the decorated function and says what to fix.
+    Raised as such for a misuse (a decoration that cannot work, an unhashable key, a
+    missing `depends_on` attribute); the message names the function and the fix.
 
     Examples:
         >>> import stepcache
@@ -24,8 +23,8 @@ class StepCacheError(Exception):
 class CacheValidationError(StepCacheError, AssertionError):
     """A cached value does not match its declared `expect` spec.
 
-    It is also an `AssertionError`, so code that used to `assert` the same facts keeps
-    catching it; it is raised explicitly, so `python -O` cannot remove it.
+    Also an `AssertionError`, for code that used to `assert` the same facts; raised
+    explicitly, so `python -O` cannot remove it.
 
     Examples:
         >>> import stepcache, torch
@@ -33,19 +32,17 @@ class CacheValidationError(StepCacheError, AssertionError):
         ... def index(self):
         ...     return torch.zeros(2)  # BUG: float32
         >>> class Meta: pass
-        >>> try:
-        ...     index(Meta())
-        ... except AssertionError as error:
-        ...     print(type(error).__name__, "-", error)
-        CacheValidationError - step_cached function 'index': result dtype mismatch. expected torch.int32, actual torch.float32
+        >>> index(Meta())
+        Traceback (most recent call last):
+        stepcache.CacheValidationError: step_cached function 'index': result dtype mismatch. expected torch.int32, actual torch.float32
     """
 
 
 class StaleCacheError(StepCacheError):
     """A cache would hand out (or has handed out) data that no longer matches its inputs.
 
-    Raised when a closed step cache is used again, and by every stale-cache detection
-    of debug mode (see [`debug_report()`][stepcache.debug_report]).
+    Raised when a closed step cache is used again, and by debug mode's stale-cache
+    detections (see [`debug_report()`][stepcache.debug_report]).
 
     Examples:
         >>> import stepcache

@@ -23,15 +23,13 @@ class _Ref:
 class Arg(_Ref):
     """A value taken from the decorated call's argument `name`, for a TensorSpec.
 
-    In a [`TensorSpec`][stepcache.TensorSpec], a tensor argument stands for its device
-    (as `device`), its dtype (as `dtype`) and its first dim (as a size).
+    A tensor stands for its device, its dtype or its first dim, as the item needs.
 
     Examples:
-        >>> import torch
-        >>> from stepcache import Arg, TensorSpec, step_cached
-        >>> @step_cached(expect=TensorSpec(device=Arg("buffer")))
-        ... def head(self, buffer):
-        ...     return buffer[:2]
+        >>> import stepcache, torch
+        >>> @stepcache.step_cached(expect=stepcache.TensorSpec(device=stepcache.Arg("buf")))
+        ... def head(self, buf):
+        ...     return buf[:2]
         >>> class Meta: pass
         >>> head(Meta(), torch.arange(4))
         tensor([0, 1])
@@ -41,19 +39,18 @@ class Arg(_Ref):
 class Attr(_Ref):
     """A value taken from the owner's attribute `name`, for a TensorSpec.
 
-    Use it in a [`TensorSpec`][stepcache.TensorSpec]. Read on every check, it follows
-    the owner as the owner changes.
+    Read on every check; a tensor stands for its device, dtype or first dim, as for
+    [`Arg`][stepcache.Arg].
 
     Examples:
-        >>> import torch
-        >>> from stepcache import Attr, TensorSpec, step_cached
+        >>> import stepcache, torch
         >>> class Meta:
-        ...     num_actual_tokens = 3
-        ...     @step_cached(expect=TensorSpec(shape=(Attr("num_actual_tokens"),)))
+        ...     n = 3
+        ...     @stepcache.step_cached(expect=stepcache.TensorSpec(shape=(stepcache.Attr("n"),)))
         ...     def index(self):
-        ...         return torch.zeros(3, dtype=torch.int32)
+        ...         return torch.zeros(3)
         >>> Meta().index()
-        tensor([0, 0, 0], dtype=torch.int32)
+        tensor([0., 0., 0.])
     """
 
 
@@ -65,8 +62,7 @@ _REFS = {Arg: "argument", Attr: "owner attribute"}  # as the messages name them
 _PLAIN = frozenset({int, torch.device, torch.dtype, str})
 
 
-def _current_index(device_type: str) -> int:
-    """The current device index of ``device_type`` (tests replace this on CPU)."""
+def _current_index(device_type: str) -> int:  # tests replace it on CPU
     module: Any = getattr(torch, device_type, None)
     available = getattr(module, "is_available", None)
     return int(module.current_device()) if available and available() else 0
@@ -75,9 +71,8 @@ def _current_index(device_type: str) -> int:
 def normalize_device(device: torch.device | str | int) -> torch.device:
     """Return `device` as a `torch.device`, with the current device's index filled in.
 
-    `cuda` and `cuda:N` of the current device become the same device. Use it in keys
-    that include a device: `cuda` and `cuda:0` are different keys (two entries, two
-    buffers) for one device, which debug mode reports as `device-alias`.
+    Use it in keys that hold a device: `cuda` and `cuda:0` would be two keys (two
+    entries, two buffers) for one device, which debug mode reports as `device-alias`.
 
     Examples:
         >>> from stepcache import normalize_device
@@ -96,34 +91,29 @@ def normalize_device(device: torch.device | str | int) -> torch.device:
 class TensorSpec:
     """What a cached tensor must look like: the `expect=` of a step-cached function.
 
-    [`step_cached`][stepcache.step_cached] checks it whenever a value is stored (and on
-    every hit in debug mode); a violation raises
-    [`CacheValidationError`][stepcache.CacheValidationError], naming the function, the
-    key, what was expected and what was found. Each item is a fixed value, a reference
-    resolved at call time ([`Arg`][stepcache.Arg], [`Attr`][stepcache.Attr]) or `None`
-    (not checked). Devices are compared [normalised][stepcache.normalize_device].
+    Each item is fixed, a reference ([`Arg`][stepcache.Arg], [`Attr`][stepcache.Attr])
+    or `None` (not checked); devices are compared [normalised][stepcache.normalize_device].
 
     Attributes:
-        device: The device, or a reference to a tensor (its device) or a device.
-        dtype: The dtype, or a reference to a tensor (its dtype) or a dtype.
+        device: The device.
+        dtype: The dtype.
         ndim: The exact number of dims.
-        shape: Exact sizes of the leading dims (`None` skips a dim); a reference to a
-            tensor stands for its first dim.
+        shape: Exact sizes of the leading dims (`None` skips a dim).
         min_shape: Lower bounds for the leading dims, as in `shape`.
 
     Examples:
         >>> import stepcache, torch
-        >>> spec = stepcache.TensorSpec(min_shape=(stepcache.Attr("num_actual_tokens"),))
+        >>> spec = stepcache.TensorSpec(min_shape=(stepcache.Attr("n"),))
         >>> spec
-        TensorSpec(min_shape=(Attr('num_actual_tokens'),))
+        TensorSpec(min_shape=(Attr('n'),))
         >>> class Meta:
-        ...     num_actual_tokens = 4
+        ...     n = 4
         ...     @stepcache.step_cached(expect=spec)
         ...     def index(self):
         ...         return torch.zeros(3)  # BUG: one row short
         >>> Meta().index()
         Traceback (most recent call last):
-        stepcache.CacheValidationError: step_cached function 'Meta.index': result size mismatch at index 0. expected at least 4 (from owner attribute 'num_actual_tokens'), actual 3 (shape [3])
+        stepcache.CacheValidationError: step_cached function 'Meta.index': result size mismatch at index 0. expected at least 4 (from owner attribute 'n'), actual 3 (shape [3])
     """
 
     device: torch.device | str | Arg | Attr | None = None
@@ -137,14 +127,13 @@ class TensorSpec:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
             for d in getattr(self, name) or ():
-                if type(d) is bool or not isinstance(d, (int, type(None), Arg, Attr)):
+                if type(d) is bool or not isinstance(d, Dim):
                     raise StepCacheError(
-                        f"TensorSpec {name} entries must be int, None, Arg or Attr "
-                        f"(got {d!r})"
+                        f"TensorSpec {name} entries must be int, None, Arg or Attr (got {d!r})"
                     )
         if isinstance(self.device, (str, torch.device)):
             torch.device(self.device)  # raises on a malformed device string
-        if not isinstance(self.dtype, (torch.dtype, type(None), Arg, Attr)):
+        if not isinstance(self.dtype, torch.dtype | None | Arg | Attr):
             raise StepCacheError(
                 f"TensorSpec dtype must be a torch.dtype (got {self.dtype!r})"
             )
@@ -204,10 +193,9 @@ def validate(
     got: Any
     if (item := expect.device) is not None:
         want = _resolve(item, resolve, "device") if item.__class__ in _REFS else item
-        got = value.device
         # only a difference is normalised (cuda and cuda:N may be one device)
-        if not (want.__class__ is torch.device and got == want):
-            want, got = normalize_device(want), normalize_device(got)
+        if not (want.__class__ is torch.device and value.device == want):
+            want, got = normalize_device(want), normalize_device(value.device)
             if got != want:
                 raise CacheValidationError(
                     f"{where}: {what} device mismatch. expected {want}{_label(item)}, "

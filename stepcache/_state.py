@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """The core's shared state, a leaf module: the environment variables (read once, at
-import), `BYPASS`, the switches and the registry."""
+import), `BYPASS`, the switches (process-wide, not thread-local) and the registry."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -15,34 +17,21 @@ if TYPE_CHECKING:
 
 
 DEBUG_MODES = ("off", "checks", "verify")
-_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+_OFF, _ON = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
 
 
-def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    if value not in _ON and value not in _OFF:
-        raise ValueError(f"{name} must be 0 or 1 (got {os.environ[name]!r})")
-    return value in _ON if value else default
+def _env(name: str, modes: tuple[str, ...], default: str) -> str:
+    """The mode ``$name`` sets, one of ``modes`` (0 and 1 mean the first two)."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower() or default
+    value = modes[0] if value in _OFF else modes[1] if value in _ON else value
+    if value not in modes:
+        raise ValueError(f"{name} must be one of {modes} or 0/1 (got {raw!r})")
+    return value
 
 
-def parse_debug_mode(raw: str, *, source: str = "debug mode") -> str:
-    """Map ``raw`` to a debug mode; ``"1"`` means ``"checks"``, ``"0"`` or ``""``
-    ``"off"``."""
-    value = raw.strip().lower()
-    mode = "off" if value in _OFF else "checks" if value in _ON else value
-    if mode not in DEBUG_MODES:
-        raise ValueError(f"{source} must be one of {DEBUG_MODES} or 0/1 (got {raw!r})")
-    return mode
-
-
-#: ``STEPCACHE_DISABLE=1``: every decorated function calls straight through.
-STEPCACHE_DISABLE: bool = _flag("STEPCACHE_DISABLE", False)
-#: ``STEPCACHE_DEBUG=checks|verify|1``: start in that debug mode.
-STEPCACHE_DEBUG: str = parse_debug_mode(
-    os.environ.get("STEPCACHE_DEBUG", ""), source="STEPCACHE_DEBUG"
-)
 #: ``STEPCACHE_DEBUG_GUARD=0``: debug mode hands out plain tensors, not guarded views.
-STEPCACHE_DEBUG_GUARD: bool = _flag("STEPCACHE_DEBUG_GUARD", True)
+STEPCACHE_DEBUG_GUARD: bool = _env("STEPCACHE_DEBUG_GUARD", ("off", "on"), "on") == "on"
 
 
 class _Bypass:
@@ -58,10 +47,9 @@ class _Bypass:
 BYPASS: Final = _Bypass()
 """Returned by a key function: compute the value and do not cache it.
 
-A call whose key is `BYPASS` runs the function every time and counts as a *bypass* in
-[`stats()`][stepcache.stats]. Use it for the calls whose value must not be shared:
-DeepSeek V4's C4A layers read their own top-k indices, so their sparse indices are
-built per layer, while the SWA-only and C128A layers share one build per step.
+Such a call runs the function every time and counts as a *bypass* in
+[`stats()`][stepcache.stats]. Use it for values that must not be shared: DeepSeek V4's
+C4A layers build their sparse indices per layer, the other layers share one per step.
 
 Examples:
     >>> import stepcache
@@ -77,20 +65,129 @@ Examples:
     building c128a
     building c4a
     building c4a
-    >>> stepcache.stats()["ex.sparse"].bypasses
-    2
 """
 
-#: ``[disabled, debug mode]``, set by `stepcache._switches`
-switches: list[Any] = [STEPCACHE_DISABLE, STEPCACHE_DEBUG]
+#: ``[disabled, debug mode]``: ``STEPCACHE_DISABLE=1`` and ``STEPCACHE_DEBUG`` start them
+switches: list[Any] = [
+    _env("STEPCACHE_DISABLE", ("off", "on"), "off") == "on",
+    _env("STEPCACHE_DEBUG", DEBUG_MODES, "off"),
+]
 #: ``SLOW[0]``: a switch is on, so every call takes the slow path (the hit path's one
 #: read: a list item is the cheapest mutable global)
 SLOW: list[bool] = [switches[0] or switches[1] != "off"]
-
+#: held to set a switch or to change the registry
+_lock = threading.Lock()
 #: a new function's id: 1, 2, ...
 new_id = itertools.count(1).__next__
 _by_id: weakref.WeakValueDictionary[int, CachedFunction] = weakref.WeakValueDictionary()
-_lock = threading.Lock()
+
+
+def _set(index: int, value: Any) -> Any:
+    """Set switch ``index`` (0: disabled, 1: debug mode); return its old value."""
+    if index == 0 and not isinstance(value, bool):
+        raise TypeError(f"set_disabled() takes a bool (got {value!r})")
+    if index == 1 and value not in DEBUG_MODES:
+        raise ValueError(f"debug mode must be one of {DEBUG_MODES} (got {value!r})")
+    with _lock:
+        before, switches[index] = switches[index], value
+        SLOW[0] = switches[0] or switches[1] != "off"
+    return before
+
+
+@contextlib.contextmanager
+def _switched(index: int, value: Any) -> Iterator[None]:
+    before = _set(index, value)
+    try:
+        yield
+    finally:
+        _set(index, before)
+
+
+def set_disabled(value: bool) -> None:
+    """Turn caching off (`True`) or back on (`False`), for every decorated function.
+
+    While off, decorated functions call straight through, each call counted as a bypass.
+
+    Examples:
+        >>> import stepcache
+        >>> stepcache.set_disabled(True)
+        >>> stepcache.get_disabled()
+        True
+        >>> stepcache.set_disabled(False)
+    """
+    _set(0, value)
+
+
+def get_disabled() -> bool:
+    """Return whether caching is off.
+
+    Examples:
+        >>> import stepcache
+        >>> stepcache.get_disabled()
+        False
+    """
+    return bool(switches[0])
+
+
+def disabled() -> contextlib.AbstractContextManager[None]:
+    """Within the block, decorated functions call straight through (nestable).
+
+    Examples:
+        >>> import stepcache
+        >>> class Meta:
+        ...     @stepcache.step_cached(name="ex.disabled")
+        ...     def value(self):
+        ...         print("computing")
+        >>> with stepcache.disabled():
+        ...     Meta().value()
+        computing
+        >>> stepcache.stats()["ex.disabled"].bypasses
+        1
+    """
+    return _switched(0, True)
+
+
+def set_debug(mode: str) -> None:
+    """Set the debug mode: `"off"`, `"checks"` or `"verify"`.
+
+    `verify` also recomputes on every hit and compares: see the
+    [debug mode guide](../debug.md). Debug mode is not thread-safe.
+
+    Examples:
+        >>> import stepcache
+        >>> stepcache.set_debug("checks")
+        >>> stepcache.get_debug()
+        'checks'
+        >>> stepcache.set_debug("off")
+    """
+    _set(1, mode)
+
+
+def get_debug() -> str:
+    """Return the debug mode now: `"off"`, `"checks"` or `"verify"`.
+
+    Examples:
+        >>> import stepcache
+        >>> with stepcache.debug("verify"):
+        ...     stepcache.get_debug()
+        'verify'
+    """
+    return str(switches[1])
+
+
+def debug(mode: str = "checks") -> contextlib.AbstractContextManager[None]:
+    """Within the block, run in debug `mode` (nestable); default `"checks"`.
+
+    Examples:
+        >>> import stepcache
+        >>> with stepcache.debug("verify"):
+        ...     with stepcache.debug():
+        ...         stepcache.get_debug()
+        ...     stepcache.get_debug()
+        'checks'
+        'verify'
+    """
+    return _switched(1, mode)
 
 
 def register(fn: CachedFunction) -> None:

@@ -14,14 +14,11 @@ from stepcache._store import live_caches, measure
 class FunctionStats:
     """Counters of one decorated function across the process.
 
-    One row of [`stats()`][stepcache.stats].
-
     Attributes:
         name: The function's label (`name=` of the decorator, or its qualified name).
         hits: Calls answered from the cache.
         misses: Calls that computed and stored a value (invalidations included).
-        bypasses: Calls that computed without caching: a
-            [`BYPASS`][stepcache.BYPASS] key, or caching switched off.
+        bypasses: Calls computed uncached ([`BYPASS`][stepcache.BYPASS], caching off).
         invalidations: Misses caused by a changed dependency of an existing entry.
         live_entries: Entries held by the live caches now.
         live_bytes: Bytes of tensor and array data those entries hold.
@@ -53,15 +50,13 @@ class FunctionStats:
 
 
 _COLUMNS = ("function", "hits", "misses", "bypasses", "invalidations", "live", "bytes")
-_COUNTS = ("hits", "misses", "bypasses", "invalidations", "live_entries")
 
 
 @dataclasses.dataclass(frozen=True)
 class StatsTable(Mapping[str, FunctionStats]):
     """Stats per decorated function, by name; `str()` renders a readable table.
 
-    A read-only mapping from the functions' labels to
-    [`FunctionStats`][stepcache.FunctionStats], as [`stats()`][stepcache.stats] returns.
+    A read-only mapping of labels to [`FunctionStats`][stepcache.FunctionStats].
 
     Examples:
         >>> import stepcache
@@ -97,33 +92,27 @@ class StatsTable(Mapping[str, FunctionStats]):
         if not self.rows:
             return "stepcache: no decorated function has been called"
         lines: list[tuple[str, ...]] = [_COLUMNS]
-        for r in self.rows:
-            counts = (str(getattr(r, c)) for c in _COUNTS)
-            lines.append((r.name, *counts, _human(r.live_bytes)))
+        for name, *counts, size in map(dataclasses.astuple, self.rows):
+            lines.append((name, *map(str, counts), _human(size)))
         widths = [max(map(len, column)) for column in zip(*lines, strict=True)]
         lines.insert(1, tuple("-" * w for w in widths))
         return "\n".join(
-            "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(pairs))
-            for pairs in (zip(line, widths, strict=True) for line in lines)
+            "  ".join([line[0].ljust(widths[0]), *map(str.rjust, line[1:], widths[1:])])
+            for line in lines
         )
 
 
 def _human(n: int) -> str:
     if n < 1024:
         return f"{n} B"
-    kib = n / 1024
-    return f"{kib:.1f} KiB" if kib < 1024 else f"{kib / 1024:.1f} MiB"
+    return f"{n / 1024:.1f} KiB" if n < 1024**2 else f"{n / 1024**2:.1f} MiB"
 
 
 def stats(*, include_idle: bool = False) -> StatsTable:
     """Return the counters per decorated function across the process.
 
     A row per function called since the last [`reset_stats()`][stepcache.reset_stats]
-    or holding live entries; `include_idle=True` adds the others. Hits are counted
-    without a lock, so with several threads their count is a close estimate. Live
-    entries are counted in the stores alive now: the first call finds those in the
-    garbage collector's objects (not a store `gc.freeze()` froze before it), and every
-    store made later registers itself.
+    or holding live entries; `include_idle=True` adds the others.
 
     Examples:
         >>> import stepcache
