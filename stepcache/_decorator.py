@@ -275,7 +275,7 @@ class CachedFunction:
             self.count_hit()
             return entry.value
         fps = fingerprints(deps)
-        value = self.invoke(a)
+        value = self.fn(*a) if self._simple else self.invoke(a)
         if self.expect is not None and (wrong := self.violation(value, a)) is not None:
             raise CacheValidationError(f"{self.where(key)}{wrong}")
         self.store(store, key, owner, fps, value)
@@ -290,7 +290,7 @@ class CachedFunction:
         store = _store.cache_of(owner)
         entry = store.lookup(self.fid, self.keyed, key)
         try:
-            deps = self._deps_of(a, owner)
+            deps = self._deps_of(a, owner) if self.dep_names else ()
         except AttributeError as exc:
             raise StepCacheError(
                 f"{self.where(key)}: depends_on names an attribute the owner "

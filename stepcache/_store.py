@@ -246,7 +246,14 @@ def cache_of(owner: object) -> StepCache:
         store = getattr(owner, ATTR, None)
     except Exception:  # an odd __getattr__
         store = None
-    if not isinstance(store, StepCache):  # none yet (NO_STORE), or in the side table
+    if store is NO_STORE and not _side:  # a plain owner's first use: no lookups
+        fresh = StepCache(owner)
+        try:
+            object.__setattr__(owner, ATTR, fresh)
+            return fresh
+        except (AttributeError, TypeError):
+            pass  # the class has the placeholder, this owner no place for a store
+    if not isinstance(store, StepCache):  # none yet, or in the side table
         side = _side.get(id(owner))
         store = side[1] if side is not None and side[0]() is owner else None
     if store is not None and store.belongs_to(owner):
