@@ -167,8 +167,15 @@ def _kind(value: Any) -> str:
     return f"{value!r:.60} that is a {type(value)!r}"
 
 
+def _error(where: str, what: str | int, text: str) -> CacheValidationError:
+    """The error of a broken spec; an int ``what`` is an item of a tuple result (named
+    only here: an error is rare, a validation is every miss)."""
+    name = what if isinstance(what, str) else f"result[{what}]"
+    return CacheValidationError(f"{where}: {name} {text}")
+
+
 def validate(
-    value: Any, expect: Spec, resolve: Resolver, where: str, what: str = "result"
+    value: Any, expect: Spec, resolve: Resolver, where: str, what: str | int = "result"
 ) -> None:
     """Raise `CacheValidationError` if ``value`` breaks ``expect``; the message starts
     with ``where`` and names ``value`` as ``what``."""
@@ -179,16 +186,15 @@ def validate(
                 f"{_kind(value)}. Fix: return a tuple that matches `expect`, or change "
                 "`expect`."
             )
-        for i, (item, spec) in enumerate(zip(value, expect, strict=True)):
-            if spec is not None:
-                validate(item, spec, resolve, where, f"result[{i}]")
+        for i in range(len(expect)):
+            if (spec := expect[i]) is not None:
+                validate(value[i], spec, resolve, where, i)
         return
     # paid on every miss: each item of the spec and each property of the tensor is
     # read at most once, and only references are resolved
     if value.__class__ is not torch.Tensor and not isinstance(value, torch.Tensor):
-        raise CacheValidationError(
-            f"{where}: {what} must be a torch.Tensor (got {_kind(value)})"
-        )
+        raise _error(where, what, f"must be a torch.Tensor (got {_kind(value)})")
+    item: Any
     want: Any
     got: Any
     if (item := expect.device) is not None:
@@ -197,32 +203,27 @@ def validate(
         if not (want.__class__ is torch.device and value.device == want):
             want, got = normalize_device(want), normalize_device(value.device)
             if got != want:
-                raise CacheValidationError(
-                    f"{where}: {what} device mismatch. expected {want}{_label(item)}, "
-                    f"actual {got}. Fix: compute into a buffer on {want}, or key the "
-                    "cache by device."
+                raise _error(
+                    where,
+                    what,
+                    f"device mismatch. expected {want}{_label(item)}, actual {got}. "
+                    f"Fix: compute into a buffer on {want}, or key the cache by device.",
                 )
     if (item := expect.dtype) is not None:
         want = _resolve(item, resolve, "dtype") if item.__class__ in _REFS else item
         if (got := value.dtype) != want:
-            raise CacheValidationError(
-                f"{where}: {what} dtype mismatch. expected {want}{_label(item)}, "
-                f"actual {got}"
-            )
+            text = f"dtype mismatch. expected {want}{_label(item)}, actual {got}"
+            raise _error(where, what, text)
     shape = value.shape
     if expect.ndim is not None and len(shape) != expect.ndim:
-        raise CacheValidationError(
-            f"{where}: {what} ndim mismatch. expected {expect.ndim}, actual "
-            f"{len(shape)} (shape {list(shape)})"
-        )
+        text = f"ndim mismatch. expected {expect.ndim}, actual {len(shape)}"
+        raise _error(where, what, f"{text} (shape {list(shape)})")
     for dims, least in ((expect.shape, ""), (expect.min_shape, "at least ")):
         if dims is None:
             continue
         if len(dims) > len(shape):
-            raise CacheValidationError(
-                f"{where}: {what} has {len(shape)} dims (shape {list(shape)}), the "
-                f"spec describes {len(dims)}"
-            )
+            text = f"has {len(shape)} dims (shape {list(shape)}), the spec describes"
+            raise _error(where, what, f"{text} {len(dims)}")
         for i, item in enumerate(dims):
             if item is None:
                 continue
@@ -230,7 +231,9 @@ def validate(
             if want.__class__ is not int:  # a tensor stands for its first dim
                 want = int(want[0] if want.__class__ is torch.Size else want)
             if (got := shape[i]) != want and (not least or got < want):
-                raise CacheValidationError(
-                    f"{where}: {what} size mismatch at index {i}. expected {least}{want}"
-                    f"{_label(item)}, actual {got} (shape {list(shape)})"
+                text = f"expected {least}{want}{_label(item)}, actual {got}"
+                raise _error(
+                    where,
+                    what,
+                    f"size mismatch at index {i}. {text} (shape {list(shape)})",
                 )
