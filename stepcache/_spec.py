@@ -60,6 +60,8 @@ Spec: TypeAlias = "TensorSpec | tuple[TensorSpec | None, ...]"
 _REFS = {Arg: "argument", Attr: "owner attribute"}  # as the messages name them
 #: what references usually resolve to: answered without torch's slow isinstance()
 _PLAIN = frozenset({int, torch.device, torch.dtype, str})
+# read on every miss: a module global is one lookup, ``torch.Tensor`` two
+_Tensor, _Device, _Size = torch.Tensor, torch.device, torch.Size
 
 
 def _current_index(device_type: str) -> int:  # tests replace it on CPU
@@ -121,6 +123,9 @@ class TensorSpec:
     ndim: int | None = None
     shape: tuple[Dim, ...] | None = None
     min_shape: tuple[Dim, ...] | None = None
+    _dims: tuple[tuple[tuple[Dim, ...], str], ...] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         for name in ("shape", "min_shape"):
@@ -137,6 +142,9 @@ class TensorSpec:
             raise StepCacheError(
                 f"TensorSpec dtype must be a torch.dtype (got {self.dtype!r})"
             )
+        # the dims to check, and how: worked out once, not on every miss
+        groups = ((self.shape, ""), (self.min_shape, "at least "))
+        object.__setattr__(self, "_dims", tuple(g for g in groups if g[0] is not None))
 
     def refs(self) -> list[Arg | Attr]:
         """Every reference this spec resolves at call time."""
@@ -144,7 +152,8 @@ class TensorSpec:
         return [r for r in items if isinstance(r, (Arg, Attr))]
 
     def __repr__(self) -> str:
-        items = (f"{k}={v!r}" for k, v in vars(self).items() if v is not None)
+        fields = vars(self).items()
+        items = (f"{k}={v!r}" for k, v in fields if v is not None and k[0] != "_")
         return f"TensorSpec({', '.join(items)})"
 
 
@@ -156,7 +165,7 @@ def _label(item: Any) -> str:
 def _resolve(ref: Any, resolve: Resolver, attr: str) -> Any:
     """What ``ref`` refers to, where a tensor stands for its ``attr``."""
     value = resolve(ref)
-    if value.__class__ in _PLAIN or not isinstance(value, torch.Tensor):
+    if value.__class__ in _PLAIN or not isinstance(value, _Tensor):
         return value
     return getattr(value, attr)
 
@@ -192,7 +201,7 @@ def validate(
         return
     # paid on every miss: each item of the spec and each property of the tensor is
     # read at most once, and only references are resolved
-    if value.__class__ is not torch.Tensor and not isinstance(value, torch.Tensor):
+    if value.__class__ is not _Tensor and not isinstance(value, _Tensor):
         raise _error(where, what, f"must be a torch.Tensor (got {_kind(value)})")
     item: Any
     want: Any
@@ -200,7 +209,7 @@ def validate(
     if (item := expect.device) is not None:
         want = _resolve(item, resolve, "device") if item.__class__ in _REFS else item
         # only a difference is normalised (cuda and cuda:N may be one device)
-        if not (want.__class__ is torch.device and value.device == want):
+        if not (want.__class__ is _Device and value.device == want):
             want, got = normalize_device(want), normalize_device(value.device)
             if got != want:
                 raise _error(
@@ -214,13 +223,11 @@ def validate(
         if (got := value.dtype) != want:
             text = f"dtype mismatch. expected {want}{_label(item)}, actual {got}"
             raise _error(where, what, text)
-    shape = value.shape
-    if expect.ndim is not None and len(shape) != expect.ndim:
-        text = f"ndim mismatch. expected {expect.ndim}, actual {len(shape)}"
-        raise _error(where, what, f"{text} (shape {list(shape)})")
-    for dims, least in ((expect.shape, ""), (expect.min_shape, "at least ")):
-        if dims is None:
-            continue
+    if expect.ndim is not None and value.ndim != expect.ndim:
+        text = f"ndim mismatch. expected {expect.ndim}, actual {value.ndim}"
+        raise _error(where, what, f"{text} (shape {list(value.shape)})")
+    shape = value.shape if expect._dims else ()
+    for dims, least in expect._dims:
         if len(dims) > len(shape):
             text = f"has {len(shape)} dims (shape {list(shape)}), the spec describes"
             raise _error(where, what, f"{text} {len(dims)}")
@@ -229,7 +236,7 @@ def validate(
                 continue
             want = _resolve(item, resolve, "shape") if item.__class__ in _REFS else item
             if want.__class__ is not int:  # a tensor stands for its first dim
-                want = int(want[0] if want.__class__ is torch.Size else want)
+                want = int(want[0] if want.__class__ is _Size else want)
             if (got := shape[i]) != want and (not least or got < want):
                 text = f"expected {least}{want}{_label(item)}, actual {got}"
                 raise _error(
