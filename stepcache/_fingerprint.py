@@ -52,6 +52,8 @@ _VALUE_CLASSES: Final[frozenset[type]] = frozenset(
     {int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device}
 )
 _SCALARS = (*_VALUE_CLASSES, enum.Enum, np.generic, slice)
+# read on every miss: a module global is one lookup, ``torch.Tensor`` two
+_Tensor = torch.Tensor
 
 
 def _is_value(x: object) -> bool:
@@ -84,11 +86,11 @@ def fingerprints(deps: Sequence[Any]) -> tuple[Any, ...]:
     flat: list[Any] = []
     for x in deps:
         cls = x.__class__
-        if cls is torch.Tensor and not x.is_inference():
+        if cls is _Tensor and not x.is_inference():
             flat += (x, x._version)  # the common case first
         elif cls in _VALUE_CLASSES:
             flat += (x, VAL)
-        elif isinstance(x, torch.Tensor):
+        elif isinstance(x, _Tensor):
             flat += (x, tag(x))
         elif _is_value(x):
             flat += (x, VAL)
@@ -182,7 +184,7 @@ def result_guard(value: Any) -> tuple[Any, Any]:
     >>> b.add_(1) is b, g._version == v
     (True, False)
     """
-    if value.__class__ is torch.Tensor and not value.is_inference():
+    if value.__class__ is _Tensor and not value.is_inference():
         return value, value._version  # the common case, without a walk
     found = tuple(tensors(value))
     if len(found) == 1 and not found[0].is_inference():
