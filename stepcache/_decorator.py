@@ -242,15 +242,8 @@ class CachedFunction:
         ``None`` if it meets ``expect``."""
         if self.expect is None:
             return None
-        owner = a[self.owner_index]
-
-        def resolve(r: Any) -> Any:
-            return (
-                a[self.index[r.name]] if r.__class__ is Arg else getattr(owner, r.name)
-            )
-
         try:
-            validate(value, self.expect, resolve, "")
+            validate(value, self.expect, (a, self.index, a[self.owner_index]), "")
         except CacheValidationError as exc:
             return str(exc)
         return None
@@ -274,7 +267,7 @@ class CachedFunction:
         if entry is not None:
             self.count_hit()
             return entry.value
-        fps = fingerprints(deps)
+        fps = fingerprints(deps) if deps else ()
         value = self.fn(*a) if self._simple else self.invoke(a)
         if self.expect is not None and (wrong := self.violation(value, a)) is not None:
             raise CacheValidationError(f"{self.where(key)}{wrong}")

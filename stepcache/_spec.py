@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any, TypeAlias
 
 import torch
@@ -55,7 +55,9 @@ class Attr(_Ref):
 
 
 Dim = int | None | Arg | Attr
-Resolver = Callable[[Arg | Attr], Any]
+#: where references are resolved: the call's arguments, their index by parameter
+#: name, and the owner
+Scope = tuple[tuple[Any, ...], Mapping[str, int], object]
 Spec: TypeAlias = "TensorSpec | tuple[TensorSpec | None, ...]"
 _REFS = {Arg: "argument", Attr: "owner attribute"}  # as the messages name them
 #: what references usually resolve to: answered without torch's slow isinstance()
@@ -162,9 +164,10 @@ def _label(item: Any) -> str:
     return f" (from {kind} '{item.name}')" if kind else ""
 
 
-def _resolve(ref: Any, resolve: Resolver, attr: str) -> Any:
-    """What ``ref`` refers to, where a tensor stands for its ``attr``."""
-    value = resolve(ref)
+def _resolve(ref: Any, scope: Scope, attr: str) -> Any:
+    """What ``ref`` refers to in ``scope``, where a tensor stands for its ``attr``."""
+    args, index, owner = scope
+    value = args[index[ref.name]] if ref.__class__ is Arg else getattr(owner, ref.name)
     if value.__class__ in _PLAIN or not isinstance(value, _Tensor):
         return value
     return getattr(value, attr)
@@ -184,7 +187,7 @@ def _error(where: str, what: str | int, text: str) -> CacheValidationError:
 
 
 def validate(
-    value: Any, expect: Spec, resolve: Resolver, where: str, what: str | int = "result"
+    value: Any, expect: Spec, scope: Scope, where: str, what: str | int = "result"
 ) -> None:
     """Raise `CacheValidationError` if ``value`` breaks ``expect``; the message starts
     with ``where`` and names ``value`` as ``what``."""
@@ -197,7 +200,7 @@ def validate(
             )
         for i in range(len(expect)):
             if (spec := expect[i]) is not None:
-                validate(value[i], spec, resolve, where, i)
+                validate(value[i], spec, scope, where, i)
         return
     # paid on every miss: each item of the spec and each property of the tensor is
     # read at most once, and only references are resolved
@@ -207,7 +210,7 @@ def validate(
     want: Any
     got: Any
     if (item := expect.device) is not None:
-        want = _resolve(item, resolve, "device") if item.__class__ in _REFS else item
+        want = _resolve(item, scope, "device") if item.__class__ in _REFS else item
         # only a difference is normalised (cuda and cuda:N may be one device)
         if not (want.__class__ is _Device and value.device == want):
             want, got = normalize_device(want), normalize_device(value.device)
@@ -219,7 +222,7 @@ def validate(
                     f"Fix: compute into a buffer on {want}, or key the cache by device.",
                 )
     if (item := expect.dtype) is not None:
-        want = _resolve(item, resolve, "dtype") if item.__class__ in _REFS else item
+        want = _resolve(item, scope, "dtype") if item.__class__ in _REFS else item
         if (got := value.dtype) != want:
             text = f"dtype mismatch. expected {want}{_label(item)}, actual {got}"
             raise _error(where, what, text)
@@ -234,7 +237,7 @@ def validate(
         for i, item in enumerate(dims):
             if item is None:
                 continue
-            want = _resolve(item, resolve, "shape") if item.__class__ in _REFS else item
+            want = _resolve(item, scope, "shape") if item.__class__ in _REFS else item
             if want.__class__ is not int:  # a tensor stands for its first dim
                 want = int(want[0] if want.__class__ is _Size else want)
             if (got := shape[i]) != want and (not least or got < want):

@@ -126,11 +126,11 @@ def test_device_spec_compares_normalised_devices(fake_current_cuda: None) -> Non
     from stepcache._spec import validate
 
     t = torch.zeros(2)
-    validate(t, TensorSpec(device="cpu"), lambda r: None, "f")
+    validate(t, TensorSpec(device="cpu"), ((), {}, None), "f")
     with pytest.raises(
         CacheValidationError, match="device mismatch. expected cuda:1, actual cpu"
     ):
-        validate(t, TensorSpec(device="cuda"), lambda r: None, "f")
+        validate(t, TensorSpec(device="cuda"), ((), {}, None), "f")
 
 
 def test_malformed_specs_are_refused() -> None:
