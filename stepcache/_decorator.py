@@ -33,12 +33,13 @@ def _reader(
     deps: tuple[str, ...], index: dict[str, int]
 ) -> Callable[[Args, Any], Args]:
     """How a call's dependencies are read (from its arguments ``a`` and owner ``o``):
-    the owner's attributes in one C call, where no dependency is a parameter."""
-    if any(d in index for d in deps):
+    the owner's attributes in one C call, where there are some and none is a
+    parameter."""
+    if not deps or any(d in index for d in deps):
         return lambda a, o: tuple(
             a[index[d]] if d in index else getattr(o, d) for d in deps
         )
-    get: Any = operator.attrgetter(*deps) if deps else lambda o: ()
+    get = operator.attrgetter(*deps)
     return (lambda a, o: (get(o),)) if len(deps) == 1 else (lambda a, o: tuple(get(o)))
 
 
@@ -268,7 +269,7 @@ class CachedFunction:
             self.count_hit()
             return entry.value
         fps = fingerprints(deps) if deps else ()
-        value = self.fn(*a) if self._simple else self.invoke(a)
+        value = self.invoke(a)
         if self.expect is not None and (wrong := self.violation(value, a)) is not None:
             raise CacheValidationError(f"{self.where(key)}{wrong}")
         self.store(store, key, owner, fps, value)
@@ -347,10 +348,10 @@ def step_cached(
         owner: The parameter whose object holds the cache; the entries live exactly as
             long as that object. Default: the first parameter (`self` of a method).
         depends_on: The owner's attributes (or the function's parameters) the value is
-            computed from; an entry is reused only while each is unchanged (the
-            [concepts page](../concepts.md#dependencies-and-fingerprints) says how each kind is compared). Entries
-            with dependencies may serve copies of the owner; one without is bound to
-            its owner.
+            computed from; an entry is reused only while each is unchanged (how each
+            kind is compared: [concepts](../concepts.md#dependencies-and-fingerprints)).
+            Entries with dependencies may serve copies of the owner; one without is
+            bound to its owner.
         expect: A [`TensorSpec`][stepcache.TensorSpec], or for a tuple result a tuple
             of them (`None` skips an item), checked whenever a value is stored (and on
             every hit in debug mode).

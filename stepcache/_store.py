@@ -107,7 +107,7 @@ class StepCache:
         sizes, out = measure((self,)), {}
         for f in {**self._counts, **sizes}:
             entries, size = sizes.get(f, (0, 0))
-            counts = zip(COUNTED, self._counts.get(f, (0, 0)), strict=True)
+            counts = zip(COUNTED, self._counts.get(f, [0] * len(COUNTED)), strict=True)
             out[name_of(f)] = {"entries": entries, "bytes": size, **dict(counts)}
         return out
 
@@ -130,7 +130,9 @@ class StepCache:
 
     def count(self, fid: int, which: int) -> None:
         """Add one to count ``which`` (`MISSES` or `INVALIDATIONS`) of ``fid``."""
-        counts = self._counts.get(fid) or self._counts.setdefault(fid, [0, 0])
+        counts = self._counts.get(fid)
+        if counts is None:  # not setdefault: no list made on every miss
+            counts = self._counts[fid] = [0] * len(COUNTED)
         counts[which] += 1
 
     def lookup(self, fid: int, keyed: bool, key: Any) -> Entry | None:
