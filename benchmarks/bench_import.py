@@ -3,7 +3,10 @@
 
 Run: ``python -m benchmarks.bench_import [--processes N]``. Each of ``N`` fresh
 processes (default 5, after one warm-up process that is not counted, so that every
-counted one finds the files and bytecode in the OS's cache) runs
+counted one finds the files and bytecode in the OS's cache) runs, without
+``PYTHONDONTWRITEBYTECODE`` in its environment (so the warm-up writes stepcache's
+bytecode to its ``__pycache__``, as installing a package does, and no counted process
+compiles source)
 ``python -X importtime -c "import torch; import stepcache"`` from the repository root
 (so the checkout's ``stepcache`` is the one imported); the cumulative microseconds of
 the top-level ``torch`` and ``stepcache`` entries are read from its output. torch is
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -66,9 +70,11 @@ def _python(*args: str) -> subprocess.CompletedProcess[str]:
     """``python args`` in a fresh process, from the repository root: ``-c`` puts the
     current folder first on ``sys.path``, so this checkout's stepcache is imported
     even where the environment's editable install points at another one."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     done = subprocess.run(
         [sys.executable, *args],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
