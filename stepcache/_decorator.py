@@ -16,7 +16,7 @@ from stepcache import _debug, _state, _store
 from stepcache._errors import CacheValidationError, StepCacheError
 from stepcache._fingerprint import fingerprints, result_guard
 from stepcache._hit import Entry, compile_hit
-from stepcache._spec import Arg, TensorSpec, validate
+from stepcache._spec import Arg, TensorSpec, checker
 from stepcache._state import BYPASS
 
 P = ParamSpec("P")
@@ -160,6 +160,7 @@ class CachedFunction:
                 f"as a frozenset (got {allowed!r})",
             )
 
+        self._check = None if expect is None else checker(expect)
         self._simple = all(p.kind < p.VAR_POSITIONAL for p in self.params)
         self._deps_of = _reader(deps, self.index)
         self.wrapper, self._counts = compile_hit(self)
@@ -225,26 +226,15 @@ class CachedFunction:
             raise StepCacheError(
                 f"{self.where()}: {what} raised {type(exc).__name__}: {exc}"
             ) from exc
-        return self.checked(key)
-
-    def checked(self, key: Any) -> Any:
-        """``key``, if it can key a dict; else a typed error naming the function."""
-        try:
-            hash(key)
-        except TypeError as exc:
-            raise StepCacheError(
-                f"{self.where()}: the key {key!r} is unhashable ({exc}). Fix: return a "
-                "tuple of ints/strings (e.g. tuple(values) instead of a list)."
-            ) from None
         return key
 
     def violation(self, value: Any, a: Args) -> str | None:
         """What `validate` finds wrong with ``value`` (``": result ..."``), or
         ``None`` if it meets ``expect``."""
-        if self.expect is None:
+        if self._check is None:
             return None
         try:
-            validate(value, self.expect, (a, self.index, a[self.owner_index]), "")
+            self._check(value, (a, self.index, a[self.owner_index]), "")
         except CacheValidationError as exc:
             return str(exc)
         return None
@@ -255,11 +245,8 @@ class CachedFunction:
         disabled, mode = _state.switches
         if disabled:
             return self.bypass(a)
-        if key is NO_KEY:
-            if self.keyed or self.only:
-                key = self.key_of(a)
-        elif key is not BYPASS:
-            key = self.checked(key)
+        if key is NO_KEY and (self.keyed or self.only):
+            key = self.key_of(a)
         if key is BYPASS:
             return self.bypass(a)
         if mode != "off":
@@ -282,7 +269,13 @@ class CachedFunction:
         (``None``: a miss); an entry that does not serve it is counted (`stale`)."""
         owner = a[self.owner_index]
         store = _store.cache_of(owner)
-        entry = store.lookup(self.fid, self.keyed, key)
+        try:
+            entry = store.lookup(self.fid, self.keyed, key)
+        except TypeError as exc:  # the lookup hashes every key
+            raise StepCacheError(
+                f"{self.where()}: the key {key!r} is unhashable ({exc}). Fix: return a "
+                "tuple of ints/strings (e.g. tuple(values) instead of a list)."
+            ) from None
         try:
             deps = self._deps_of(a, owner) if self.dep_names else ()
         except AttributeError as exc:

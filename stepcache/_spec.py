@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+import itertools
+import linecache
+from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 import torch
@@ -62,8 +65,7 @@ Spec: TypeAlias = "TensorSpec | tuple[TensorSpec | None, ...]"
 _REFS = {Arg: "argument", Attr: "owner attribute"}  # as the messages name them
 #: what references usually resolve to: answered without torch's slow isinstance()
 _PLAIN = frozenset({int, torch.device, torch.dtype, str})
-# read on every miss: a module global is one lookup, ``torch.Tensor`` two
-_Tensor, _Device, _Size = torch.Tensor, torch.device, torch.Size
+_Tensor, _Size = torch.Tensor, torch.Size
 
 
 def _current_index(device_type: str) -> int:  # tests replace it on CPU
@@ -164,86 +166,162 @@ def _label(item: Any) -> str:
     return f" (from {kind} '{item.name}')" if kind else ""
 
 
-def _resolve(ref: Any, scope: Scope, attr: str) -> Any:
-    """What ``ref`` refers to in ``scope``, where a tensor stands for its ``attr``."""
-    args, index, owner = scope
-    value = args[index[ref.name]] if ref.__class__ is Arg else getattr(owner, ref.name)
-    if value.__class__ in _PLAIN or not isinstance(value, _Tensor):
-        return value
-    return getattr(value, attr)
-
-
 def _kind(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of {len(value)}"
     return f"{value!r:.60} that is a {type(value)!r}"
 
 
-def _error(where: str, what: str | int, text: str) -> CacheValidationError:
-    """The error of a broken spec; an int ``what`` is an item of a tuple result (named
-    only here: an error is rare, a validation is every miss)."""
-    name = what if isinstance(what, str) else f"result[{what}]"
+def _error(where: str, what: int | None, text: str) -> CacheValidationError:
+    """The error of a broken spec; ``what`` is the item of a tuple result (``None``:
+    the result itself)."""
+    name = "result" if what is None else f"result[{what}]"
     return CacheValidationError(f"{where}: {name} {text}")
 
 
-def validate(
-    value: Any, expect: Spec, scope: Scope, where: str, what: str | int = "result"
-) -> None:
-    """Raise `CacheValidationError` if ``value`` breaks ``expect``; the message starts
-    with ``where`` and names ``value`` as ``what``."""
-    if not isinstance(expect, TensorSpec):
-        if not isinstance(value, (tuple, list)) or len(value) != len(expect):
-            raise CacheValidationError(
-                f"{where}: expected a tuple of {len(expect)} values, got "
-                f"{_kind(value)}. Fix: return a tuple that matches `expect`, or change "
-                "`expect`."
-            )
-        for i in range(len(expect)):
-            if (spec := expect[i]) is not None:
-                validate(value[i], spec, scope, where, i)
-        return
-    # paid on every miss: each item of the spec and each property of the tensor is
-    # read at most once, and only references are resolved
-    if value.__class__ is not _Tensor and not isinstance(value, _Tensor):
-        raise _error(where, what, f"must be a torch.Tensor (got {_kind(value)})")
+# The errors a check raises, one per kind of item; a check calls one only on failure.
+def _not_tensor(where: str, what: int | None, value: Any) -> CacheValidationError:
+    return _error(where, what, f"must be a torch.Tensor (got {_kind(value)})")
+
+
+def _not_tuple(where: str, n: int, value: Any) -> CacheValidationError:
+    return CacheValidationError(
+        f"{where}: expected a tuple of {n} values, got {_kind(value)}. Fix: return a "
+        "tuple that matches `expect`, or change `expect`."
+    )
+
+
+def _device(where: str, what: int | None, got: Any, want: Any, label: str) -> None:
+    """Raise unless ``got`` and ``want``, unequal as given, are one device normalised
+    (cuda and cuda:N of the current device)."""
+    want, got = normalize_device(want), normalize_device(got)
+    if got != want:
+        raise _error(
+            where,
+            what,
+            f"device mismatch. expected {want}{label}, actual {got}. Fix: compute into a "
+            f"buffer on {want}, or key the cache by device.",
+        )
+
+
+def _dtype(where: str, what: int | None, got: Any, want: Any, label: str) -> Any:
+    return _error(where, what, f"dtype mismatch. expected {want}{label}, actual {got}")
+
+
+def _ndim(where: str, what: int | None, value: Any, want: int) -> Any:
+    text = f"ndim mismatch. expected {want}, actual {value.ndim}"
+    return _error(where, what, f"{text} (shape {list(value.shape)})")
+
+
+def _rank(where: str, what: int | None, shape: Any, n: int) -> Any:
+    text = f"has {len(shape)} dims (shape {list(shape)}), the spec describes {n}"
+    return _error(where, what, text)
+
+
+def _size(
+    where: str, what: int | None, shape: Any, i: int, want: Any, least: str, label: str
+) -> CacheValidationError:
+    text = f"expected {least}{want}{label}, actual {shape[i]} (shape {list(shape)})"
+    return _error(where, what, f"size mismatch at index {i}. {text}")
+
+
+def _item(
+    spec: TensorSpec, x: str, what: int | None, consts: dict[str, Any]
+) -> list[str]:
+    """Source that checks the value ``x`` against ``spec``."""
     item: Any
-    want: Any
-    got: Any
-    if (item := expect.device) is not None:
-        want = _resolve(item, scope, "device") if item.__class__ in _REFS else item
+    out = [f"if {x}.__class__ is not _Tensor and not isinstance({x}, _Tensor):"]
+    out.append(f"    raise _not_tensor(where, {what}, {x})")
+
+    def want(item: Any, attr: str) -> str:
+        """A fixed value's name among the check's globals, or, for a reference, the
+        local ``want`` set to it (a tensor stands for its ``attr``)."""
+        if not isinstance(item, _Ref):
+            consts[name := f"_w{len(consts)}"] = item
+            return name
+        name = item.name
+        read = f"owner.{name}" if name.isidentifier() else f"getattr(owner, {name!r})"
+        out.append(
+            "want = " + (f"args[index[{name!r}]]" if type(item) is Arg else read)
+        )
+        out.append("if want.__class__ not in _PLAIN and isinstance(want, _Tensor):")
+        out.append(f"    want = want.{attr}")
+        return "want"
+
+    if (item := spec.device) is not None:
+        fixed = item if isinstance(item, _Ref) else torch.device(item)
+        w = want(fixed, "device")
         # only a difference is normalised (cuda and cuda:N may be one device)
-        if not (want.__class__ is _Device and value.device == want):
-            want, got = normalize_device(want), normalize_device(value.device)
-            if got != want:
-                raise _error(
-                    where,
-                    what,
-                    f"device mismatch. expected {want}{_label(item)}, actual {got}. "
-                    f"Fix: compute into a buffer on {want}, or key the cache by device.",
-                )
-    if (item := expect.dtype) is not None:
-        want = _resolve(item, scope, "dtype") if item.__class__ in _REFS else item
-        if (got := value.dtype) != want:
-            text = f"dtype mismatch. expected {want}{_label(item)}, actual {got}"
-            raise _error(where, what, text)
-    if expect.ndim is not None and value.ndim != expect.ndim:
-        text = f"ndim mismatch. expected {expect.ndim}, actual {value.ndim}"
-        raise _error(where, what, f"{text} (shape {list(value.shape)})")
-    shape = value.shape if expect._dims else ()
-    for dims, least in expect._dims:
-        if len(dims) > len(shape):
-            text = f"has {len(shape)} dims (shape {list(shape)}), the spec describes"
-            raise _error(where, what, f"{text} {len(dims)}")
+        out.append(f"if {x}.device != {w}:")
+        out.append(f"    _device(where, {what}, {x}.device, {w}, {_label(item)!r})")
+    if (item := spec.dtype) is not None:
+        w = want(item, "dtype")
+        out.append(f"if {x}.dtype != {w}:")
+        out.append(f"    raise _dtype(where, {what}, {x}.dtype, {w}, {_label(item)!r})")
+    if spec.ndim is not None:
+        out.append(f"if {x}.ndim != {spec.ndim}:")
+        out.append(f"    raise _ndim(where, {what}, {x}, {spec.ndim})")
+    for dims, least in spec._dims:
+        out += [f"shape = {x}.shape", f"if len(shape) < {len(dims)}:"]
+        out.append(f"    raise _rank(where, {what}, shape, {len(dims)})")
         for i, item in enumerate(dims):
             if item is None:
                 continue
-            want = _resolve(item, scope, "shape") if item.__class__ in _REFS else item
-            if want.__class__ is not int:  # a tensor stands for its first dim
-                want = int(want[0] if want.__class__ is _Size else want)
-            if (got := shape[i]) != want and (not least or got < want):
-                text = f"expected {least}{want}{_label(item)}, actual {got}"
-                raise _error(
-                    where,
-                    what,
-                    f"size mismatch at index {i}. {text} (shape {list(shape)})",
+            w = want(item, "shape")
+            if w == "want":  # a tensor stands for its first dim
+                out.append("if want.__class__ is not int:")
+                out.append(
+                    "    want = int(want[0] if want.__class__ is _Size else want)"
                 )
+            out.append(f"if shape[{i}] {'<' if least else '!='} {w}:")
+            args = f"shape, {i}, {w}, {least!r}, {_label(item)!r}"
+            out.append(f"    raise _size(where, {what}, {args})")
+    return out
+
+
+#: the globals of every check
+_NAMES: dict[str, Any] = {"_Tensor": _Tensor, "_Size": _Size, "_PLAIN": _PLAIN}
+_NAMES.update((f.__name__, f) for f in (_not_tensor, _not_tuple, _device, _dtype))
+_NAMES.update((f.__name__, f) for f in (_ndim, _rank, _size))
+
+
+@functools.cache
+def checker(expect: Spec) -> Callable[[Any, Scope, str], None]:
+    """``expect`` as a function ``check(value, scope, where)`` that raises
+    `CacheValidationError` if ``value`` breaks it; the message starts with ``where``.
+
+    Written for the spec's own items (as attrs writes ``__init__``): a check runs on
+    every miss, so it tests nothing the spec leaves out. Its source is in `linecache`.
+
+    >>> print(checker(TensorSpec(dtype=torch.int32)).__stepcache_source__, end="")
+    def check(value, scope, where):
+        if value.__class__ is not _Tensor and not isinstance(value, _Tensor):
+            raise _not_tensor(where, None, value)
+        if value.dtype != _w0:
+            raise _dtype(where, None, value.dtype, _w0, '')
+    """
+    consts: dict[str, Any] = {}
+    if isinstance(expect, TensorSpec):
+        body = _item(expect, "value", None, consts)
+    else:
+        n = len(expect)
+        body = [f"if not isinstance(value, (tuple, list)) or len(value) != {n}:"]
+        body.append(f"    raise _not_tuple(where, {n}, value)")
+        for i, spec in enumerate(expect):
+            if spec is not None:
+                body += [f"x{i} = value[{i}]", *_item(spec, f"x{i}", i, consts)]
+    specs = (expect,) if isinstance(expect, TensorSpec) else expect
+    refs = any(s.refs() for s in specs if s is not None)
+    lines = ["def check(value, scope, where):"]
+    lines += ["    args, index, owner = scope"] if refs else []
+    text = "\n".join(lines + [f"    {line}" for line in body]) + "\n"
+    label = f"<stepcache expect {next(_labels)}>"
+    linecache.cache[label] = (len(text), None, text.splitlines(True), label)
+    namespace = {**_NAMES, **consts}
+    exec(compile(text, label, "exec"), namespace)
+    check: Any = namespace["check"]
+    check.__stepcache_source__ = text
+    return check  # type: ignore[no-any-return]
+
+
+_labels = itertools.count(1)

@@ -136,9 +136,10 @@ class StepCache:
         counts[which] += 1
 
     def lookup(self, fid: int, keyed: bool, key: Any) -> Entry | None:
-        """The entry of function ``fid`` (and ``key``, if it is keyed), or ``None``."""
+        """The entry of function ``fid`` (and ``key``, if it is keyed), or ``None``; an
+        unhashable key raises `TypeError`, whether or not the function has entries."""
         slot = self.table.get(fid)
-        found: Entry | None = slot.get(key) if keyed and slot is not None else slot
+        found: Entry | None = (slot or _EMPTY_SLOT).get(key) if keyed else slot
         return found
 
     def insert(self, fid: int, keyed: bool, key: Any, entry: Entry) -> None:

@@ -123,14 +123,12 @@ def test_cuda_and_cuda_index_of_the_current_device_are_the_same(
 
 
 def test_device_spec_compares_normalised_devices(fake_current_cuda: None) -> None:
-    from stepcache._spec import validate
-
     t = torch.zeros(2)
-    validate(t, TensorSpec(device="cpu"), ((), {}, None), "f")
+    _spec.checker(TensorSpec(device="cpu"))(t, ((), {}, None), "f")
     with pytest.raises(
         CacheValidationError, match="device mismatch. expected cuda:1, actual cpu"
     ):
-        validate(t, TensorSpec(device="cuda"), ((), {}, None), "f")
+        _spec.checker(TensorSpec(device="cuda"))(t, ((), {}, None), "f")
 
 
 def test_malformed_specs_are_refused() -> None:
