@@ -89,7 +89,6 @@ class CachedFunction:
         names = (names,) if isinstance(names, str) else names
         deps = (depends_on,) if isinstance(depends_on, str) else tuple(depends_on)
         self.dep_names: tuple[str, ...] = deps
-        self.expect = expect
         specs = (expect,) if isinstance(expect, TensorSpec) else expect
         self.guard = guard_result
         require = self._require
@@ -229,8 +228,8 @@ class CachedFunction:
         return key
 
     def violation(self, value: Any, a: Args) -> str | None:
-        """What `validate` finds wrong with ``value`` (``": result ..."``), or
-        ``None`` if it meets ``expect``."""
+        """What the check of ``expect`` (`stepcache._spec.checker`) finds wrong with
+        ``value`` (``": result ..."``), or ``None`` if it meets ``expect``."""
         if self._check is None:
             return None
         try:
@@ -257,7 +256,7 @@ class CachedFunction:
             return entry.value
         fps = fingerprints(deps) if deps else ()
         value = self.invoke(a)
-        if self.expect is not None and (wrong := self.violation(value, a)) is not None:
+        if self._check is not None and (wrong := self.violation(value, a)) is not None:
             raise CacheValidationError(f"{self.where(key)}{wrong}")
         self.store(store, key, owner, fps, value)
         return value
