@@ -204,16 +204,18 @@ def _device(where: str, what: int | None, got: Any, want: Any, label: str) -> No
         )
 
 
-def _dtype(where: str, what: int | None, got: Any, want: Any, label: str) -> Any:
+def _dtype(
+    where: str, what: int | None, got: Any, want: Any, label: str
+) -> CacheValidationError:
     return _error(where, what, f"dtype mismatch. expected {want}{label}, actual {got}")
 
 
-def _ndim(where: str, what: int | None, value: Any, want: int) -> Any:
+def _ndim(where: str, what: int | None, value: Any, want: int) -> CacheValidationError:
     text = f"ndim mismatch. expected {want}, actual {value.ndim}"
     return _error(where, what, f"{text} (shape {list(value.shape)})")
 
 
-def _rank(where: str, what: int | None, shape: Any, n: int) -> Any:
+def _rank(where: str, what: int | None, shape: Any, n: int) -> CacheValidationError:
     text = f"has {len(shape)} dims (shape {list(shape)}), the spec describes {n}"
     return _error(where, what, text)
 
@@ -285,6 +287,9 @@ _NAMES.update((f.__name__, f) for f in (_not_tensor, _not_tuple, _device, _dtype
 _NAMES.update((f.__name__, f) for f in (_ndim, _rank, _size))
 
 
+_labels = itertools.count(1)
+
+
 @functools.cache
 def checker(expect: Spec) -> Callable[[Any, Scope, str], None]:
     """``expect`` as a function ``check(value, scope, where)`` that raises
@@ -293,7 +298,8 @@ def checker(expect: Spec) -> Callable[[Any, Scope, str], None]:
     Written for the spec's own items (as attrs writes ``__init__``): a check runs on
     every miss, so it tests nothing the spec leaves out. Its source is in `linecache`.
 
-    >>> print(checker(TensorSpec(dtype=torch.int32)).__stepcache_source__, end="")
+    >>> import inspect
+    >>> print(inspect.getsource(checker(TensorSpec(dtype=torch.int32))), end="")
     def check(value, scope, where):
         if value.__class__ is not _Tensor and not isinstance(value, _Tensor):
             raise _not_tensor(where, None, value)
@@ -301,27 +307,23 @@ def checker(expect: Spec) -> Callable[[Any, Scope, str], None]:
             raise _dtype(where, None, value.dtype, _w0, '')
     """
     consts: dict[str, Any] = {}
+    specs = (expect,) if isinstance(expect, TensorSpec) else expect
+    lines = ["def check(value, scope, where):"]
+    if any(s.refs() for s in specs if s is not None):
+        lines.append("args, index, owner = scope")
     if isinstance(expect, TensorSpec):
-        body = _item(expect, "value", None, consts)
+        lines += _item(expect, "value", None, consts)
     else:
         n = len(expect)
-        body = [f"if not isinstance(value, (tuple, list)) or len(value) != {n}:"]
-        body.append(f"    raise _not_tuple(where, {n}, value)")
+        lines.append(f"if not isinstance(value, (tuple, list)) or len(value) != {n}:")
+        lines.append(f"    raise _not_tuple(where, {n}, value)")
         for i, spec in enumerate(expect):
             if spec is not None:
-                body += [f"x{i} = value[{i}]", *_item(spec, f"x{i}", i, consts)]
-    specs = (expect,) if isinstance(expect, TensorSpec) else expect
-    refs = any(s.refs() for s in specs if s is not None)
-    lines = ["def check(value, scope, where):"]
-    lines += ["    args, index, owner = scope"] if refs else []
-    text = "\n".join(lines + [f"    {line}" for line in body]) + "\n"
+                lines += [f"x{i} = value[{i}]", *_item(spec, f"x{i}", i, consts)]
+    text = "\n".join(lines[:1] + [f"    {line}" for line in lines[1:]]) + "\n"
     label = f"<stepcache expect {next(_labels)}>"
     linecache.cache[label] = (len(text), None, text.splitlines(True), label)
     namespace = {**_NAMES, **consts}
     exec(compile(text, label, "exec"), namespace)
-    check: Any = namespace["check"]
-    check.__stepcache_source__ = text
-    return check  # type: ignore[no-any-return]
-
-
-_labels = itertools.count(1)
+    check: Callable[[Any, Scope, str], None] = namespace["check"]
+    return check
