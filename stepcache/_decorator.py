@@ -161,6 +161,10 @@ class CachedFunction:
 
         self._check = None if expect is None else checker(expect)
         self._simple = all(p.kind < p.VAR_POSITIONAL for p in self.params)
+        #: the function called with ``*a`` (a miss calls it without `invoke`'s test)
+        self._run: Callable[..., Any] = (
+            fn if self._simple else lambda *a: self.invoke(a)
+        )
         self._deps_of = _reader(deps, self.index)
         self.wrapper, self._counts = compile_hit(self)
         functools.update_wrapper(self.wrapper, fn)
@@ -255,7 +259,7 @@ class CachedFunction:
             self.count_hit()
             return entry.value
         fps = fingerprints(deps) if deps else ()
-        value = self.invoke(a)
+        value = self._run(*a)
         if self._check is not None and (wrong := self.violation(value, a)) is not None:
             raise CacheValidationError(f"{self.where(key)}{wrong}")
         self.store(store, key, owner, fps, value)
@@ -286,7 +290,7 @@ class CachedFunction:
             # an invalidation, unless the entry is bound to another owner of the store
             if entry.bound is None or entry.bound() is owner:
                 self.invalidations += 1
-                store.count(self.fid, _store.INVALIDATIONS)
+                store.invalidated(self.fid)
             entry = None
         return owner, store, deps, entry
 
@@ -311,7 +315,6 @@ class CachedFunction:
         entry = Entry(value, None if fps else weakref.ref(owner), fps, g, gtag, info)
         store.insert(self.fid, self.keyed, key, entry)
         self.misses += 1
-        store.count(self.fid, _store.MISSES)
         return entry
 
 

@@ -21,9 +21,6 @@ from stepcache._state import name_of
 
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
-#: What a store counts per function (`StepCache.count`), and each count's index.
-COUNTED = ("misses", "invalidations")
-MISSES, INVALIDATIONS = range(len(COUNTED))
 
 #: Every store alive, once `live_caches()` was called (a dead store's weak reference
 #: removes itself through the dict's own pop: no Python code runs).
@@ -64,7 +61,15 @@ class StepCache:
         stepcache.StaleCacheError: the step cache of this Meta was closed (the step is over), and it was used again. Fix: build a new metadata object for the new step, or call clear() instead of close() if the object is meant to be reused.
     """
 
-    __slots__ = ("__weakref__", "_closed", "_counts", "_kept", "_members", "table")
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_invalid",
+        "_kept",
+        "_members",
+        "_misses",
+        "table",
+    )
 
     def __init__(self, owner: object | None = None) -> None:
         #: function id -> entry, or {key: entry} for a keyed function: what a hit reads
@@ -73,8 +78,9 @@ class StepCache:
         #: replaced, never changed, so that readers need no lock
         self._members = {} if owner is None else {id(owner): _weak(owner)}
         self._closed = False
-        self._counts: dict[int, list[int]] = {}  # function id -> its COUNTED
-        self._kept: list[Any] = []
+        self._misses: dict[int, int] = {}  # function id -> its misses, and
+        self._invalid: dict[int, int] = {}  # its invalidations, in this store
+        self._kept: list[Any] | None = None  # made by keep_alive()
         if _tracking:
             _live[weakref.ref(self, _live_pop)] = None
 
@@ -90,11 +96,11 @@ class StepCache:
             raise StaleCacheError(
                 "keep_alive() on a closed StepCache (its step is over)"
             )
-        self._kept.append(obj)
+        self._kept = [*(self._kept or ()), obj]
 
     def clear(self) -> None:
         """Drop every entry (and kept object); the store stays open for the same owner."""
-        self.table, self._kept = {}, []
+        self.table, self._kept = {}, None
 
     def close(self) -> None:
         """End the step: drop every entry and refuse any later use."""
@@ -105,10 +111,11 @@ class StepCache:
         """Per-function entries, bytes, misses and invalidations in this store (hits and
         bypasses skip the store: [`stats()`][stepcache.stats] counts them)."""
         sizes, out = measure((self,)), {}
-        for f in {**self._counts, **sizes}:
+        for f in {**self._misses, **self._invalid, **sizes}:
             entries, size = sizes.get(f, (0, 0))
-            counts = zip(COUNTED, self._counts.get(f, [0] * len(COUNTED)), strict=True)
-            out[name_of(f)] = {"entries": entries, "bytes": size, **dict(counts)}
+            misses, invalid = self._misses.get(f, 0), self._invalid.get(f, 0)
+            row = {"entries": entries, "bytes": size, "misses": misses}
+            out[name_of(f)] = {**row, "invalidations": invalid}
         return out
 
     def __len__(self) -> int:
@@ -128,12 +135,9 @@ class StepCache:
         member = self._members.get(id(owner))
         return member is not None and member() is owner
 
-    def count(self, fid: int, which: int) -> None:
-        """Add one to count ``which`` (`MISSES` or `INVALIDATIONS`) of ``fid``."""
-        counts = self._counts.get(fid)
-        if counts is None:  # not setdefault: no list made on every miss
-            counts = self._counts[fid] = [0] * len(COUNTED)
-        counts[which] += 1
+    def invalidated(self, fid: int) -> None:
+        """Count an invalidation of ``fid`` (its entry no longer served a call)."""
+        self._invalid[fid] = self._invalid.get(fid, 0) + 1
 
     def lookup(self, fid: int, keyed: bool, key: Any) -> Entry | None:
         """The entry of function ``fid`` (and ``key``, if it is keyed), or ``None``; an
@@ -143,12 +147,14 @@ class StepCache:
         return found
 
     def insert(self, fid: int, keyed: bool, key: Any, entry: Entry) -> None:
-        """Store ``entry``. No lock: each write is one dict operation, and a store that
-        another thread closed meanwhile is emptied again."""
+        """Store ``entry``, a miss of ``fid``, and count the miss. No lock: each write is
+        one dict operation, and a store that another thread closed meanwhile is emptied
+        again."""
         if keyed:
             self.table.setdefault(fid, {})[key] = entry
         else:
             self.table[fid] = entry
+        self._misses[fid] = self._misses.get(fid, 0) + 1
         if self._closed:
             self.clear()
 
@@ -273,7 +279,7 @@ def cache_of(owner: object) -> StepCache:
     if store is not None and not store._closed:
         # the original's, carried by copy.copy: the copy's own store starts with its
         # kept objects and the entries that declare dependencies (a hit checks those)
-        fresh._kept = list(store._kept)
+        fresh._kept = store._kept
         for fid, slot in list(store.table.items()):
             if isinstance(slot, dict):
                 if shared := {k: e for k, e in list(slot.items()) if e.bound is None}:
