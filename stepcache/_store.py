@@ -96,6 +96,7 @@ class StepCache:
             raise StaleCacheError(
                 "keep_alive() on a closed StepCache (its step is over)"
             )
+        # a new list, not append(): a copied owner's store shares the list it started with
         self._kept = [*(self._kept or ()), obj]
 
     def clear(self) -> None:
