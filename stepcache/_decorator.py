@@ -9,14 +9,14 @@ import operator
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Container, Hashable, Mapping, Sequence
+from collections.abc import Callable, Container, Hashable, Iterator, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
 from stepcache import _debug, _state, _store
 from stepcache._errors import CacheValidationError, StepCacheError
 from stepcache._fingerprint import fingerprints, result_guard
 from stepcache._hit import Entry, compile_hit
-from stepcache._spec import Arg, TensorSpec, checker
+from stepcache._spec import Arg, TensorSpec, check
 from stepcache._state import BYPASS
 
 P = ParamSpec("P")
@@ -67,7 +67,7 @@ class CachedFunction:
                 "put it under @staticmethod/@classmethod/@property, not above. "
                 "(Wrote @step_cached without parentheses? Use @step_cached().)"
             )
-        self.fn = fn
+        self.fn, self.guard, self.expect = fn, guard_result, expect
         self.name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
         self.fid = _state.new_id()
         self.label = f"<stepcache {self.name} #{self.fid}>"
@@ -80,7 +80,6 @@ class CachedFunction:
         self.params = tuple(self.signature.parameters.values())
         self.names = [p.name for p in self.params]
         self.index = {n: i for i, n in enumerate(self.names)}
-        listing = f"(parameters: {', '.join(self.names)})"
         plain = [p.name for p in self.params if p.kind not in _STARS]
         self.owner_name = (plain or [""])[0] if owner is None else owner
         self.keyed = key is not None
@@ -89,77 +88,12 @@ class CachedFunction:
         names = (names,) if isinstance(names, str) else names
         deps = (depends_on,) if isinstance(depends_on, str) else tuple(depends_on)
         self.dep_names: tuple[str, ...] = deps
-        specs = (expect,) if isinstance(expect, TensorSpec) else expect
-        self.guard = guard_result
-        require = self._require
-        require(
-            not any(n.startswith("_sc_") for n in self.names),
-            "parameter names starting with '_sc_' are reserved",
-        )
-        require(
-            bool(plain),
-            "a step-cached function needs an owner parameter (its first parameter, "
-            "or the one named by owner=)",
-        )
-        require(
-            self.owner_name in plain,
-            f"owner={self.owner_name!r} is not a parameter {listing}",
-        )
+        problems = self._problems(key, names, plain, only)
+        if (problem := next(problems, None)) is not None:
+            raise self._error(problem)
         self.owner_index = self.index[self.owner_name]
-        require(
-            isinstance(names, Sequence) and all(isinstance(k, str) for k in names),
-            "key must be a callable, a parameter name or a tuple of parameter names "
-            f"(got {key!r})",
-        )
         self.key_names: tuple[str, ...] = tuple(names)
-        require(
-            bool(names) or not self.keyed or callable(key), "key=() names no parameter"
-        )
-        for k in self.key_names:
-            require(
-                k in self.index, f"key names {k!r}, which is not a parameter {listing}"
-            )
-        for d in deps:
-            require(
-                isinstance(d, str) and d.isidentifier(),
-                f"depends_on takes attribute or parameter names (got {d!r})",
-            )
-            require(
-                d != self.owner_name,
-                f"depends_on names the owner {d!r} itself; name its attributes instead",
-            )
-        require(
-            isinstance(specs, tuple | None)
-            and all(s is None or isinstance(s, TensorSpec) for s in specs or ()),
-            f"expect must be a TensorSpec or a tuple of them (got {expect!r})",
-        )
-        for ref in (r for s in specs or () if s is not None for r in s.refs()):
-            require(
-                not isinstance(ref, Arg) or ref.name in self.index,
-                f"expect refers to Arg({ref.name!r}), which is not a parameter {listing}",
-            )
-        require(
-            isinstance(guard_result, bool),
-            f"guard_result must be True or False (got {guard_result!r})",
-        )
-        require(
-            only is None or isinstance(only, Mapping),
-            f"only= takes a mapping of parameter names to collections (got {only!r})",
-        )
         self.only: dict[str, Container[Any]] = dict(only or {})
-        for n, allowed in self.only.items():
-            require(
-                n in self.index and n != self.owner_name,
-                f"only= names {n!r}, which is not a parameter besides the owner {listing}",
-            )
-            require(
-                not isinstance(allowed, (str, bytes))
-                and hasattr(allowed, "__contains__"),
-                f"only={{{n!r}: ...}} must be a collection of the values to cache, such "
-                f"as a frozenset (got {allowed!r})",
-            )
-
-        self._check = None if expect is None else checker(expect)
         self._simple = all(p.kind < p.VAR_POSITIONAL for p in self.params)
         #: the function called with ``*a`` (a miss calls it without `invoke`'s test)
         self._run: Callable[..., Any] = (
@@ -175,9 +109,60 @@ class CachedFunction:
     def _error(self, message: str) -> StepCacheError:
         return StepCacheError(f"{self.name}: {message}")
 
-    def _require(self, ok: bool, message: str) -> None:
-        if not ok:
-            raise self._error(message)
+    def _problems(
+        self, key: Any, names: Any, plain: list[str], only: Any
+    ) -> Iterator[str]:
+        """What makes the decoration unworkable, in order (the first is raised; later
+        checks may assume the earlier ones passed)."""
+        listing = f"(parameters: {', '.join(self.names)})"
+        if any(n.startswith("_sc_") for n in self.names):
+            yield "parameter names starting with '_sc_' are reserved"
+        if not plain:
+            yield (
+                "a step-cached function needs an owner parameter (its first parameter, "
+                "or the one named by owner=)"
+            )
+        if self.owner_name not in plain:
+            yield f"owner={self.owner_name!r} is not a parameter {listing}"
+        if not isinstance(names, Sequence) or not all(
+            isinstance(k, str) for k in names
+        ):
+            yield (
+                "key must be a callable, a parameter name or a tuple of parameter "
+                f"names (got {key!r})"
+            )
+        if not names and self.keyed and not callable(key):
+            yield "key=() names no parameter"
+        for k in names:
+            if k not in self.index:
+                yield f"key names {k!r}, which is not a parameter {listing}"
+        for d in self.dep_names:
+            if not isinstance(d, str) or not d.isidentifier():
+                yield f"depends_on takes attribute or parameter names (got {d!r})"
+            if d == self.owner_name:
+                yield f"depends_on names the owner {d!r} itself; name its attributes instead"
+        specs = (self.expect,) if isinstance(self.expect, TensorSpec) else self.expect
+        if not isinstance(specs, tuple | None) or not all(
+            s is None or isinstance(s, TensorSpec) for s in specs or ()
+        ):
+            yield f"expect must be a TensorSpec or a tuple of them (got {self.expect!r})"
+        for ref in (r for s in specs or () if s is not None for r in s.refs()):
+            if isinstance(ref, Arg) and ref.name not in self.index:
+                yield f"expect refers to Arg({ref.name!r}), which is not a parameter {listing}"
+        if not isinstance(self.guard, bool):
+            yield f"guard_result must be True or False (got {self.guard!r})"
+        if only is not None and not isinstance(only, Mapping):
+            yield f"only= takes a mapping of parameter names to collections (got {only!r})"
+        for n, allowed in (only or {}).items():
+            if n not in self.index or n == self.owner_name:
+                yield f"only= names {n!r}, which is not a parameter besides the owner {listing}"
+            if isinstance(allowed, (str, bytes)) or not hasattr(
+                allowed, "__contains__"
+            ):
+                yield (
+                    f"only={{{n!r}: ...}} must be a collection of the values to cache, "
+                    f"such as a frozenset (got {allowed!r})"
+                )
 
     # -- counters: hits and bypasses live in the hit's closure ---------------------------
     @property
@@ -232,14 +217,13 @@ class CachedFunction:
         return key
 
     def violation(self, value: Any, a: Args) -> str | None:
-        """What the check of ``expect`` (`stepcache._spec.checker`) finds wrong with
-        ``value`` (``": result ..."``), or ``None`` if it meets ``expect``."""
-        if self._check is None:
+        """What ``value`` breaks of ``expect`` (``": result ..."``), or ``None``."""
+        if self.expect is None:
             return None
         try:
-            self._check(value, (a, self.index, a[self.owner_index]), "")
+            check(self.expect, value, (a, self.index, a[self.owner_index]))
         except CacheValidationError as exc:
-            return str(exc)
+            return f": {exc}"
         return None
 
     # -- the slow path ------------------------------------------------------------------
@@ -260,7 +244,7 @@ class CachedFunction:
             return entry.value
         fps = fingerprints(deps) if deps else ()
         value = self._run(*a)
-        if self._check is not None and (wrong := self.violation(value, a)) is not None:
+        if self.expect is not None and (wrong := self.violation(value, a)) is not None:
             raise CacheValidationError(f"{self.where(key)}{wrong}")
         self.store(store, key, owner, fps, value)
         return value

@@ -4,10 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
-import linecache
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, TypeAlias
 
 import torch
@@ -127,9 +124,7 @@ class TensorSpec:
     ndim: int | None = None
     shape: tuple[Dim, ...] | None = None
     min_shape: tuple[Dim, ...] | None = None
-    _dims: tuple[tuple[tuple[Dim, ...], str], ...] = dataclasses.field(
-        init=False, repr=False, compare=False
-    )
+    _device: Any = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("shape", "min_shape"):
@@ -140,20 +135,52 @@ class TensorSpec:
                     raise StepCacheError(
                         f"TensorSpec {name} entries must be int, None, Arg or Attr (got {d!r})"
                     )
-        if isinstance(self.device, (str, torch.device)):
-            torch.device(self.device)  # raises on a malformed device string
+        # a malformed device string raises here, not on the first miss
+        d = self.device
+        fixed = torch.device(d) if isinstance(d, (str, torch.device)) else d
+        object.__setattr__(self, "_device", fixed)
         if not isinstance(self.dtype, torch.dtype | None | Arg | Attr):
             raise StepCacheError(
                 f"TensorSpec dtype must be a torch.dtype (got {self.dtype!r})"
             )
-        # the dims to check, and how: worked out once, not on every miss
-        groups = ((self.shape, ""), (self.min_shape, "at least "))
-        object.__setattr__(self, "_dims", tuple(g for g in groups if g[0] is not None))
 
     def refs(self) -> list[Arg | Attr]:
         """Every reference this spec resolves at call time."""
         items = (self.device, self.dtype, *(self.shape or ()), *(self.min_shape or ()))
         return [r for r in items if isinstance(r, (Arg, Attr))]
+
+    def check(self, x: Any, scope: Scope, name: str) -> None:
+        """Raise `CacheValidationError` (its message starts with ``name``) unless ``x``
+        is a tensor that meets this spec, its references resolved in ``scope``."""
+        if x.__class__ is not _Tensor and not isinstance(x, _Tensor):
+            raise _fail(name, f"must be a torch.Tensor (got {_kind(x)})")
+        want = _want(self._device, scope, "device")
+        # only a difference is normalised (cuda and cuda:N may be one device)
+        if want is not None and x.device != want and not _same_device(x.device, want):
+            want = normalize_device(want)
+            text = f"expected {want}{_label(self.device)}, actual {x.device}. Fix: "
+            text += f"compute into a buffer on {want}, or key the cache by device."
+            raise _fail(name, f"device mismatch. {text}")
+        want = _want(self.dtype, scope, "dtype")
+        if want is not None and x.dtype != want:
+            text = f"expected {want}{_label(self.dtype)}, actual {x.dtype}"
+            raise _fail(name, f"dtype mismatch. {text}")
+        shape = x.shape
+        if self.ndim is not None and len(shape) != self.ndim:
+            text = f"expected {self.ndim}, actual {len(shape)} (shape {list(shape)})"
+            raise _fail(name, f"ndim mismatch. {text}")
+        for dims, least in ((self.shape, ""), (self.min_shape, "at least ")):
+            if dims is not None and len(shape) < len(dims):
+                text = f"(shape {list(shape)}), the spec describes {len(dims)}"
+                raise _fail(name, f"has {len(shape)} dims {text}")
+            for i, item in enumerate(dims or ()):
+                want = _want(item, scope, "shape")
+                if want is not None and (
+                    shape[i] < want if least else shape[i] != want
+                ):
+                    text = f"expected {least}{want}{_label(item)}, actual {shape[i]}"
+                    text += f" (shape {list(shape)})"
+                    raise _fail(name, f"size mismatch at index {i}. {text}")
 
     def __repr__(self) -> str:
         fields = vars(self).items()
@@ -166,164 +193,45 @@ def _label(item: Any) -> str:
     return f" (from {kind} '{item.name}')" if kind else ""
 
 
+def _fail(name: str, text: str) -> CacheValidationError:
+    return CacheValidationError(f"{name} {text}")
+
+
+def _same_device(a: Any, b: Any) -> bool:
+    return normalize_device(a) == normalize_device(b)
+
+
 def _kind(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of {len(value)}"
     return f"{value!r:.60} that is a {type(value)!r}"
 
 
-def _error(where: str, what: int | None, text: str) -> CacheValidationError:
-    """The error of a broken spec; ``what`` is the item of a tuple result (``None``:
-    the result itself)."""
-    name = "result" if what is None else f"result[{what}]"
-    return CacheValidationError(f"{where}: {name} {text}")
+def _want(item: Any, scope: Scope, attr: str) -> Any:
+    """A fixed item as it is; a reference resolved in ``scope`` (a tensor stands for
+    its ``attr``: device, dtype, or shape, whose first dim a size stands for)."""
+    if not isinstance(item, _Ref):
+        return item
+    args, index, owner = scope
+    want = args[index[item.name]] if type(item) is Arg else getattr(owner, item.name)
+    if want.__class__ not in _PLAIN and isinstance(want, _Tensor):
+        want = getattr(want, attr)
+    if attr == "shape" and want.__class__ is not int:
+        want = int(want[0] if want.__class__ is _Size else want)
+    return want
 
 
-# The errors a check raises, one per kind of item; a check calls one only on failure.
-def _not_tensor(where: str, what: int | None, value: Any) -> CacheValidationError:
-    return _error(where, what, f"must be a torch.Tensor (got {_kind(value)})")
-
-
-def _not_tuple(where: str, n: int, value: Any) -> CacheValidationError:
-    return CacheValidationError(
-        f"{where}: expected a tuple of {n} values, got {_kind(value)}. Fix: return a "
-        "tuple that matches `expect`, or change `expect`."
-    )
-
-
-def _device(where: str, what: int | None, got: Any, want: Any, label: str) -> None:
-    """Raise unless ``got`` and ``want``, unequal as given, are one device normalised
-    (cuda and cuda:N of the current device)."""
-    want, got = normalize_device(want), normalize_device(got)
-    if got != want:
-        raise _error(
-            where,
-            what,
-            f"device mismatch. expected {want}{label}, actual {got}. Fix: compute into a "
-            f"buffer on {want}, or key the cache by device.",
-        )
-
-
-def _dtype(
-    where: str, what: int | None, got: Any, want: Any, label: str
-) -> CacheValidationError:
-    return _error(where, what, f"dtype mismatch. expected {want}{label}, actual {got}")
-
-
-def _ndim(where: str, what: int | None, value: Any, want: int) -> CacheValidationError:
-    text = f"ndim mismatch. expected {want}, actual {value.ndim}"
-    return _error(where, what, f"{text} (shape {list(value.shape)})")
-
-
-def _rank(where: str, what: int | None, shape: Any, n: int) -> CacheValidationError:
-    text = f"has {len(shape)} dims (shape {list(shape)}), the spec describes {n}"
-    return _error(where, what, text)
-
-
-def _size(
-    where: str, what: int | None, shape: Any, i: int, want: Any, least: str, label: str
-) -> CacheValidationError:
-    text = f"expected {least}{want}{label}, actual {shape[i]} (shape {list(shape)})"
-    return _error(where, what, f"size mismatch at index {i}. {text}")
-
-
-def _item(
-    spec: TensorSpec, x: str, what: int | None, consts: dict[str, Any]
-) -> list[str]:
-    """Source that checks the value ``x`` against ``spec``."""
-    item: Any
-    out = [f"if {x}.__class__ is not _Tensor and not isinstance({x}, _Tensor):"]
-    out.append(f"    raise _not_tensor(where, {what}, {x})")
-
-    def want(item: Any, attr: str) -> str:
-        """A fixed value's name among the check's globals, or, for a reference, the
-        local ``want`` set to it (a tensor stands for its ``attr``)."""
-        if not isinstance(item, _Ref):
-            consts[name := f"_w{len(consts)}"] = item
-            return name
-        name = item.name
-        read = f"owner.{name}" if name.isidentifier() else f"getattr(owner, {name!r})"
-        out.append(
-            "want = " + (f"args[index[{name!r}]]" if type(item) is Arg else read)
-        )
-        out.append("if want.__class__ not in _PLAIN and isinstance(want, _Tensor):")
-        out.append(f"    want = want.{attr}")
-        return "want"
-
-    if (item := spec.device) is not None:
-        fixed = item if isinstance(item, _Ref) else torch.device(item)
-        w = want(fixed, "device")
-        # only a difference is normalised (cuda and cuda:N may be one device)
-        out.append(f"if {x}.device != {w}:")
-        out.append(f"    _device(where, {what}, {x}.device, {w}, {_label(item)!r})")
-    if (item := spec.dtype) is not None:
-        w = want(item, "dtype")
-        out.append(f"if {x}.dtype != {w}:")
-        out.append(f"    raise _dtype(where, {what}, {x}.dtype, {w}, {_label(item)!r})")
-    if spec.ndim is not None:
-        out.append(f"if {x}.ndim != {spec.ndim}:")
-        out.append(f"    raise _ndim(where, {what}, {x}, {spec.ndim})")
-    for dims, least in spec._dims:
-        out += [f"shape = {x}.shape", f"if len(shape) < {len(dims)}:"]
-        out.append(f"    raise _rank(where, {what}, shape, {len(dims)})")
-        for i, item in enumerate(dims):
-            if item is None:
-                continue
-            w = want(item, "shape")
-            if w == "want":  # a tensor stands for its first dim
-                out.append("if want.__class__ is not int:")
-                out.append(
-                    "    want = int(want[0] if want.__class__ is _Size else want)"
-                )
-            out.append(f"if shape[{i}] {'<' if least else '!='} {w}:")
-            args = f"shape, {i}, {w}, {least!r}, {_label(item)!r}"
-            out.append(f"    raise _size(where, {what}, {args})")
-    return out
-
-
-#: the globals of every check
-_NAMES: dict[str, Any] = {"_Tensor": _Tensor, "_Size": _Size, "_PLAIN": _PLAIN}
-_NAMES.update((f.__name__, f) for f in (_not_tensor, _not_tuple, _device, _dtype))
-_NAMES.update((f.__name__, f) for f in (_ndim, _rank, _size))
-
-
-_labels = itertools.count(1)
-
-
-@functools.cache
-def checker(expect: Spec) -> Callable[[Any, Scope, str], None]:
-    """``expect`` as a function ``check(value, scope, where)`` that raises
-    `CacheValidationError` if ``value`` breaks it; the message starts with ``where``.
-
-    Written for the spec's own items (as attrs writes ``__init__``): a check runs on
-    every miss, so it tests nothing the spec leaves out. Its source is in `linecache`.
-
-    >>> import inspect
-    >>> print(inspect.getsource(checker(TensorSpec(dtype=torch.int32))), end="")
-    def check(value, scope, where):
-        if value.__class__ is not _Tensor and not isinstance(value, _Tensor):
-            raise _not_tensor(where, None, value)
-        if value.dtype != _w0:
-            raise _dtype(where, None, value.dtype, _w0, '')
-    """
-    consts: dict[str, Any] = {}
-    specs = (expect,) if isinstance(expect, TensorSpec) else expect
-    lines = ["def check(value, scope, where):"]
-    if any(s.refs() for s in specs if s is not None):
-        lines.append("args, index, owner = scope")
+def check(expect: Spec, value: Any, scope: Scope) -> None:
+    """Raise `CacheValidationError` if ``value`` breaks ``expect``, a spec or a tuple
+    of them; ``scope`` resolves its references. Runs on every miss."""
     if isinstance(expect, TensorSpec):
-        lines += _item(expect, "value", None, consts)
-    else:
-        n = len(expect)
-        lines.append(f"if not isinstance(value, (tuple, list)) or len(value) != {n}:")
-        lines.append(f"    raise _not_tuple(where, {n}, value)")
-        for i, spec in enumerate(expect):
-            if spec is not None:
-                lines += [f"x{i} = value[{i}]", *_item(spec, f"x{i}", i, consts)]
-    text = "\n".join(lines[:1] + [f"    {line}" for line in lines[1:]]) + "\n"
-    label = f"<stepcache expect {next(_labels)}>"
-    linecache.cache[label] = (len(text), None, text.splitlines(True), label)
-    namespace = {**_NAMES, **consts}
-    exec(compile(text, label, "exec"), namespace)
-    check: Callable[[Any, Scope, str], None] = namespace["check"]
-    return check
+        return expect.check(value, scope, "result")
+    if not isinstance(value, (tuple, list)) or len(value) != len(expect):
+        raise CacheValidationError(
+            f"expected a tuple of {len(expect)} values, got {_kind(value)}. Fix: return "
+            "a tuple that matches `expect`, or change `expect`."
+        )
+    for i, (spec, x) in enumerate(zip(expect, value, strict=True)):
+        if spec is not None:
+            spec.check(x, scope, f"result[{i}]")
+    return None

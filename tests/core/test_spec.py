@@ -123,12 +123,22 @@ def test_cuda_and_cuda_index_of_the_current_device_are_the_same(
 
 
 def test_device_spec_compares_normalised_devices(fake_current_cuda: None) -> None:
-    t = torch.zeros(2)
-    _spec.checker(TensorSpec(device="cpu"))(t, ((), {}, None), "f")
+    @step_cached(expect=TensorSpec(device="cpu"))
+    def on_cpu(owner: object) -> torch.Tensor:
+        return torch.zeros(2)
+
+    @step_cached(expect=TensorSpec(device="cuda"))
+    def on_cuda(owner: object) -> torch.Tensor:
+        return torch.zeros(2)
+
+    class Meta:
+        pass
+
+    assert on_cpu(Meta()).device.type == "cpu"
     with pytest.raises(
         CacheValidationError, match="device mismatch. expected cuda:1, actual cpu"
     ):
-        _spec.checker(TensorSpec(device="cuda"))(t, ((), {}, None), "f")
+        on_cuda(Meta())
 
 
 def test_malformed_specs_are_refused() -> None:
