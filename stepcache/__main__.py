@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Command line: ``python -m stepcache demo|profile ...``; glue, not core, so it imports
-the demo and the profiler only when asked."""
+"""``python -m stepcache demo|profile ...``: glue, importing each only when asked."""
 
 from __future__ import annotations
 

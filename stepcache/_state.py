@@ -75,10 +75,8 @@ switches: list[Any] = [
 #: ``SLOW[0]``: a switch is on, so every call takes the slow path (the hit path's one
 #: read: a list item is the cheapest mutable global)
 SLOW: list[bool] = [switches[0] or switches[1] != "off"]
-#: held to set a switch or to change the registry
-_lock = threading.Lock()
-#: a new function's id: 1, 2, ...
-new_id = itertools.count(1).__next__
+_lock = threading.Lock()  # held to set a switch or to change the registry
+new_id = itertools.count(1).__next__  # a new function's id: 1, 2, ...
 _by_id: weakref.WeakValueDictionary[int, CachedFunction] = weakref.WeakValueDictionary()
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import threading
 import weakref
@@ -22,10 +23,9 @@ from stepcache._state import name_of
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
 
-#: Every store alive, once `live_caches()` was called (a dead store's weak reference
-#: removes itself through the dict's own pop: no Python code runs).
+#: Every store alive, once `live_caches()` was called.
 _live: dict[weakref.ref[StepCache], None] = {}
-_live_pop = _live.pop
+_live_pop = _live.pop  # a dead store's reference removes itself: no Python code runs
 _tracking = False
 _tracking_lock = threading.Lock()
 #: id(owner) -> (weak reference to it, its store), for owners with no room for one.
@@ -74,8 +74,7 @@ class StepCache:
     def __init__(self, owner: object | None = None) -> None:
         #: function id -> entry, or {key: entry} for a keyed function: what a hit reads
         self.table: dict[int, Any] = {}
-        #: id -> weak reference of the owner that made it and those attached to it;
-        #: replaced, never changed, so that readers need no lock
+        #: id -> weak reference of each owner; replaced, never changed (no lock to read)
         self._members = {} if owner is None else {id(owner): _weak(owner)}
         self._closed = False
         self._misses: dict[int, int] = {}  # function id -> its misses, and
@@ -149,8 +148,7 @@ class StepCache:
 
     def insert(self, fid: int, keyed: bool, key: Any, entry: Entry) -> None:
         """Store ``entry``, a miss of ``fid``, and count the miss. No lock: each write is
-        one dict operation, and a store that another thread closed meanwhile is emptied
-        again."""
+        one dict operation, and a store closed meanwhile is emptied again."""
         if keyed:
             self.table.setdefault(fid, {})[key] = entry
         else:
@@ -173,14 +171,12 @@ class StepCache:
 def measure(stores: Iterable[StepCache]) -> dict[int, tuple[int, int]]:
     """Function id -> (entries, bytes of tensor and array data) in ``stores``."""
     out: dict[int, tuple[int, int]] = {}
-    sizes: list[int] = []  # a view counts its own elements, not its whole storage
-    kinds = (torch.Tensor, np.ndarray)
     for store in stores:
         for fid, entry in store.entries():
-            sizes.clear()
-            walk(entry.value, lambda x: sizes.append(x.nbytes), kinds)
+            found: list[Any] = []  # a view counts its own elements, not its storage
+            walk(entry.value, found.append, (torch.Tensor, np.ndarray))
             entries, size = out.get(fid, (0, 0))
-            out[fid] = (entries + 1, size + sum(sizes))
+            out[fid] = (entries + 1, size + sum(x.nbytes for x in found))
     return out
 
 
@@ -250,8 +246,7 @@ def cache_of(owner: object) -> StepCache:
         >>> stepcache.cache_of(m) is stepcache.cache_of(m)
         True
     """
-    # getattr, not owner.__dict__: on CPython 3.11+ that would turn the instance's
-    # inline attribute values into a dict object of its own
+    # not owner.__dict__: on CPython 3.11+ that makes the inline attributes a dict
     try:
         store = getattr(owner, ATTR, None)
     except Exception:  # an odd __getattr__
@@ -278,8 +273,7 @@ def cache_of(owner: object) -> StepCache:
     fresh = StepCache(owner)
     _write(owner, fresh)
     if store is not None and not store._closed:
-        # the original's, carried by copy.copy: the copy's own store starts with its
-        # kept objects and the entries that declare dependencies (a hit checks those)
+        # carried by copy.copy: share the original's kept objects and unbound entries
         fresh._kept = store._kept
         for fid, slot in list(store.table.items()):
             if isinstance(slot, dict):
@@ -340,8 +334,8 @@ def live_caches() -> list[StepCache]:
             for obj in gc.get_objects():
                 if type(obj) is StepCache:
                     _live[weakref.ref(obj, _live_pop)] = None
-    stores = (ref() for ref in list(_live))
-    return list({id(s): s for s in stores if s is not None}.values())
+    # no duplicates: live weak references to one store are equal keys
+    return [store for ref in list(_live) if (store := ref()) is not None]
 
 
 def cache_field() -> Any:
@@ -380,6 +374,4 @@ def dataclass_cache_field() -> Any:
         >>> m, stepcache.cache_of(m) is m._stepcache
         (Meta(), True)
     """
-    import dataclasses
-
     return dataclasses.field(default=None, init=False, repr=False, compare=False)
