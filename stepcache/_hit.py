@@ -1,26 +1,24 @@
 # SPDX-License-Identifier: Apache-2.0
 """The hit path: a cached value (`Entry`), the test that it serves a call
-(:func:`condition`, the one dependency check) and the short function generated per
+(:func:`condition`, the one dependency rule) and the short function generated per
 decorated function that inlines that test.
 
-Specialise instead of branch (as cachetools picks a wrapper per option, and attrs
-writes ``__init__``): the hit is written at decoration time for the function's own
-signature, owner, key and dependencies, so it tests no option. It answers a hit and a
-bypass and hands every other call to ``_sc_CALL``, the slow path. It reads named
-cells of a closure (``_sc_`` names, which no parameter may have); its source is
-registered in `linecache`, so tracebacks and pdb show it.
+As cachetools picks a wrapper per option and attrs writes ``__init__``, the hit is
+written at decoration for the function's own signature, owner, key and dependencies,
+so it tests no option. It answers a hit and a bypass and hands every other call to
+``_sc_CALL``, the slow path. Its values are named cells of a closure (``_sc_`` names,
+which no parameter may have); its source is in `linecache` for tracebacks and pdb.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 import linecache
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from stepcache._fingerprint import MATCH, MATCH_GLOBALS
+from stepcache._fingerprint import MATCH, MATCH_GLOBALS, matches
 from stepcache._state import BYPASS, SLOW
 
 if TYPE_CHECKING:
@@ -43,7 +41,7 @@ def condition(
     dependency expressions ``deps`` to locals, and the condition over them. ``ref`` is
     the owner's plain weak reference (what ``weakref.ref(owner)`` returns).
 
-    >>> lines, test = condition("e", "_sc_ref(md)", ["md.qsl"], guard=False)
+    >>> lines, test = condition("e", "md.__weakref__", ["md.qsl"], guard=False)
     >>> lines
     ['_sc_x0 = md.qsl', '_sc_xd = e.deps']
     >>> test.startswith("((_sc_x0 is _sc_xd[0] and")
@@ -59,10 +57,6 @@ def condition(
     if guard:  # the result's tensors were not written since it was stored
         parts.append(f"{e}.guard._version == {e}.gtag")
     return lines, " and ".join(parts)
-
-
-#: the names :func:`condition`'s source reads
-CONDITION_GLOBALS: Final = {**MATCH_GLOBALS, "_sc_ref": weakref.ref}
 
 
 class Entry:
@@ -87,19 +81,14 @@ class Entry:
         self.guard, self.gtag, self.info = guard, gtag, info
 
     def matches(self, owner: object, xs: Sequence[Any]) -> bool:
-        """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``."""
-        return bool(_matches(len(xs), self.guard is not None)(self, owner, *xs))
-
-
-@functools.cache
-def _matches(n: int, guard: bool) -> Any:
-    """:func:`condition` compiled for ``n`` dependencies, passed as arguments."""
-    xs = "".join(f"_sc_x{i}, " for i in range(n))
-    lines, test = condition("e", "_sc_ref(owner)", [""] * n, guard)
-    body = "".join(f" {line}\n" for line in lines[n:])
-    namespace = dict(CONDITION_GLOBALS)
-    exec(f"def m(e, owner, {xs}):\n{body} return {test}\n", namespace)
-    return namespace["m"]
+        """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``
+        (:func:`condition`, called instead of inlined)."""
+        d = self.deps
+        if xs:
+            ok = all(matches(x, d[2 * i], d[2 * i + 1]) for i, x in enumerate(xs))
+        else:
+            ok = self.bound is weakref.ref(owner)
+        return ok and (self.guard is None or self.guard._version == self.gtag)
 
 
 _NOTHING = object()
@@ -200,7 +189,7 @@ def compile_hit(fn: CachedFunction) -> tuple[Any, Counts]:
     name = getattr(fn.fn, "__name__", "")
     text = source(fn, name if name.isidentifier() else "wrapper", list(cells))
     linecache.cache[fn.label] = (len(text), None, text.splitlines(True), fn.label)
-    namespace: dict[str, Any] = dict(CONDITION_GLOBALS)
+    namespace: dict[str, Any] = dict(MATCH_GLOBALS)
     exec(compile(text, fn.label, "exec"), namespace)
     made: tuple[Any, Counts] = namespace["_sc_make"](**cells)
     return made
