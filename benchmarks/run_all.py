@@ -244,7 +244,7 @@ def page(
         "the cycle collector paused). stepcache's extra time per step, by what it",
         f"does at each stage, in this run: {_stage_summary(stages)}. A miss runs",
         "stepcache's bookkeeping (find or create the step's store, fingerprint the",
-        "dependencies, check `expect` with the check written for its spec, make the",
+        "dependencies, check `expect` (`TensorSpec.check`), make the",
         "entry, insert, count: about 20 Python calls in the one slow path that every",
         "decorated function shares), a few microseconds of Python when run in a loop;",
         "in a step it",

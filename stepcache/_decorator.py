@@ -8,7 +8,6 @@ import inspect
 import operator
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Container, Hashable, Iterator, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
@@ -193,7 +192,7 @@ class CachedFunction:
         if self._simple:
             return (fn or self.fn)(*a)
         bound = inspect.BoundArguments(
-            self.signature, OrderedDict(zip(self.names, a, strict=True))
+            self.signature, dict(zip(self.names, a, strict=True))
         )
         return (fn or self.fn)(*bound.args, **bound.kwargs)
 
