@@ -11,7 +11,7 @@ import dataclasses
 import re
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -41,8 +41,7 @@ class Detection:
     """One problem debug mode found.
 
     Attributes:
-        kind: What was found: a kind of the [debug mode guide](../debug.md) (its
-            table lists them), such as `dependency-changed`.
+        kind: A kind of the [debug mode guide](../debug.md): `dependency-changed`, ...
         function: The decorated function's label.
         key: The `repr` of the entry's key.
         message: The message of the error that was raised.
@@ -191,8 +190,7 @@ _MESSAGES: dict[str, str] = {
 def _detect(
     kind: str, fn: CachedFunction, key: Any, text: str = "", **fields: Any
 ) -> StaleCacheError | CacheValidationError:
-    """Record a detection; return its error (a CacheValidationError for `validation`).
-    The message is ``text``, else the kind's with ``fields`` filled in."""
+    """Record a detection; return its error (message: ``text``, else the kind's)."""
     global _total
     text = f"{fn.where(key)}: {text or _MESSAGES[kind].format(key=key, **fields)}"
     with _report_lock:
@@ -264,6 +262,16 @@ def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
     return f"contents mismatch at flat index {j}. expected {b[j].item()}, actual {a[j].item()}"
 
 
+def _check_tags(
+    fn: CachedFunction, key: Any, tagged: Iterable[tuple[torch.Tensor, Any]]
+) -> None:
+    """Raise buffer-overwritten for the first tensor whose tag is not the one paired."""
+    for t, old in tagged:
+        if (new := fp.tag(t)) != old:
+            tags = {"tensor": _describe(t), "old": old, "new": new}
+            raise _detect("buffer-overwritten", fn, key, **tags)
+
+
 def _describe(x: Any) -> str:
     """A short description of a value, for messages."""
     if isinstance(x, torch.Tensor):
@@ -278,10 +286,10 @@ def _describe(x: Any) -> str:
 
 
 def _reads(
-    owner: object, work: Callable[[], Any], declared: set[str]
+    fn: CachedFunction, owner: object, work: Callable[[], Any]
 ) -> tuple[Any, list[str]]:
-    """``work()`` and the data attributes of ``owner`` it read that are not
-    ``declared``, recorded by a ``__getattribute__`` patched into the owner's class."""
+    """``work()`` and the data attributes of ``owner`` it read that ``fn`` does not
+    depend on, recorded by a ``__getattribute__`` patched into the owner's class."""
     cls, names = type(owner), set[str]()
     own, original = cls.__dict__.get("__getattribute__"), cls.__getattribute__
 
@@ -301,7 +309,7 @@ def _reads(
             cls.__getattribute__ = own  # type: ignore[method-assign]
         else:
             del cls.__getattribute__
-    names -= {*declared, "_stepcache"}
+    names -= {*fn.dep_names, "_stepcache"}
     data = (n for n in names if not callable(getattr(owner, n, _MISSING)))
     return value, sorted(n for n in data if hasattr(owner, n))
 
@@ -348,9 +356,7 @@ class GuardedTensor(torch.Tensor):
                         fn, key, info, i = t._sc_guard
                         if (store := info.store()) is not None and store.closed:
                             raise _detect("use-after-close", fn, key)
-                        if (new := fp.tag(t)) != (old := info.versions[i][1]):
-                            tags = {"tensor": _describe(t), "old": old, "new": new}
-                            raise _detect("buffer-overwritten", fn, key, **tags)
+                        _check_tags(fn, key, [(t, info.versions[i][1])])
             return func(*args, **kwargs)
 
 
@@ -433,16 +439,10 @@ def call(fn: CachedFunction, a: Args, key: Any) -> Any:
     value, info = entry.value, entry.info  # info is None if stored in production
     if info is not None:
         _check_deps("dependency-changed", fn, key, deps, info.deps)
-        # with guard_result the lookup compared these tags already (a recomputation)
-        for t, old in () if fn.guard else info.versions:
-            if (new := fp.tag(t)) != old:
-                tags = {"tensor": _describe(t), "old": old, "new": new}
-                raise _detect("buffer-overwritten", fn, key, **tags)
-        changed = [
-            name
-            for name, (o, v) in info.watched.items()
-            if not fp.matches(getattr(owner, name, _MISSING), o, v)
-        ]
+        if not fn.guard:  # with guard_result the lookup compared the tags already
+            _check_tags(fn, key, info.versions)
+        now = {name: getattr(owner, name, _MISSING) for name in info.watched}
+        changed = [n for n, fpr in info.watched.items() if not fp.matches(now[n], *fpr)]
         if changed and (diff := _recompute(fn, a, value, info)):
             names = ", ".join(f"'{n}'" for n in changed)
             raise _detect("undeclared-input", fn, key, names=names, diff=diff)
@@ -461,14 +461,12 @@ def _fix(fn: CachedFunction, info: _Info | None) -> str:
     params = () if fn.key_fn else fn.names  # a key function's inputs are unknown
     found = [f"parameter '{n}'" for n in params if n not in declared]
     found += [f"owner attribute '{n}'" for n in sorted(info.watched if info else ())]
-    if not found:
+    if found:
         return (
-            "Fix: add the input that distinguishes these calls to key= or depends_on=."
+            f"Candidates: {', '.join(found)}. Fix: add the one that distinguishes "
+            "these calls to key= (parameters) or depends_on= (owner attributes)."
         )
-    return (
-        f"Candidates: {', '.join(found)}. Fix: add the one that distinguishes these "
-        "calls to key= (parameters) or depends_on= (owner attributes)."
-    )
+    return "Fix: add the input that distinguishes these calls to key= or depends_on=."
 
 
 def _miss(
@@ -480,10 +478,9 @@ def _miss(
             raise _detect("device-alias", fn, key, cached=cached)
     fps = fp.fingerprints(deps)
     recorded = tuple((v := _view(x), _deep(x, v)) for x in deps)
-    declared = set(fn.dep_names)
-    value, read = _reads(owner, lambda: fn.invoke(a), declared)
+    value, read = _reads(fn, owner, lambda: fn.invoke(a))
     key_reads = fn.key_fn is not None and fn.dep_names
-    if key_reads and (names := _reads(owner, lambda: fn.key_of(a), declared)[1]):
+    if key_reads and (names := _reads(fn, owner, lambda: fn.key_of(a))[1]):
         raise _detect("key-reads-undeclared", fn, key, names=names)
     _check_deps("builder-mutates-dependency", fn, key, deps, recorded)
     if (error := fn.violation(value, a)) is not None:
