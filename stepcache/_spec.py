@@ -149,38 +149,32 @@ class TensorSpec:
         items = (self.device, self.dtype, *(self.shape or ()), *(self.min_shape or ()))
         return [r for r in items if isinstance(r, (Arg, Attr))]
 
-    def check(self, x: Any, scope: Scope, name: str) -> None:
-        """Raise `CacheValidationError` (its message starts with ``name``) unless ``x``
-        is a tensor that meets this spec, its references resolved in ``scope``."""
+    def check(self, x: Any, scope: Scope, item: int | None = None) -> None:
+        """Raise `CacheValidationError` unless ``x`` (the result, or its item ``item``)
+        is a tensor that meets this spec, its references resolved in ``scope``. Runs on
+        every miss: an item left unset costs one test."""
         if x.__class__ is not _Tensor and not isinstance(x, _Tensor):
-            raise _fail(name, f"must be a torch.Tensor (got {_kind(x)})")
-        want = _want(self._device, scope, "device")
-        # only a difference is normalised (cuda and cuda:N may be one device)
-        if want is not None and x.device != want and not _same_device(x.device, want):
-            want = normalize_device(want)
-            text = f"expected {want}{_label(self.device)}, actual {x.device}. Fix: "
-            text += f"compute into a buffer on {want}, or key the cache by device."
-            raise _fail(name, f"device mismatch. {text}")
-        want = _want(self.dtype, scope, "dtype")
-        if want is not None and x.dtype != want:
-            text = f"expected {want}{_label(self.dtype)}, actual {x.dtype}"
-            raise _fail(name, f"dtype mismatch. {text}")
-        shape = x.shape
-        if self.ndim is not None and len(shape) != self.ndim:
-            text = f"expected {self.ndim}, actual {len(shape)} (shape {list(shape)})"
-            raise _fail(name, f"ndim mismatch. {text}")
-        for dims, least in ((self.shape, ""), (self.min_shape, "at least ")):
-            if dims is not None and len(shape) < len(dims):
-                text = f"(shape {list(shape)}), the spec describes {len(dims)}"
-                raise _fail(name, f"has {len(shape)} dims {text}")
-            for i, item in enumerate(dims or ()):
-                want = _want(item, scope, "shape")
-                if want is not None and (
-                    shape[i] < want if least else shape[i] != want
-                ):
-                    text = f"expected {least}{want}{_label(item)}, actual {shape[i]}"
-                    text += f" (shape {list(shape)})"
-                    raise _fail(name, f"size mismatch at index {i}. {text}")
+            raise _fail(item, f"must be a torch.Tensor (got {_kind(x)})")
+        if (want := self._device) is not None:
+            want = _want(want, scope, "device") if want.__class__ in _REFS else want
+            # only a difference is normalised (cuda and cuda:N may be one device)
+            if x.device != want and not _same_device(x.device, want):
+                want = normalize_device(want)
+                text = f"expected {want}{_label(self.device)}, actual {x.device}. Fix: "
+                text += f"compute into a buffer on {want}, or key the cache by device."
+                raise _fail(item, f"device mismatch. {text}")
+        if (want := self.dtype) is not None:
+            want = _want(want, scope, "dtype") if want.__class__ in _REFS else want
+            if x.dtype != want:
+                text = f"expected {want}{_label(self.dtype)}, actual {x.dtype}"
+                raise _fail(item, f"dtype mismatch. {text}")
+        if self.ndim is not None and x.ndim != self.ndim:
+            text = f"expected {self.ndim}, actual {x.ndim} (shape {list(x.shape)})"
+            raise _fail(item, f"ndim mismatch. {text}")
+        if self.shape is not None:
+            _sizes(x.shape, self.shape, "", scope, item)
+        if self.min_shape is not None:
+            _sizes(x.shape, self.min_shape, "at least ", scope, item)
 
     def __repr__(self) -> str:
         fields = vars(self).items()
@@ -193,8 +187,24 @@ def _label(item: Any) -> str:
     return f" (from {kind} '{item.name}')" if kind else ""
 
 
-def _fail(name: str, text: str) -> CacheValidationError:
-    return CacheValidationError(f"{name} {text}")
+def _fail(item: int | None, text: str) -> CacheValidationError:
+    return CacheValidationError(f"result{'' if item is None else f'[{item}]'} {text}")
+
+
+def _sizes(
+    shape: Any, dims: tuple[Dim, ...], least: str, scope: Scope, item: Any
+) -> None:
+    """Check the leading sizes of ``shape`` against ``dims`` (lower bounds if ``least``)."""
+    if len(shape) < len(dims):
+        text = f"(shape {list(shape)}), the spec describes {len(dims)}"
+        raise _fail(item, f"has {len(shape)} dims {text}")
+    for i, dim in enumerate(dims):
+        want = _want(dim, scope, "shape")
+        if want is not None and (shape[i] < want if least else shape[i] != want):
+            text = f"expected {least}{want}{_label(dim)}, actual {shape[i]}"
+            raise _fail(
+                item, f"size mismatch at index {i}. {text} (shape {list(shape)})"
+            )
 
 
 def _same_device(a: Any, b: Any) -> bool:
@@ -225,7 +235,7 @@ def check(expect: Spec, value: Any, scope: Scope) -> None:
     """Raise `CacheValidationError` if ``value`` breaks ``expect``, a spec or a tuple
     of them; ``scope`` resolves its references. Runs on every miss."""
     if isinstance(expect, TensorSpec):
-        return expect.check(value, scope, "result")
+        return expect.check(value, scope)
     if not isinstance(value, (tuple, list)) or len(value) != len(expect):
         raise CacheValidationError(
             f"expected a tuple of {len(expect)} values, got {_kind(value)}. Fix: return "
@@ -233,5 +243,5 @@ def check(expect: Spec, value: Any, scope: Scope) -> None:
         )
     for i, (spec, x) in enumerate(zip(expect, value, strict=True)):
         if spec is not None:
-            spec.check(x, scope, f"result[{i}]")
+            spec.check(x, scope, i)
     return None
