@@ -36,11 +36,10 @@ _attach_lock = threading.Lock()
 class StepCache:
     """The entries cached for one step's metadata object (its *owner*).
 
-    A store is kept in its owner and refers to it only weakly, so it is freed with the
-    owner. `close()` ends it early: the step is over, it drops everything, and any
-    later use through its owner raises [`StaleCacheError`][stepcache.StaleCacheError].
-    Get an owner's store with [`cache_of()`][stepcache.cache_of]; share one between
-    metadata objects of a step with [`attach()`][stepcache.attach].
+    Kept in its owner, which it refers to only weakly: it is freed with the owner.
+    `close()` ends the step early: it drops everything, and later use through its owner
+    raises [`StaleCacheError`][stepcache.StaleCacheError]. An owner's store comes from
+    [`cache_of()`][stepcache.cache_of]; [`attach()`][stepcache.attach] shares it in a step.
 
     Examples:
         >>> import stepcache, torch
@@ -190,9 +189,8 @@ class _Absent(dict[Any, Any]):
 
 
 _EMPTY_SLOT = _Absent()
-#: What a hit reads for an owner with no store yet (the class attribute `_write` gives
-#: owner classes): it finds `ABSENT` instead of raising, the slowest part of a first
-#: call. A ``SimpleNamespace``: CPython specializes reads of builtin-typed attributes.
+#: What a hit reads for an owner with no store yet (`_write` sets it on owner classes):
+#: `ABSENT`, not a raise. A namespace: CPython specializes reads of its attributes.
 NO_STORE = SimpleNamespace(table=_Absent())
 
 
@@ -328,8 +326,7 @@ def live_caches() -> list[StepCache]:
     global _tracking
     with _tracking_lock:
         if not _tracking:
-            # the flag first: a store made from now on registers itself, one made
-            # before is in the scan (a store reads the flag after it exists)
+            # flag first: a later store registers itself, an earlier one is in the scan
             _tracking = True
             for obj in gc.get_objects():
                 if type(obj) is StepCache:
