@@ -95,7 +95,8 @@ class TensorSpec:
     """What a cached tensor must look like: the `expect=` of a step-cached function.
 
     Each item is fixed, a reference ([`Arg`][stepcache.Arg], [`Attr`][stepcache.Attr])
-    or `None` (not checked); devices are compared [normalised][stepcache.normalize_device].
+    or `None` (not checked, nor is a reference that resolves to `None`); devices are
+    compared [normalised][stepcache.normalize_device].
 
     Attributes:
         device: The device.
@@ -156,16 +157,20 @@ class TensorSpec:
         if x.__class__ is not _Tensor and not isinstance(x, _Tensor):
             raise _fail(item, f"must be a torch.Tensor (got {_kind(x)})")
         if (want := self._device) is not None:
-            want = _want(want, scope, "device") if want.__class__ in _REFS else want
+            want = _want(want, scope, "device")
             # only a difference is normalised (cuda and cuda:N may be one device)
-            if x.device != want and not _same_device(x.device, want):
+            if (
+                want is not None
+                and x.device != want
+                and not _same_device(x.device, want)
+            ):
                 want = normalize_device(want)
                 text = f"expected {want}{_label(self.device)}, actual {x.device}. Fix: "
                 text += f"compute into a buffer on {want}, or key the cache by device."
                 raise _fail(item, f"device mismatch. {text}")
         if (want := self.dtype) is not None:
-            want = _want(want, scope, "dtype") if want.__class__ in _REFS else want
-            if x.dtype != want:
+            want = _want(want, scope, "dtype")
+            if want is not None and x.dtype != want:
                 text = f"expected {want}{_label(self.dtype)}, actual {x.dtype}"
                 raise _fail(item, f"dtype mismatch. {text}")
         if self.ndim is not None and x.ndim != self.ndim:
@@ -219,14 +224,15 @@ def _kind(value: Any) -> str:
 
 def _want(item: Any, scope: Scope, attr: str) -> Any:
     """A fixed item as it is; a reference resolved in ``scope`` (a tensor stands for
-    its ``attr``: device, dtype, or shape, whose first dim a size stands for)."""
-    if not isinstance(item, _Ref):
+    its ``attr``: device, dtype, or shape, whose first dim a size stands for). A
+    reference that resolves to ``None`` gives ``None``: the item is not checked."""
+    if item.__class__ not in _REFS:
         return item
     args, index, owner = scope
     want = args[index[item.name]] if type(item) is Arg else getattr(owner, item.name)
     if want.__class__ not in _PLAIN and isinstance(want, _Tensor):
         want = getattr(want, attr)
-    if attr == "shape" and want.__class__ is not int:
+    if attr == "shape" and want.__class__ is not int and want is not None:
         want = int(want[0] if want.__class__ is _Size else want)
     return want
 

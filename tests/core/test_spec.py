@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -148,3 +149,23 @@ def test_malformed_specs_are_refused() -> None:
         TensorSpec(dtype="int32")  # type: ignore[arg-type]
     with pytest.raises(RuntimeError):
         TensorSpec(device="gpu:zero")
+
+
+def test_a_reference_that_resolves_to_none_is_not_checked() -> None:
+    class Meta:
+        dev: Any = None
+        dt: Any = None
+        n: Any = None
+
+        @step_cached(
+            expect=TensorSpec(device=Attr("dev"), dtype=Attr("dt"), shape=(Attr("n"),))
+        )
+        def value(self) -> torch.Tensor:
+            return torch.zeros(2)
+
+    m = Meta()
+    assert m.value().shape == (2,)
+    m2 = Meta()
+    m2.dt = torch.int32
+    with pytest.raises(CacheValidationError, match="dtype mismatch"):
+        m2.value()
