@@ -441,8 +441,11 @@ def call(fn: CachedFunction, a: Args, key: Any) -> Any:
         _check_deps("dependency-changed", fn, key, deps, info.deps)
         if not fn.guard:  # with guard_result the lookup compared the tags already
             _check_tags(fn, key, info.versions)
-        now = {name: getattr(owner, name, _MISSING) for name in info.watched}
-        changed = [n for n, fpr in info.watched.items() if not fp.matches(now[n], *fpr)]
+        changed = [
+            name
+            for name, (o, v) in info.watched.items()
+            if not fp.matches(getattr(owner, name, _MISSING), o, v)
+        ]
         if changed and (diff := _recompute(fn, a, value, info)):
             names = ", ".join(f"'{n}'" for n in changed)
             raise _detect("undeclared-input", fn, key, names=names, diff=diff)
