@@ -10,6 +10,10 @@ The variants ``hit`` and ``hit-without-switch-test`` count ``STEPS`` hits of a m
 keyed by one argument instead: as stepcache generates its hit, and with the hit's
 test of the switch flag (``if _sc_SLOW[0]:``) compiled out. The difference is what
 testing the switches costs per hit.
+
+The variant ``stepcache-without-expect`` counts the stepcache steps with the ``expect``
+check of both integrations' decorated functions turned off: the difference to
+``stepcache`` is what validating each stored value costs a step.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks._sim import demo, dsv4_sim
+from benchmarks._sim import demo, dsv4_sim, request_index
 
 
 def _count(run: Callable[[], object], times: int) -> None:
@@ -62,12 +66,28 @@ def hits(variant: str, times: int) -> None:
     _count(lambda: meta.value(1), times)
 
 
+def without_expect() -> None:
+    """Turn off ``expect`` on the request index and the decorated sparse-index
+    builder (a patch of the functions' records, for this measurement only)."""
+    for fn in (
+        request_index.token_to_req_indices,
+        dsv4_sim.Builders.cached_sparse_indices,
+    ):
+        record = getattr(fn, "__stepcache__")  # noqa: B009 (set by step_cached)
+        if record.expect is None:
+            raise RuntimeError(f"{record.name} has no expect to turn off")
+        record.expect = None
+
+
 def main(argv: list[str]) -> None:
     variant, steps, layers, tokens = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     gc.disable()  # a collection would land in one variant's count only
     if variant.startswith("hit"):
         hits(variant, steps)
         return
+    if variant == "stepcache-without-expect":
+        without_expect()
+        variant = "stepcache"
     kinds = demo.layer_kinds(layers)
     builders = dsv4_sim.Builders(8192)
     lens = [1] * min(tokens, 256) + ([tokens - 256] if tokens > 256 else [])

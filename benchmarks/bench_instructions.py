@@ -27,6 +27,8 @@ from benchmarks._timing import environment, progress, source_state
 
 VARIANTS = ("uncached", "handwritten", "stepcache")
 POINTS = ((8, 4), (61, 4), (8, 1024), (61, 1024))
+#: the point at which the cost of ``expect`` is counted
+EXPECT_POINT = (8, 4)
 HIT_VARIANTS = ("hit", "hit-without-switch-test")
 
 
@@ -102,6 +104,29 @@ def switch_test_rows(hits: int) -> list[str]:
     ]
 
 
+def expect_rows(steps: int, handwritten: float, stepcache: float) -> list[str]:
+    """What validating each stored value (``expect``) costs a step at
+    :data:`EXPECT_POINT`: stepcache's count with and without the checks."""
+    layers, tokens = EXPECT_POINT
+    progress(f"  counting {layers} layers, {tokens} tokens without expect ...")
+    without = count("stepcache-without-expect", steps, layers, tokens) / steps
+    extra, checks = stepcache - handwritten, stepcache - without
+    return [
+        "",
+        f"What validation costs a step ({layers} layers, {tokens} tokens): the stepcache "
+        "step as above, and the same with `expect` turned off on the request index "
+        "and the decorated sparse-index builder (each checks the value it stores: 1 "
+        "request index and 2 sparse-index pairs per step).",
+        "",
+        "| stepcache step | instr/step | / hand-written |",
+        "| --- | ---: | ---: |",
+        f"| with expect (as above) | {stepcache:,.0f} | {stepcache / handwritten:.3f}x |",
+        f"| without expect | {without:,.0f} | {without / handwritten:.3f}x |",
+        f"| the expect checks | {checks:,.0f} | {checks / extra:.0%} of the "
+        f"{extra:,.0f} stepcache adds |",
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0] if __doc__ else None
@@ -132,19 +157,24 @@ def main(argv: list[str] | None = None) -> None:
         "| stepcache instr/step | stepcache / hand-written | uncached / stepcache |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    counted: dict[tuple[int, int], dict[str, float]] = {}
     with ThreadPoolExecutor(max_workers=2) as pool:
         for layers, tokens in POINTS:
             progress(f"  counting {layers} layers, {tokens} tokens ...")
             jobs = {
                 v: pool.submit(count, v, args.steps, layers, tokens) for v in VARIANTS
             }
-            per = {v: jobs[v].result() / args.steps for v in VARIANTS}
+            per = counted[layers, tokens] = {
+                v: jobs[v].result() / args.steps for v in VARIANTS
+            }
             lines.append(
                 f"| {layers} | {tokens} | {per['uncached']:,.0f} "
                 f"| {per['handwritten']:,.0f} | {per['stepcache']:,.0f} "
                 f"| {per['stepcache'] / per['handwritten']:.3f}x "
                 f"| {per['uncached'] / per['stepcache']:.2f}x |"
             )
+    at = counted[EXPECT_POINT]
+    lines += expect_rows(args.steps, at["handwritten"], at["stepcache"])
     lines += switch_test_rows(args.hits)
     text = "\n".join(lines)
     print(text)

@@ -396,3 +396,35 @@ def test_importtime_top_level_entries() -> None:
         "import time:        50 |         90 | stepcache\n"
     )
     assert bench_import.top_level_us(out) == {"torch": 700, "stepcache": 90}
+
+
+def test_the_instruction_count_without_expect_turns_the_checks_off() -> None:
+    # A fresh process: the patch changes the integrations' functions for its life.
+    # There the step stores a sparse-index pair of the wrong dtype, which expect
+    # would refuse; a second patch finds nothing left to turn off.
+    script = """
+import torch
+from benchmarks import _cg_step
+from benchmarks._sim import dsv4_sim
+_cg_step.without_expect()
+builders = dsv4_sim.Builders(64)
+swa = builders.build_swa(dsv4_sim.make_step([2, 1]), "stepcache")
+dsv4_sim.sparse_pair = lambda *args, **kwargs: (torch.zeros(3, 2), torch.zeros(3))
+pair = builders.cached_sparse_indices(swa, "swa_only", 0)
+print(pair[0].dtype)
+try:
+    _cg_step.without_expect()
+except RuntimeError as exc:
+    print(exc)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.splitlines() == [
+        "torch.float32",
+        "dsv4.token_to_req_indices has no expect to turn off",
+    ]
