@@ -25,6 +25,7 @@ from stepcache._store import StepCache
 
 if TYPE_CHECKING:
     from stepcache._decorator import CachedFunction
+    from stepcache._hit import Entry
 
 Args = tuple[Any, ...]
 _MAX_REPORT = 10_000
@@ -360,16 +361,17 @@ class GuardedTensor(torch.Tensor):
             return func(*args, **kwargs)
 
 
-def _recompute(
-    fn: CachedFunction, a: Args, value: Any, info: _Info | None
-) -> str | None:
-    """Where a fresh computation differs from ``value`` (``None``: nowhere). An equal
-    one written into the cached buffers moves their tags on: the views stay valid."""
+def _recompute(fn: CachedFunction, a: Args, entry: Entry) -> str | None:
+    """Where a fresh computation differs from the entry's value (``None``: nowhere).
+    An equal one written into the cached buffers moves their tags on, and the result
+    guard's: the entry and its views stay valid."""
     with torch._C.DisableTorchFunctionSubclass():
-        before = fp.walk(value, lambda t: t.detach().clone())
+        before = fp.walk(entry.value, lambda t: t.detach().clone())
     difference = first_difference(before, fn.invoke(a))
-    if difference is None and info is not None:
-        info.versions[:] = [(t, fp.tag(t)) for t, _ in info.versions]
+    if difference is None and entry.info is not None:
+        entry.info.versions[:] = [(t, fp.tag(t)) for t, _ in entry.info.versions]
+    if difference is None and entry.guard is not None:
+        entry.gtag = entry.guard._version
     return difference
 
 
@@ -446,13 +448,13 @@ def call(fn: CachedFunction, a: Args, key: Any) -> Any:
             for name, (o, v) in info.watched.items()
             if not fp.matches(getattr(owner, name, _MISSING), o, v)
         ]
-        if changed and (diff := _recompute(fn, a, value, info)):
+        if changed and (diff := _recompute(fn, a, entry)):
             names = ", ".join(f"'{n}'" for n in changed)
             raise _detect("undeclared-input", fn, key, names=names, diff=diff)
         info.watched.update((n, fp.fingerprint(getattr(owner, n))) for n in changed)
     if (error := fn.violation(value, a)) is not None:
         raise _detect("validation", fn, key, error=error)
-    if _state.switches[1] == "verify" and (diff := _recompute(fn, a, value, info)):
+    if _state.switches[1] == "verify" and (diff := _recompute(fn, a, entry)):
         raise _detect("key-too-coarse", fn, key, diff=diff, fix=_fix(fn, info))
     fn.count_hit()
     return value if info is None else info.handed

@@ -172,6 +172,27 @@ def test_no_false_positives_over_a_long_run_of_correct_steps(mode: str) -> None:
     assert len(stepcache.debug_report()) == 0, str(stepcache.debug_report())
 
 
+@pytest.mark.parametrize("mode", ["off", "checks", "verify"])
+def test_a_guarded_entry_rewritten_with_equal_rows_by_verify_stays_a_hit(
+    mode: str, persistent: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    # verify recomputes on every hit, here into the cached rows' own buffer: equal
+    # rows leave the entry valid, so the cache behaves as in the other modes
+    class Rows:
+        @step_cached(guard_result=True, name="test.guarded_rows")
+        def rows(self, buf: torch.Tensor) -> torch.Tensor:
+            buf[:2] = torch.tensor([1, 2], dtype=buf.dtype)
+            return buf[:2]
+
+    buf = persistent(torch.zeros(4, dtype=torch.int64))
+    owner = Rows()
+    with stepcache.debug(mode):
+        served = [owner.rows(buf).tolist() for _ in range(4)]
+    assert served == [[1, 2]] * 4
+    counts = stepcache.cache_of(owner).stats()["test.guarded_rows"]
+    assert (counts["misses"], counts["invalidations"]) == (1, 0)
+
+
 def test_report_counts_detections_past_the_kept_maximum(
     monkeypatch: pytest.MonkeyPatch, checks: None
 ) -> None:
