@@ -19,9 +19,10 @@ import torch
 
 from stepcache import _fingerprint as fp
 from stepcache import _state
-from stepcache._errors import CacheValidationError, StaleCacheError
+from stepcache._errors import CacheValidationError, StaleCacheError, StepCacheError
 from stepcache._spec import normalize_device
-from stepcache._store import StepCache
+from stepcache._state import BYPASS
+from stepcache._store import StepCache, cache_of
 
 if TYPE_CHECKING:
     from stepcache._decorator import CachedFunction
@@ -153,21 +154,30 @@ def clear_debug_report() -> None:
         _total = 0
 
 
+#: why a dependency-changed write went unseen: a path around the version counter, or
+#: an inference tensor, which has none
+_UNSEEN = (
+    "It was changed through a path that does not bump the version counter (a write "
+    "through .numpy(), .data assignment, a kernel writing through data_ptr(), or an "
+    "in-place change of a numpy array). Fix: change it with torch in-place ops or "
+    "assign a new object.",
+    "It is an inference tensor (made under torch.inference_mode()), which has no "
+    "version counter: outside debug mode no in-place write to it is seen. Fix: assign "
+    "a new tensor instead of writing into this one.",
+)
+
 #: each kind's message, for `_detect` to fill in
 _MESSAGES: dict[str, str] = {
     "use-after-close": "this value was handed out by a step cache that has since been "
     "closed (the step is over), and it was used again. Fix: finish using step values "
     "within the step, or keep a copy with .clone().",
     "buffer-overwritten": "the cached tensor {tensor} was overwritten after it was "
-    "stored (version {old} -> {new}): another step's build wrote the same persistent "
+    "stored ({change}): another step's build wrote the same persistent "
     "buffer, or a consumer mutated the cached value in place. Fix: one step at a time "
     "per buffer (close the old step first), or clone() values that must outlive the "
     "step.",
     "dependency-changed": "dependency '{dep}' changed without the cache noticing: "
-    "{diff} (now {now}). It was changed through a path that does not bump the version "
-    "counter (a write through .numpy(), .data assignment, a kernel writing through "
-    "data_ptr(), or an in-place change of a numpy array). Fix: change it with torch "
-    "in-place ops or assign a new object.",
+    "{diff} (now {now}). {why}",
     "undeclared-input": "owner attribute {names} changed since the entry was stored, "
     "and the function reads it, but neither the key nor depends_on names it; the "
     "cached value is stale: {diff}. Fix: add {names} to depends_on.",
@@ -206,10 +216,13 @@ class _Info:
     """What debug mode records of an entry when it is stored (``Entry.info``)."""
 
     deps: tuple[tuple[Any, Any], ...]  # (`_view`, `_deep`) of each dependency
-    versions: list[tuple[torch.Tensor, Any]]  # each tensor of the value, and its tag
+    versions: list[tuple[torch.Tensor, Any]]  # each tensor of the value, its `_tag`
     watched: dict[str, tuple[Any, Any]]  # fingerprints of undeclared owner attributes
-    store: weakref.ref[StepCache]
-    handed: Any = None  # what calls hand out: the value with its tensors guarded
+    value: Any
+    #: what calls through each store hand out: the value, its tensors guarded
+    handed: weakref.WeakKeyDictionary[StepCache, Any] = dataclasses.field(
+        default_factory=weakref.WeakKeyDictionary
+    )
 
 
 def _view(x: Any) -> Any:
@@ -217,7 +230,9 @@ def _view(x: Any) -> Any:
     (else ``None``), through which its contents are read again."""
     if isinstance(x, np.ndarray):
         return x if x.size <= DEEP_CONTENT_LIMIT else None
-    if not isinstance(x, torch.Tensor) or x.numel() > DEEP_CONTENT_LIMIT:
+    if not isinstance(x, torch.Tensor) or not fp.strided(x):
+        return None  # sparse and nested tensors: no plain memory to read
+    if x.numel() > DEEP_CONTENT_LIMIT:
         return None
     try:  # a real dtype as its bits: numpy lacks some (bfloat16)
         t = x.detach()
@@ -231,6 +246,8 @@ def _deep(x: Any, view: Any) -> tuple[Any, ...]:
     dtype, address and contents (read through ``view``), or a container's snapshot."""
     contents = None if view is None else view.tobytes()
     if isinstance(x, torch.Tensor):
+        if not fp.strided(x):  # no data pointer, no contents to read: its tag
+            return (fp.tag(x),)
         return x.shape, x.dtype, x.data_ptr(), contents
     if isinstance(x, np.ndarray):
         return x.shape, x.dtype, None, contents
@@ -243,12 +260,13 @@ def _check_deps(
     """Raise ``kind`` for the first dependency whose `_deep` state is not ``recorded``."""
     for dep, x, (view, before) in zip(fn.dep_names, deps, recorded, strict=True):
         if (after := _deep(x, view)) != before:
-            diff = _deep_difference(before, after)
-            raise _detect(kind, fn, key, dep=dep, diff=diff, now=_describe(x))
+            diff, now = _deep_difference(before, after), _describe(x)
+            why = _UNSEEN[isinstance(x, torch.Tensor) and x.is_inference()]
+            raise _detect(kind, fn, key, dep=dep, diff=diff, now=now, why=why)
 
 
 def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
-    if len(before) == 1:  # snapshots
+    if len(before) == 1:  # snapshots, tags
         return f"expected {before[0]!r:.80}, actual {after[0]!r:.80}"
     for name, b, a in zip(("shape", "dtype", "address"), before, after, strict=False):
         if b != a:
@@ -263,22 +281,38 @@ def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
     return f"contents mismatch at flat index {j}. expected {b[j].item()}, actual {a[j].item()}"
 
 
+def _tag(t: torch.Tensor) -> Any:
+    """Debug mode's tag of a cached tensor: its tag, and for an inference tensor
+    (written in place without a trace) its contents, where `_view` reads them."""
+    if not t.is_inference():
+        return fp.tag(t)
+    view = _view(t)
+    return fp.tag(t), None if view is None else view.tobytes()
+
+
 def _check_tags(
     fn: CachedFunction, key: Any, tagged: Iterable[tuple[torch.Tensor, Any]]
 ) -> None:
-    """Raise buffer-overwritten for the first tensor whose tag is not the one paired."""
+    """Raise buffer-overwritten for the first tensor whose `_tag` is not the one paired."""
     for t, old in tagged:
-        if (new := fp.tag(t)) != old:
-            tags = {"tensor": _describe(t), "old": old, "new": new}
-            raise _detect("buffer-overwritten", fn, key, **tags)
+        if (new := _tag(t)) != old:
+            if old.__class__ is int:
+                change = f"version {old} -> {new}"
+            elif old[0] != new[0]:
+                change = f"an inference tensor, moved: {old[0]} -> {new[0]}"
+            else:
+                change = "an inference tensor, its contents written in place"
+            tensor = _describe(t)
+            raise _detect("buffer-overwritten", fn, key, tensor=tensor, change=change)
 
 
 def _describe(x: Any) -> str:
     """A short description of a value, for messages."""
     if isinstance(x, torch.Tensor):
         state = "inference tensor" if x.is_inference() else f"version={x._version}"
-        text = f"tensor(shape={list(x.shape)}, dtype={x.dtype}, device={x.device}, "
-        text, small = text + state, x.is_cpu and x.numel() <= 16
+        shape = "nested" if x.is_nested else list(x.shape)
+        text = f"tensor(shape={shape}, dtype={x.dtype}, device={x.device}, "
+        text, small = text + state, fp.strided(x) and x.is_cpu and x.numel() <= 16
     elif isinstance(x, np.ndarray):
         text, small = f"ndarray(shape={list(x.shape)}, dtype={x.dtype}", x.size <= 16
     else:
@@ -342,8 +376,8 @@ class GuardedTensor(torch.Tensor):
         >>> stepcache.clear_debug_report()
     """
 
-    #: (function, key, the entry's _Info, index into info.versions)
-    _sc_guard: tuple[CachedFunction, Any, _Info, int]
+    #: (function, key, the entry's _Info, index into info.versions, the store)
+    _sc_guard: tuple[CachedFunction, Any, _Info, int, weakref.ref[StepCache]]
 
     @classmethod
     def __torch_function__(
@@ -354,8 +388,8 @@ class GuardedTensor(torch.Tensor):
             for arg in (*args, *kwargs.values()):
                 for t in arg if isinstance(arg, (tuple, list)) else (arg,):
                     if isinstance(t, GuardedTensor) and "_sc_guard" in t.__dict__:
-                        fn, key, info, i = t._sc_guard
-                        if (store := info.store()) is not None and store.closed:
+                        fn, key, info, i, ref = t._sc_guard
+                        if (store := ref()) is not None and store.closed:
                             raise _detect("use-after-close", fn, key)
                         _check_tags(fn, key, [(t, info.versions[i][1])])
             return func(*args, **kwargs)
@@ -369,7 +403,7 @@ def _recompute(fn: CachedFunction, a: Args, entry: Entry) -> str | None:
         before = fp.walk(entry.value, lambda t: t.detach().clone())
     difference = first_difference(before, fn.invoke(a))
     if difference is None and entry.info is not None:
-        entry.info.versions[:] = [(t, fp.tag(t)) for t, _ in entry.info.versions]
+        entry.info.versions[:] = [(t, _tag(t)) for t, _ in entry.info.versions]
     if difference is None and entry.guard is not None:
         entry.gtag = entry.guard._version
     return difference
@@ -387,13 +421,18 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
     """
     if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
-            for what in ("device", "dtype", "ndim"):
+            # nested tensors are compared component by component
+            if expected.is_nested and actual.is_nested:
+                return first_difference(expected.unbind(), actual.unbind(), path)
+            for what in ("device", "dtype", "layout", "is_nested", "ndim"):
                 if (e := getattr(expected, what)) != (a := getattr(actual, what)):
                     return f"tensor '{path}' {what} mismatch. expected {e}, actual {a}"
             for i, (n, m) in enumerate(zip(expected.shape, actual.shape, strict=True)):
                 if n != m:
                     return f"tensor '{path}' size mismatch at index {i}. expected {n}, actual {m}"
-            e, a = (t.detach().cpu().reshape(-1) for t in (expected, actual))
+            if expected.is_meta:  # no data: equal place and shape is all there is
+                return None
+            e, a = (t.detach().cpu().to_dense().reshape(-1) for t in (expected, actual))
             same = (e == a) | ((e != e) & (a != a))
             if bool(same.all()):
                 return None
@@ -430,6 +469,17 @@ def _canonical(key: Any) -> Any:
     return key
 
 
+def check_open(fn: CachedFunction, a: Args) -> None:
+    """Raise use-after-close for a bypassed call whose owner's store was closed (in
+    production a bypass does not touch the store)."""
+    try:
+        cache_of(a[fn.owner_index])
+    except StaleCacheError as exc:
+        raise _detect("use-after-close", fn, BYPASS, str(exc)) from None
+    except StepCacheError:  # an owner that can have no store: none was closed
+        pass
+
+
 def call(fn: CachedFunction, a: Args, key: Any) -> Any:
     """A call of ``fn`` with the key ``key`` (not a bypass) in checks or verify mode."""
     try:
@@ -441,8 +491,7 @@ def call(fn: CachedFunction, a: Args, key: Any) -> Any:
     value, info = entry.value, entry.info  # info is None if stored in production
     if info is not None:
         _check_deps("dependency-changed", fn, key, deps, info.deps)
-        if not fn.guard:  # with guard_result the lookup compared the tags already
-            _check_tags(fn, key, info.versions)
+        _check_tags(fn, key, info.versions)
         changed = [
             name
             for name, (o, v) in info.watched.items()
@@ -457,7 +506,7 @@ def call(fn: CachedFunction, a: Args, key: Any) -> Any:
     if _state.switches[1] == "verify" and (diff := _recompute(fn, a, entry)):
         raise _detect("key-too-coarse", fn, key, diff=diff, fix=_fix(fn, info))
     fn.count_hit()
-    return value if info is None else info.handed
+    return value if info is None else _hand_out(fn, key, info, store)
 
 
 def _fix(fn: CachedFunction, info: _Info | None) -> str:
@@ -491,18 +540,29 @@ def _miss(
     if (error := fn.violation(value, a)) is not None:
         raise _detect("validation", fn, key, error[2:])
     watched = {name: fp.fingerprint(getattr(owner, name)) for name in read}
-    versions = [(t, fp.tag(t)) for t in fp.tensors(value)]
-    info = _Info(recorded, versions, watched, weakref.ref(store), value)
-    if versions and _state.STEPCACHE_DEBUG_GUARD:  # hand out guarded views
-        index = {id(t): i for i, (t, _) in enumerate(versions)}
-
-        def guarded(t: torch.Tensor) -> torch.Tensor:
-            if isinstance(t, GuardedTensor):
-                return t
-            view = t.as_subclass(GuardedTensor)
-            view.__dict__["_sc_guard"] = (fn, key, info, index[id(t)])
-            return view
-
-        info.handed = fp.walk(value, guarded)
+    versions = [(t, _tag(t)) for t in fp.tensors(value)]
+    info = _Info(recorded, versions, watched, value)
     fn.store(store, key, owner, fps, value, info)
-    return info.handed
+    return _hand_out(fn, key, info, store)
+
+
+def _hand_out(fn: CachedFunction, key: Any, info: _Info, store: StepCache) -> Any:
+    """What a call through ``store`` hands out: the value, its tensors as guarded views
+    that check ``store`` (a copied owner's store serves the original's entries), made
+    once per store."""
+    if not info.versions or not _state.STEPCACHE_DEBUG_GUARD:
+        return info.value
+    if (handed := info.handed.get(store)) is not None:
+        return handed
+    index = {id(t): i for i, (t, _) in enumerate(info.versions)}
+    ref = weakref.ref(store)
+
+    def guarded(t: torch.Tensor) -> torch.Tensor:
+        if isinstance(t, GuardedTensor) or not fp.strided(t):  # no view of those
+            return t
+        view = t.as_subclass(GuardedTensor)
+        view.__dict__["_sc_guard"] = (fn, key, info, index[id(t)], ref)
+        return view
+
+    handed = info.handed[store] = fp.walk(info.value, guarded)
+    return handed

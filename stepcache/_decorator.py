@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import keyword
 import operator
 import threading
 import weakref
@@ -136,7 +137,7 @@ class CachedFunction:
             if k not in self.index:
                 yield f"key names {k!r}, which is not a parameter {listing}"
         for d in self.dep_names:
-            if not isinstance(d, str) or not d.isidentifier():
+            if not isinstance(d, str) or not d.isidentifier() or keyword.iskeyword(d):
                 yield f"depends_on takes attribute or parameter names (got {d!r})"
             if d == self.owner_name:
                 yield f"depends_on names the owner {d!r} itself; name its attributes instead"
@@ -199,17 +200,18 @@ class CachedFunction:
     def key_of(self, a: Args) -> Any:
         """The call's key (`BYPASS` for a call that ``only=`` leaves out); ``None``
         for an unkeyed function."""
+        what = "its only= test"
         try:
             for name, allowed in self.only.items():
                 if a[self.index[name]] not in allowed:
                     return BYPASS
             if self.key_fn is not None:
+                what = "its key function"
                 key = self.invoke(a, self.key_fn)
             else:
                 values = tuple(a[self.index[n]] for n in self.key_names)
                 key = values[0] if len(values) == 1 else values or None
         except Exception as exc:
-            what = "its key function" if self.key_fn is not None else "its only= test"
             raise StepCacheError(
                 f"{self.where()}: {what} raised {type(exc).__name__}: {exc}"
             ) from exc
@@ -234,6 +236,8 @@ class CachedFunction:
         if key is NO_KEY and (self.keyed or self.only):
             key = self.key_of(a)
         if key is BYPASS:
+            if mode != "off":
+                _debug.check_open(self, a)
             return self.bypass(a)
         if mode != "off":
             return _debug.call(self, a, key)

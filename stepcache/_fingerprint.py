@@ -30,24 +30,34 @@ PLACE: Final = "({t}.data_ptr(), {t}.shape, {t}.stride(), {t}.dtype, {t}.device)
 place: Callable[[torch.Tensor], Place] = eval("lambda t: " + PLACE.format(t="t"))
 
 
-def tag(t: torch.Tensor) -> int | Place:
+def strided(t: torch.Tensor) -> bool:
+    """Whether ``t`` has a data pointer and strides (not sparse, nor nested)."""
+    return t.layout is torch.strided and not t.is_nested
+
+
+def tag(t: torch.Tensor) -> int | Place | str:
     """What identifies the state of tensor ``t``: its version counter, or, for an
-    inference tensor (which has none), its :data:`PLACE`."""
-    return place(t) if t.is_inference() else t._version
+    inference tensor (which has none), its :data:`PLACE` (`ID` where it has no place:
+    a sparse or nested inference tensor is matched by identity)."""
+    if not t.is_inference():
+        return t._version
+    return place(t) if strided(t) else ID
 
 
 #: The one rule: does input ``{x}`` still match the fingerprint ``({o}, {v})``? The
-#: same object with the same tag; an equal value of the same type; an equal snapshot.
+#: same object with the same tag; an equal value of the same type (a tuple's items
+#: compared with their types, as snapshots); an equal snapshot.
 #: Source text: each hit inlines it (`stepcache._hit.condition`), :func:`matches`
 #: compiles it.
 MATCH: Final = (
-    "({x} is {o} and ({x}._version == {v} if {v}.__class__ is int"
+    "({x} is {o} and ({x}._version == {v} if {v}.__class__ is _sc_int"
     " else {v}.__class__ is not _sc_tuple or " + PLACE.format(t="{x}") + " == {v}))"
-    " or ({v} is _sc_VAL and {x}.__class__ is {o}.__class__ and {x} == {o})"
+    " or ({v} is _sc_VAL and {x}.__class__ is {o}.__class__ and ({x} == {o} if"
+    " {x}.__class__ not in _sc_VALUE_TUPLES else _sc_snapshot({x}) == _sc_snapshot({o})))"
     " or ({v} is _sc_SNAP and _sc_snapshot({x}) == {o})"
 )
 
-#: exact classes compared by value (`_is_value` also takes their subclasses)
+#: exact classes compared by value (`_typed` also takes their subclasses)
 _VALUE_CLASSES: Final[frozenset[type]] = frozenset(
     {int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device}
 )
@@ -56,23 +66,31 @@ _SCALARS = (*_VALUE_CLASSES, enum.Enum, np.generic, slice)
 _Tensor = torch.Tensor
 
 
-def _is_value(x: object) -> bool:
-    if isinstance(x, _SCALARS):
-        return True
-    if type(x) in (tuple, frozenset):
-        return all(_is_value(v) for v in x)  # type: ignore[attr-defined]
-    return False
+_VALUE_TUPLES: Final = (tuple, frozenset)  # exact classes: a named tuple is an object
+
+
+def _typed(v: Any) -> Any:
+    """``v`` with the class of each scalar in it, so that ``(1, 2)`` and ``(1.0, 2.0)``
+    differ; ``None`` if it holds anything but scalars and tuples of them."""
+    if isinstance(v, _SCALARS):
+        return v.__class__, v
+    if v.__class__ not in _VALUE_TUPLES:
+        return None
+    items = [_typed(i) for i in v]
+    return None if None in items else (v.__class__, v.__class__(items))
 
 
 def snapshot(x: Any) -> Any:
-    """A comparable copy of a list, dict or set (or ``None`` if it holds non-scalars)."""
-    if isinstance(x, (list, bytearray)):
+    """A comparable copy of a tuple, list, dict or set of scalars, each with its class
+    (``None`` if it holds anything else)."""
+    if isinstance(x, (list, bytearray)) or x.__class__ is tuple:
         items: Any = tuple(x)
-    elif isinstance(x, (dict, set)):
+    elif isinstance(x, (dict, set, frozenset)):
         items = tuple(x.items()) if isinstance(x, dict) else frozenset(x)
     else:
         return None
-    return (type(x), items) if all(_is_value(v) for v in items) else None
+    typed = _typed(items)
+    return None if typed is None else (type(x), typed)
 
 
 def fingerprints(deps: Sequence[Any]) -> tuple[Any, ...]:
@@ -80,8 +98,8 @@ def fingerprints(deps: Sequence[Any]) -> tuple[Any, ...]:
     entry stores them (see the module doc). Taken before the computation: an input
     changed while it runs must not be recorded as the state it was computed from.
 
-    >>> fingerprints((3, [1, 2]))
-    (3, 'VAL', (<class 'list'>, (1, 2)), 'SNAP')
+    >>> fingerprints((3, [1]))
+    (3, 'VAL', (<class 'list'>, (<class 'tuple'>, ((<class 'int'>, 1),))), 'SNAP')
     """
     flat: list[Any] = []
     for x in deps:
@@ -92,7 +110,7 @@ def fingerprints(deps: Sequence[Any]) -> tuple[Any, ...]:
             flat += (x, VAL)
         elif isinstance(x, _Tensor):
             flat += (x, tag(x))
-        elif _is_value(x):
+        elif _typed(x) is not None:
             flat += (x, VAL)
         elif (snap := snapshot(x)) is not None:
             flat += (snap, SNAP)
@@ -109,7 +127,9 @@ def fingerprint(x: Any) -> tuple[Any, Any]:
 
 #: the globals :data:`MATCH` reads (``_sc_`` names: a parameter cannot shadow them)
 MATCH_GLOBALS: Final = {
+    "_sc_int": int,
     "_sc_tuple": tuple,
+    "_sc_VALUE_TUPLES": _VALUE_TUPLES,
     "_sc_VAL": VAL,
     "_sc_SNAP": SNAP,
     "_sc_snapshot": snapshot,
@@ -172,7 +192,7 @@ class _Tags:
         self.tensors = tensors
 
     @property
-    def _version(self) -> tuple[int | Place, ...]:
+    def _version(self) -> tuple[int | Place | str, ...]:
         return tuple([tag(t) for t in self.tensors])
 
 

@@ -229,11 +229,18 @@ def _want(item: Any, scope: Scope, attr: str) -> Any:
     if item.__class__ not in _REFS:
         return item
     args, index, owner = scope
-    want = args[index[item.name]] if type(item) is Arg else getattr(owner, item.name)
-    if want.__class__ not in _PLAIN and isinstance(want, _Tensor):
-        want = getattr(want, attr)
-    if attr == "shape" and want.__class__ is not int and want is not None:
-        want = int(want[0] if want.__class__ is _Size else want)
+    try:
+        arg = type(item) is Arg
+        want = args[index[item.name]] if arg else getattr(owner, item.name)
+        if want.__class__ not in _PLAIN and isinstance(want, _Tensor):
+            want = getattr(want, attr)
+        if attr == "shape" and want.__class__ is not int and want is not None:
+            want = int(want[0] if want.__class__ is _Size else want)
+        if attr == "device" and want.__class__ is not torch.device and want is not None:
+            want = torch.device(want)
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        raise CacheValidationError(f"expect's {item!r}: no {attr} ({why})") from None
     return want
 
 

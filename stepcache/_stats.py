@@ -15,7 +15,8 @@ class FunctionStats:
     """Counters of one decorated function across the process.
 
     Attributes:
-        name: The function's label (`name=` of the decorator, or its qualified name).
+        name: The function's label (`name=` of the decorator, or its qualified name):
+            the counters of functions that share one are added up in its row.
         hits: Calls answered from the cache.
         misses: Calls that computed and stored a value (invalidations included).
         bypasses: Calls computed uncached ([`BYPASS`][stepcache.BYPASS], caching off).
@@ -126,13 +127,15 @@ def stats(*, include_idle: bool = False) -> StatsTable:
         >>> stepcache.stats()["ex.answer"]
         FunctionStats(name='ex.answer', hits=1, misses=1, bypasses=0, invalidations=0, live_entries=1, live_bytes=0)
     """
-    live, rows = measure(live_caches()), []
+    live, rows = measure(live_caches()), dict[str, list[int]]()
     for fn in all_functions():
-        counts = (fn.hits, fn.misses, fn.bypasses, fn.invalidations)
-        row = FunctionStats(fn.name, *counts, *live.get(fn.fid, (0, 0)))
-        if include_idle or row.calls or row.live_entries:
-            rows.append(row)
-    return StatsTable(tuple(rows))
+        counts = [fn.hits, fn.misses, fn.bypasses, fn.invalidations]
+        counts += live.get(fn.fid, (0, 0))
+        if include_idle or any(counts[:3]) or counts[4]:
+            # functions that share a name share its row (a factory's, say)
+            row = rows.setdefault(fn.name, [0] * len(counts))
+            row[:] = map(sum, zip(row, counts, strict=True))
+    return StatsTable(tuple(FunctionStats(n, *row) for n, row in rows.items()))
 
 
 def reset_stats() -> None:

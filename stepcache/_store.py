@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from stepcache._errors import StaleCacheError, StepCacheError
-from stepcache._fingerprint import walk
+from stepcache._fingerprint import strided, walk
 from stepcache._hit import ABSENT, Entry
 from stepcache._state import name_of
 
@@ -109,12 +109,16 @@ class StepCache:
     def stats(self) -> dict[str, dict[str, int]]:
         """Per-function entries, bytes, misses and invalidations in this store (hits and
         bypasses skip the store: [`stats()`][stepcache.stats] counts them)."""
-        sizes, out = measure((self,)), {}
+        sizes, out = measure((self,)), dict[str, dict[str, int]]()
         for f in {**self._misses, **self._invalid, **sizes}:
             entries, size = sizes.get(f, (0, 0))
             misses, invalid = self._misses.get(f, 0), self._invalid.get(f, 0)
             row = {"entries": entries, "bytes": size, "misses": misses}
-            out[name_of(f)] = {**row, "invalidations": invalid}
+            row["invalidations"] = invalid
+            # functions that share a name share its row, as in stepcache.stats()
+            total = out.setdefault(name_of(f), dict.fromkeys(row, 0))
+            for k, v in row.items():
+                total[k] += v
         return out
 
     def __len__(self) -> int:
@@ -168,14 +172,22 @@ class StepCache:
 
 
 def measure(stores: Iterable[StepCache]) -> dict[int, tuple[int, int]]:
-    """Function id -> (entries, bytes of tensor and array data) in ``stores``."""
+    """Function id -> (entries, bytes of strided tensors' and arrays' data) in
+    ``stores``, each entry counted once."""
     out: dict[int, tuple[int, int]] = {}
+    seen: set[int] = set()  # a copied owner's store shares the original's entries
     for store in stores:
         for fid, entry in store.entries():
+            if id(entry) in seen:
+                continue
+            seen.add(id(entry))
             found: list[Any] = []  # a view counts its own elements, not its storage
             walk(entry.value, found.append, (torch.Tensor, np.ndarray))
             entries, size = out.get(fid, (0, 0))
-            out[fid] = (entries + 1, size + sum(x.nbytes for x in found))
+            size += sum(
+                x.nbytes for x in found if not isinstance(x, torch.Tensor) or strided(x)
+            )
+            out[fid] = (entries + 1, size)
     return out
 
 
@@ -256,6 +268,11 @@ def cache_of(owner: object) -> StepCache:
             return fresh
         except (AttributeError, TypeError):
             pass  # the class has the placeholder, this owner no place for a store
+    if owner is None:  # StepCache(None) would be a store without an owner
+        raise StepCacheError(
+            "the owner is None: a step-cached function's owner parameter (its first, "
+            "or the one named by owner=) must be the step's metadata object"
+        )
     if not isinstance(store, StepCache):  # none yet, or in the side table
         side = _side.get(id(owner))
         store = side[1] if side is not None and side[0]() is owner else None
@@ -288,7 +305,8 @@ def attach(owner: object, cache: StepCache) -> StepCache:
     vLLM builds one metadata object per KV-cache group of a step; attached to one store,
     a value one builder computed serves the others while the dependencies it declares
     match on the caller. Entries without dependencies stay bound to the object that
-    computed them. Returns `cache`.
+    computed them (one entry per function and key: another owner's call replaces it).
+    Returns `cache`.
 
     Raises:
         StepCacheError: `cache` is not a [`StepCache`][stepcache.StepCache].

@@ -29,6 +29,8 @@ from typing import Any, Final
 import numpy as np
 import torch
 
+from stepcache._fingerprint import tag
+
 __all__ = ["KIND_OBJECT", "KIND_TENSOR", "KIND_VALUE", "argprint", "digest", "kind_of"]
 
 #: How an argument is compared (see :func:`kind_of`).
@@ -70,7 +72,7 @@ def argprint(x: Any, keep: dict[int, object]) -> Hashable:
         return (t, x)
     if isinstance(x, torch.Tensor):
         keep[id(x)] = x
-        return ("T", id(x), x._version)
+        return ("T", id(x), tag(x))
     if t in (tuple, list) and len(x) <= _SEQ_MAX:
         return (t, *(argprint(v, keep) for v in x))
     if isinstance(x, enum.Enum):
@@ -83,7 +85,7 @@ def argprint(x: Any, keep: dict[int, object]) -> Hashable:
 
 def digest(
     x: Any,
-    memo: dict[int, tuple[torch.Tensor, int, Hashable | None]] | None = None,
+    memo: dict[int, tuple[torch.Tensor, Any, Hashable | None]] | None = None,
     depth: int = 0,
 ) -> Hashable | None:
     """A digest of a result's contents, or ``None`` when it cannot be taken (a very
@@ -99,7 +101,7 @@ def digest(
         if memo is None:
             return _tensor_digest(x)
         hit = memo.get(id(x))
-        version = x._version
+        version = tag(x)
         if hit is not None and hit[0] is x and hit[1] == version:
             return hit[2]
         d = _tensor_digest(x)

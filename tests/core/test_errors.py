@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 import stepcache
 from stepcache import StepCacheError, step_cached
@@ -77,3 +78,49 @@ def test_errors_form_one_hierarchy() -> None:
 def test_attach_refuses_non_caches() -> None:
     with pytest.raises(StepCacheError, match="needs a StepCache"):
         stepcache.attach(Meta(), {})  # type: ignore[arg-type]
+
+
+def test_an_owner_of_none_is_a_typed_error() -> None:
+    @step_cached(name="errors.none_owner")
+    def index(md: Any) -> int:
+        return 1
+
+    with pytest.raises(StepCacheError, match="the owner is None"):
+        index(None)
+    with pytest.raises(StepCacheError, match="the owner is None"):
+        stepcache.cache_of(None)
+
+
+@pytest.mark.parametrize(
+    ("attr", "value"),
+    [("n", None), ("n", torch.tensor(2)), ("device", "bogus")],
+    ids=["missing attribute", "0-dim tensor as a size", "malformed device"],
+)
+def test_an_expect_reference_that_cannot_be_resolved_is_a_typed_error(
+    attr: str, value: Any
+) -> None:
+    spec = stepcache.TensorSpec(shape=(stepcache.Attr("n"),))
+    if attr == "device":
+        spec = stepcache.TensorSpec(device=stepcache.Attr("device"))
+
+    class Owner:
+        @step_cached(expect=spec, name="errors.ref")
+        def rows(self) -> torch.Tensor:
+            return torch.zeros(2)
+
+    md = Owner()
+    if value is not None:
+        setattr(md, attr, value)
+    with pytest.raises(
+        stepcache.CacheValidationError, match=f"expect's Attr\\('{attr}'\\)"
+    ):
+        md.rows()
+
+
+def test_an_only_test_that_raises_is_named_as_such_beside_a_key_function() -> None:
+    @step_cached(key=lambda md, kind: kind, only={"kind": frozenset({"a"})})
+    def rows(md: Any, kind: Any) -> int:
+        return 1
+
+    with pytest.raises(StepCacheError, match="its only= test raised TypeError"):
+        rows(Meta(), ["a"])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -70,3 +71,33 @@ def test_reset_zeroes_counters() -> None:
         or stepcache.stats()["stats.index"].calls == 0
     )
     assert stepcache.stats(include_idle=True)["stats.index"].hits == 0
+
+
+def test_an_entry_shared_by_copies_of_its_owner_is_counted_once() -> None:
+    md = Meta()
+    md.index()
+    copies = [copy.copy(md) for _ in range(3)]
+    stores = [stepcache.cache_of(c) for c in copies]  # each seeded with md's entry
+    assert len({id(s) for s in stores} | {id(stepcache.cache_of(md))}) == 4
+    assert all(c.index() is md.index() for c in copies)
+    row = stepcache.stats()["stats.index"]
+    assert (row.live_entries, row.live_bytes) == (1, 40)
+
+
+def test_functions_that_share_a_name_share_its_row() -> None:
+    def make() -> Callable[[Meta], int]:
+        @step_cached(name="stats.factory")
+        def build(md: Meta) -> int:
+            return 1
+
+        return build
+
+    first, second = make(), make()
+    md = Meta()
+    first(md), first(md), second(md)
+    table = stepcache.stats()
+    assert [n for n in table if n == "stats.factory"] == ["stats.factory"]
+    row = table["stats.factory"]
+    assert (row.hits, row.misses, row.live_entries) == (1, 2, 2)
+    assert table.to_dict()["stats.factory"]["misses"] == 2
+    assert stepcache.cache_of(md).stats()["stats.factory"]["misses"] == 2

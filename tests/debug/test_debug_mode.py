@@ -4,6 +4,7 @@ positives over a long run of correct steps."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 from collections.abc import Callable
@@ -210,3 +211,70 @@ def test_report_counts_detections_past_the_kept_maximum(
     assert "(1 more not kept)" in str(report)
     stepcache.clear_debug_report()
     assert stepcache.debug_report().total == 0
+
+
+@pytest.mark.parametrize("mode", ["checks", "verify"])
+def test_a_guarded_inference_result_written_in_place_is_caught(mode: str) -> None:
+    # a persistent buffer made under inference mode has no version counter: the
+    # second owner's build rewrites the rows the first owner's entry still shows
+    class Rows:
+        def __init__(self, first: int) -> None:
+            self.first = first
+
+        @step_cached(guard_result=True, depends_on=("first",), name="test.inf_rows")
+        def rows(self, buf: torch.Tensor) -> torch.Tensor:
+            buf[:2] = torch.tensor([self.first, self.first + 1], dtype=buf.dtype)
+            return buf[:2]
+
+    with torch.inference_mode():
+        buf = torch.zeros(4, dtype=torch.int64)
+    a, b = Rows(1), Rows(3)
+    stepcache.clear_debug_report()
+    with stepcache.debug(mode), torch.inference_mode():
+        assert a.rows(buf).tolist() == [1, 2]
+        assert b.rows(buf).tolist() == [3, 4]
+        with pytest.raises(StaleCacheError, match="contents written in place"):
+            a.rows(buf)
+    assert [d.kind for d in stepcache.debug_report()] == ["buffer-overwritten"]
+    with torch.inference_mode():  # verify did not recompute a's rows into buf
+        assert b.rows(buf).tolist() == [3, 4]
+
+
+def test_a_copied_owner_s_guarded_values_watch_its_own_store(checks: None) -> None:
+    md, buffer = make([2, 1]), torch.zeros(8, dtype=torch.int32)
+    md.index(buffer)
+    twin = copy.copy(md)
+    served = twin.index(buffer)  # md's entry, through the copy's own store
+    assert stepcache.cache_of(twin) is not stepcache.cache_of(md)
+    assert stepcache.stats()["Meta.index"].misses == 1
+    stepcache.cache_of(md).close()  # the original's step ends, the copy's does not
+    assert (served + 1).tolist() == [1, 1, 2]
+    stepcache.cache_of(twin).close()
+    with pytest.raises(StaleCacheError, match="closed"):
+        served + 1
+
+
+def test_a_bypassed_call_on_a_closed_store_is_caught(checks: None) -> None:
+    @step_cached(key=lambda md: stepcache.BYPASS, name="test.closed_bypass")
+    def value(md: Meta) -> int:
+        return 1
+
+    md = make([1])
+    stepcache.cache_of(md).close()
+    with pytest.raises(StaleCacheError, match="closed"):
+        value(md)
+    assert [d.kind for d in stepcache.debug_report()] == ["use-after-close"]
+
+
+def test_an_inference_dependency_written_in_place_gets_its_own_fix(
+    checks: None,
+) -> None:
+    with torch.inference_mode():
+        md = make([2, 1])
+    md.index(torch.zeros(8, dtype=torch.int32))
+    with torch.inference_mode():
+        md.query_start_loc[1] = 1
+    with pytest.raises(
+        StaleCacheError, match="It is an inference tensor .* assign a new"
+    ):
+        md.index(torch.zeros(8, dtype=torch.int32))

@@ -117,3 +117,14 @@ def test_the_digest_memo_reads_a_tensor_once_per_version() -> None:
     assert list(memo) == [id(t)]
     t.add_(1)
     assert digest(t, memo) != first[1]  # type: ignore[index]
+
+
+def test_inference_tensors_have_fingerprints_and_digests() -> None:
+    # every tensor a vLLM step makes is one: it has no version counter to read
+    with torch.inference_mode():
+        t = torch.arange(3)
+        keep: dict[int, object] = {}
+        assert argprint(t, keep) == argprint(t, keep)
+        assert argprint(t, keep) != argprint(t.clone(), keep)
+        memo: dict[int, tuple[torch.Tensor, object, object]] = {}
+        assert digest(t, memo) == digest(t, memo) == digest(torch.arange(3))
