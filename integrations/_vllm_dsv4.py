@@ -243,7 +243,18 @@ def apply_sparse_index_v41(module: ModuleType) -> Undo:
     return _apply_sparse_index(module, SPARSE_INDEX_V41_NAME, _v41_key, num_rows=False)
 
 
+def _c128_key(metadata: Any) -> Any:
+    """One entry per layout, none where a layout tensor is an inference tensor: vLLM's
+    unpadded draft loop adds 1 to ``seq_lens_cpu_upper_bound`` in place, and a tensor
+    made in the step has no version counter to show it (stock vLLM computes anew)."""
+    lens, qsl = metadata.seq_lens_cpu_upper_bound, metadata.query_start_loc_cpu
+    if qsl.is_inference() or (lens is not None and lens.is_inference()):
+        return stepcache.BYPASS
+    return None
+
+
 @stepcache.step_cached(
+    key=_c128_key,
     depends_on=("query_start_loc_cpu", "seq_lens_cpu_upper_bound"),
     name=C128_BOUNDARY_NAME,
 )

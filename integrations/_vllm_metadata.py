@@ -96,6 +96,9 @@ class _Origin(NamedTuple):
     query_start_loc_cpu: torch.Tensor
     qsl_cpu_version: int | None
     num_actual_tokens: int
+    #: the index's own version: a later write into its buffer (another layout's rows)
+    #: makes it another index
+    index_version: int | None
 
 
 #: The attribute on an index tensor the plugin made: the layout it was computed from.
@@ -110,15 +113,21 @@ def _remember(full: torch.Tensor, meta: Any) -> None:
         full,
         _ORIGIN,
         _Origin(
-            qsl, version_of(qsl), qsl_cpu, version_of(qsl_cpu), meta.num_actual_tokens
+            qsl,
+            version_of(qsl),
+            qsl_cpu,
+            version_of(qsl_cpu),
+            meta.num_actual_tokens,
+            version_of(full),
         ),
     )
 
 
 def _reusable_seed(meta: Any) -> torch.Tensor | None:
     """The index in ``meta``'s field if we computed it for ``meta``'s current layout
-    (the same tensors, unchanged since; an inference tensor's changes cannot be seen,
-    so an index computed from one is never reused)."""
+    (the same tensors, unchanged since, and its rows not written since; an inference
+    tensor's changes cannot be seen, so an index computed from or into one is never
+    reused)."""
     seed = getattr(meta, "_token_to_req_indices_cache", None)
     if not isinstance(seed, torch.Tensor):
         return None
@@ -134,6 +143,8 @@ def _reusable_seed(meta: Any) -> torch.Tensor | None:
         and origin.qsl_version == version_of(qsl)
         and origin.qsl_cpu_version == version_of(qsl_cpu)
         and origin.num_actual_tokens == meta.num_actual_tokens
+        and origin.index_version is not None
+        and origin.index_version == version_of(seed)
     ):
         return seed
     return None

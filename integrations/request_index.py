@@ -247,6 +247,7 @@ def token_to_req_indices(metadata: StepBatch, buffer: torch.Tensor) -> torch.Ten
     num_mapped = total_tokens(metadata.query_start_loc_cpu)
     index = request_index_array(metadata.query_start_loc, num_mapped)
     # the step's store holds a CUDA copy's pinned staging tensor (none on the CPU)
-    keep = stepcache.cache_of(metadata).keep_alive if buffer.is_cuda else None
+    cuda = isinstance(buffer, torch.Tensor) and buffer.is_cuda  # else: a typed error
+    keep = stepcache.cache_of(metadata).keep_alive if cuda else None
     full = write_request_index(index, buffer, num_tokens, keep_alive=keep)
     return full[:num_tokens]

@@ -123,6 +123,14 @@ class _State:
         self.undo: dict[str, Undo] = {}
         self.skipped: dict[str, str] = {}
         self.cancel: list[Callable[[], None]] = []
+        #: the warnings given (vLLM calls register() more than once per process)
+        self.warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _state.warned:
+        _state.warned.add(message)
+        logger.warning("%s", message)
 
 
 _state = _State()
@@ -223,7 +231,7 @@ def register() -> None:
         try:
             mode = parse_mode(os.environ.get(ENV))
         except ValueError as exc:
-            logger.warning("stepcache: %s; vLLM left unpatched", exc)
+            _warn_once(f"stepcache: {exc}; vLLM left unpatched")
             return
         if mode == "off":
             logger.debug("stepcache: %s is not set to 1; vLLM left unpatched", ENV)
@@ -234,13 +242,10 @@ def register() -> None:
             return
         distribution, version = found
         if mode != "force" and not supported(distribution, version):
-            logger.warning(
-                "stepcache: vLLM plugin not applied: %s %s is not a version it was "
-                "tested against (%s); %s=force applies it anyway",
-                distribution,
-                version,
-                _tested(),
-                ENV,
+            _warn_once(
+                f"stepcache: vLLM plugin not applied: {distribution} {version} is not "
+                f"a version it was tested against ({_tested()}); {ENV}=force applies "
+                "it anyway"
             )
             return
         _state.registered = True
@@ -331,6 +336,7 @@ def unregister() -> None:
                 undo()
         _state.cancel.clear()
         _state.skipped.clear()
+        _state.warned.clear()
         _state.registered = False
         _state.summary = None
         _state.mode = "off"

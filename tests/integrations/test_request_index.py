@@ -187,6 +187,12 @@ def _meta(qsl: list[int], n: int | None = None) -> StepMetadata:
             "must be 1-D",
         ),
         (
+            _meta([0, 3]),
+            [0] * 8,
+            stepcache.CacheValidationError,
+            "must be a torch.Tensor (got list)",
+        ),
+        (
             _meta([0, 3, 1]),
             torch.zeros(8, dtype=torch.int32),
             ValueError,

@@ -62,6 +62,27 @@ def test_c128_boundary_equals_vllms_and_follows_the_layout(
     assert compressor._get_c128_boundary(cam) is None
 
 
+def test_c128_boundary_follows_the_draft_loops_in_place_step(
+    plugin_on: ModuleType, make_metadata: Callable[..., Metadata]
+) -> None:
+    """vLLM's unpadded draft loop adds 1 in place to ``seq_lens_cpu_upper_bound``, a
+    tensor it made in the step (an inference tensor: no version counter)."""
+    import torch
+    from vllm.models.deepseek_v4 import compressor
+
+    original = _vllm_dsv4._original["c128_boundary"]
+    with torch.inference_mode():
+        cam = make_metadata([1, 1], context=0)
+        cam.query_start_loc_cpu = torch.tensor([0, 1, 2], dtype=torch.int32)
+        cam.seq_lens_cpu_upper_bound = torch.tensor([127, 127], dtype=torch.int32) - 0
+        answers = []
+        for _ in range(3):  # starts 126, 127, 128: the second crosses a c128 boundary
+            answers.append(compressor._get_c128_boundary(cam))
+            assert answers[-1] == original(cam)
+            cam.seq_lens_cpu_upper_bound += 1
+    assert answers == [False, True, False]
+
+
 def test_c128_boundary_is_computed_once_per_layout(
     plugin_on: ModuleType,
     make_metadata: Callable[..., Metadata],

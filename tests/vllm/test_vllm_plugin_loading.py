@@ -131,6 +131,7 @@ def test_a_value_it_does_not_know_is_one_warning_and_no_patch(
     before = _vllm_targets()
     monkeypatch.setenv(plugin.ENV, "yes please")
     fresh_loader.load_general_plugins()
+    plugin.register()  # vLLM calls it again in each process that loads plugins
     assert _vllm_targets() == before
     warnings = [r for r in log.records if r.levelno >= logging.WARNING]
     assert [r.getMessage() for r in warnings] == [

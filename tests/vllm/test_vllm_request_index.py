@@ -113,6 +113,18 @@ def test_the_plugin_recomputes_for_the_new_layout(
         assert count_index_computations == [1, 1]
 
 
+def test_an_index_whose_buffer_another_layout_wrote_is_recomputed(
+    plugin: ModuleType, make_metadata: Callable[..., Metadata]
+) -> None:
+    """Two layouts of one step into one persistent buffer: the first object's index,
+    kept in its own field, is not handed out once the second wrote the rows."""
+    first, second = make_metadata([3, 2, 2]), make_metadata([1, 1, 1, 1])
+    buffer = torch.zeros(32, dtype=torch.int32)
+    assert first.token_to_req_indices(buffer).tolist() == [0, 0, 0, 1, 1, 2, 2]
+    assert second.token_to_req_indices(buffer).tolist() == [0, 1, 2, 3]
+    assert first.token_to_req_indices(buffer).tolist() == [0, 0, 0, 1, 1, 2, 2]
+
+
 def test_extend_all_queries_by_n_gets_its_own_rows(
     plugin: ModuleType, make_metadata: Callable[..., Metadata]
 ) -> None:
