@@ -248,7 +248,7 @@ def _c128_key(metadata: Any) -> Any:
     unpadded draft loop adds 1 to ``seq_lens_cpu_upper_bound`` in place, and a tensor
     made in the step has no version counter to show it (stock vLLM computes anew)."""
     lens, qsl = metadata.seq_lens_cpu_upper_bound, metadata.query_start_loc_cpu
-    if qsl.is_inference() or (lens is not None and lens.is_inference()):
+    if (lens is not None and lens.is_inference()) or qsl.is_inference():
         return stepcache.BYPASS
     return None
 

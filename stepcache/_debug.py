@@ -230,7 +230,7 @@ def _view(x: Any) -> Any:
     (else ``None``), through which its contents are read again."""
     if isinstance(x, np.ndarray):
         return x if x.size <= DEEP_CONTENT_LIMIT else None
-    if not isinstance(x, torch.Tensor) or not fp.strided(x):
+    if not isinstance(x, torch.Tensor) or not fp.strided(x) or not x.is_cpu:
         return None  # sparse and nested tensors: no plain memory to read
     if x.numel() > DEEP_CONTENT_LIMIT:
         return None
@@ -266,8 +266,9 @@ def _check_deps(
 
 
 def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
-    if len(before) == 1:  # snapshots, tags
-        return f"expected {before[0]!r:.80}, actual {after[0]!r:.80}"
+    if len(before) == 1:  # snapshots (shown as the values they were taken of), tags
+        b, a = (_shown(s[0]) for s in (before, after))
+        return f"expected {b!r:.80}, actual {a!r:.80}"
     for name, b, a in zip(("shape", "dtype", "address"), before, after, strict=False):
         if b != a:
             return f"{name} mismatch. expected {b}, actual {a}"
@@ -288,6 +289,18 @@ def _tag(t: torch.Tensor) -> Any:
         return fp.tag(t)
     view = _view(t)
     return fp.tag(t), None if view is None else view.tobytes()
+
+
+def _shown(snap: Any) -> Any:
+    """The value a snapshot (`fp.snapshot`) was taken of; anything else as it is."""
+
+    def plain(typed: Any) -> Any:  # (class, value), a tuple's items typed in turn
+        cls, v = typed
+        return cls(map(plain, v)) if cls in (tuple, frozenset) else v
+
+    if not isinstance(snap, tuple) or len(snap) != 2 or not isinstance(snap[0], type):
+        return snap
+    return snap[0](plain(snap[1]))
 
 
 def _check_tags(
@@ -421,12 +434,11 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
     """
     if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
-            # nested tensors are compared component by component
-            if expected.is_nested and actual.is_nested:
-                return first_difference(expected.unbind(), actual.unbind(), path)
             for what in ("device", "dtype", "layout", "is_nested", "ndim"):
                 if (e := getattr(expected, what)) != (a := getattr(actual, what)):
                     return f"tensor '{path}' {what} mismatch. expected {e}, actual {a}"
+            if expected.is_nested:  # compared component by component
+                return first_difference(expected.unbind(), actual.unbind(), path)
             for i, (n, m) in enumerate(zip(expected.shape, actual.shape, strict=True)):
                 if n != m:
                     return f"tensor '{path}' size mismatch at index {i}. expected {n}, actual {m}"

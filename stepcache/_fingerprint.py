@@ -2,9 +2,9 @@
 """Dependency fingerprints: what an entry remembers of each input, and the one rule
 (:data:`MATCH`) that says whether an input still matches it.
 
-A fingerprint is a pair ``(o, v)``: a tensor and its :func:`tag`; a scalar (or a tuple
-of scalars) and `VAL`; a snapshot of a list, dict or set of scalars and `SNAP`; any
-other object and `ID`. docs/concepts.md ("Dependencies and fingerprints") says what
+A fingerprint is a pair ``(o, v)``: a tensor and its :func:`tag`; a scalar and `VAL`;
+a tuple of scalars and its snapshot (a `Typed`); a snapshot of a list, dict or set of
+scalars and `SNAP`; any other object and `ID`. docs/concepts.md ("Dependencies and fingerprints") says what
 each one sees and misses.
 """
 
@@ -45,16 +45,16 @@ def tag(t: torch.Tensor) -> int | Place | str:
 
 
 #: The one rule: does input ``{x}`` still match the fingerprint ``({o}, {v})``? The
-#: same object with the same tag; an equal value of the same type (a tuple's items
-#: compared with their types, as snapshots); an equal snapshot.
+#: same object with the same tag; an equal value of the same type; an equal snapshot
+#: (a list's, or a tuple's, whose ``v`` is a `Typed`: the same tuple is one test).
 #: Source text: each hit inlines it (`stepcache._hit.condition`), :func:`matches`
 #: compiles it.
 MATCH: Final = (
     "({x} is {o} and ({x}._version == {v} if {v}.__class__ is _sc_int"
     " else {v}.__class__ is not _sc_tuple or " + PLACE.format(t="{x}") + " == {v}))"
-    " or ({v} is _sc_VAL and {x}.__class__ is {o}.__class__ and ({x} == {o} if"
-    " {x}.__class__ not in _sc_VALUE_TUPLES else _sc_snapshot({x}) == _sc_snapshot({o})))"
+    " or ({v} is _sc_VAL and {x}.__class__ is {o}.__class__ and {x} == {o})"
     " or ({v} is _sc_SNAP and _sc_snapshot({x}) == {o})"
+    " or ({v}.__class__ is _sc_Typed and _sc_snapshot({x}) == {v}.snap)"
 )
 
 #: exact classes compared by value (`_typed` also takes their subclasses)
@@ -67,6 +67,19 @@ _Tensor = torch.Tensor
 
 
 _VALUE_TUPLES: Final = (tuple, frozenset)  # exact classes: a named tuple is an object
+
+
+class Typed:
+    """A tuple's or frozenset's ``v``: its snapshot, which an equal new one must match
+    (``x == o`` would take ``(1.0, 2.0)`` for ``(1, 2)``)."""
+
+    __slots__ = ("snap",)
+
+    def __init__(self, snap: Any) -> None:
+        self.snap = snap
+
+    def __repr__(self) -> str:
+        return f"Typed({self.snap!r})"
 
 
 def _typed(v: Any) -> Any:
@@ -110,10 +123,10 @@ def fingerprints(deps: Sequence[Any]) -> tuple[Any, ...]:
             flat += (x, VAL)
         elif isinstance(x, _Tensor):
             flat += (x, tag(x))
-        elif _typed(x) is not None:
+        elif isinstance(x, _SCALARS):
             flat += (x, VAL)
-        elif (snap := snapshot(x)) is not None:
-            flat += (snap, SNAP)
+        elif (snap := snapshot(x)) is not None:  # a tuple is kept: the same one hits
+            flat += (x, Typed(snap)) if cls in _VALUE_TUPLES else (snap, SNAP)
         else:
             flat += (x, ID)
     return tuple(flat)
@@ -129,7 +142,7 @@ def fingerprint(x: Any) -> tuple[Any, Any]:
 MATCH_GLOBALS: Final = {
     "_sc_int": int,
     "_sc_tuple": tuple,
-    "_sc_VALUE_TUPLES": _VALUE_TUPLES,
+    "_sc_Typed": Typed,
     "_sc_VAL": VAL,
     "_sc_SNAP": SNAP,
     "_sc_snapshot": snapshot,

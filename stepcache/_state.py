@@ -9,7 +9,7 @@ import itertools
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -201,3 +201,13 @@ def all_functions() -> list[CachedFunction]:
 def name_of(fid: int) -> str:
     fn = _by_id.get(fid)
     return fn.name if fn is not None else f"<function #{fid}>"
+
+
+def by_name(rows: Iterable[tuple[int, Sequence[int]]]) -> dict[str, list[int]]:
+    """Counts per function id, added up per name: functions that share a name (a
+    factory's, say) share its row."""
+    out: dict[str, list[int]] = {}
+    for fid, counts in rows:
+        row = out.setdefault(name_of(fid), [0] * len(counts))
+        row[:] = map(sum, zip(row, counts, strict=True))
+    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 
-from stepcache._state import all_functions
+from stepcache._state import all_functions, by_name
 from stepcache._store import live_caches, measure
 
 
@@ -127,15 +127,13 @@ def stats(*, include_idle: bool = False) -> StatsTable:
         >>> stepcache.stats()["ex.answer"]
         FunctionStats(name='ex.answer', hits=1, misses=1, bypasses=0, invalidations=0, live_entries=1, live_bytes=0)
     """
-    live, rows = measure(live_caches()), dict[str, list[int]]()
+    live, rows = measure(live_caches()), []
     for fn in all_functions():
-        counts = [fn.hits, fn.misses, fn.bypasses, fn.invalidations]
-        counts += live.get(fn.fid, (0, 0))
-        if include_idle or any(counts[:3]) or counts[4]:
-            # functions that share a name share its row (a factory's, say)
-            row = rows.setdefault(fn.name, [0] * len(counts))
-            row[:] = map(sum, zip(row, counts, strict=True))
-    return StatsTable(tuple(FunctionStats(n, *row) for n, row in rows.items()))
+        counts = (fn.hits, fn.misses, fn.bypasses, fn.invalidations)
+        row = FunctionStats(fn.name, *counts, *live.get(fn.fid, (0, 0)))
+        if include_idle or row.calls or row.live_entries:
+            rows.append((fn.fid, dataclasses.astuple(row)[1:]))
+    return StatsTable(tuple(FunctionStats(n, *c) for n, c in by_name(rows).items()))
 
 
 def reset_stats() -> None:

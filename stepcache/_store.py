@@ -18,7 +18,7 @@ import torch
 from stepcache._errors import StaleCacheError, StepCacheError
 from stepcache._fingerprint import strided, walk
 from stepcache._hit import ABSENT, Entry
-from stepcache._state import name_of
+from stepcache._state import by_name
 
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
@@ -109,17 +109,12 @@ class StepCache:
     def stats(self) -> dict[str, dict[str, int]]:
         """Per-function entries, bytes, misses and invalidations in this store (hits and
         bypasses skip the store: [`stats()`][stepcache.stats] counts them)."""
-        sizes, out = measure((self,)), dict[str, dict[str, int]]()
+        sizes, rows = measure((self,)), []
         for f in {**self._misses, **self._invalid, **sizes}:
-            entries, size = sizes.get(f, (0, 0))
-            misses, invalid = self._misses.get(f, 0), self._invalid.get(f, 0)
-            row = {"entries": entries, "bytes": size, "misses": misses}
-            row["invalidations"] = invalid
-            # functions that share a name share its row, as in stepcache.stats()
-            total = out.setdefault(name_of(f), dict.fromkeys(row, 0))
-            for k, v in row.items():
-                total[k] += v
-        return out
+            counts = (self._misses.get(f, 0), self._invalid.get(f, 0))
+            rows.append((f, (*sizes.get(f, (0, 0)), *counts)))
+        names = ("entries", "bytes", "misses", "invalidations")
+        return {n: dict(zip(names, c, strict=True)) for n, c in by_name(rows).items()}
 
     def __len__(self) -> int:
         return sum(1 for _ in self.entries())

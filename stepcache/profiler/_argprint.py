@@ -85,7 +85,7 @@ def argprint(x: Any, keep: dict[int, object]) -> Hashable:
 
 def digest(
     x: Any,
-    memo: dict[int, tuple[torch.Tensor, Any, Hashable | None]] | None = None,
+    memo: dict[int, tuple[torch.Tensor, int, Hashable | None]] | None = None,
     depth: int = 0,
 ) -> Hashable | None:
     """A digest of a result's contents, or ``None`` when it cannot be taken (a very
@@ -98,10 +98,10 @@ def digest(
     if t in _VALUES:
         return (t, x)
     if isinstance(x, torch.Tensor):
-        if memo is None:
+        if memo is None or x.is_inference():  # no version counter: read it each time
             return _tensor_digest(x)
         hit = memo.get(id(x))
-        version = tag(x)
+        version = x._version
         if hit is not None and hit[0] is x and hit[1] == version:
             return hit[2]
         d = _tensor_digest(x)

@@ -278,3 +278,19 @@ def test_an_inference_dependency_written_in_place_gets_its_own_fix(
         StaleCacheError, match="It is an inference tensor .* assign a new"
     ):
         md.index(torch.zeros(8, dtype=torch.int32))
+
+
+def test_a_list_dependency_is_shown_as_written(checks: None) -> None:
+    class Lens:
+        def __init__(self) -> None:
+            self.lens = [3, 5]
+
+        @step_cached(depends_on=("lens",), name="test.list_shown")
+        def total(self) -> int:
+            self.lens[0] += 1  # BUG: the builder writes its own dependency
+            return sum(self.lens)
+
+    with pytest.raises(
+        StaleCacheError, match=r"\(expected \[3, 5\], actual \[4, 5\]\)"
+    ):
+        Lens().total()

@@ -127,4 +127,7 @@ def test_inference_tensors_have_fingerprints_and_digests() -> None:
         assert argprint(t, keep) == argprint(t, keep)
         assert argprint(t, keep) != argprint(t.clone(), keep)
         memo: dict[int, tuple[torch.Tensor, object, object]] = {}
-        assert digest(t, memo) == digest(t, memo) == digest(torch.arange(3))
+        before = digest(t, memo)
+        assert before == digest(t, memo) == digest(torch.arange(3))
+        t.add_(1)  # in place: no version counter moves, the digest must still change
+        assert digest(t, memo) == digest(torch.arange(1, 4)) != before
