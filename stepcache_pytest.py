@@ -57,7 +57,7 @@ def pytest_load_initial_conftests(
     means checks mode on ``tests/``, not mode ``tests/``."""
     changed = False
     for i, arg in enumerate(args[:-1]):
-        if arg == OPTION and args[i + 1] not in MODES[1:]:
+        if arg == OPTION and args[i + 1] not in MODES:
             args[i] = f"{OPTION}=checks"
             changed = True
     if changed:

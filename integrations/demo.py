@@ -742,6 +742,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.steps < 1 or args.layers < 1:
         print("demo: --steps and --layers must be >= 1", file=sys.stderr)
         return 2
+    if args.json is not None and args.json.is_dir():  # said now, not after the run
+        print(f"demo: --json {args.json} is a directory", file=sys.stderr)
+        return 2
     out = sys.stdout
     kinds = layer_kinds(args.layers)
     print(

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from stepcache._state import all_functions, by_name
 from stepcache._store import live_caches, measure
@@ -136,6 +136,11 @@ def stats(*, include_idle: bool = False) -> StatsTable:
     return StatsTable(tuple(FunctionStats(n, *c) for n, c in by_name(rows).items()))
 
 
+#: called just before `reset_stats()` zeroes the counters (the pytest plugin adds
+#: them to its session's totals first)
+before_reset: list[Callable[[], None]] = []
+
+
 def reset_stats() -> None:
     """Zero every function's counters (live entries are not touched).
 
@@ -145,5 +150,7 @@ def reset_stats() -> None:
         >>> all(row.calls == 0 for row in stepcache.stats().values())
         True
     """
+    for hook in list(before_reset):
+        hook()
     for fn in all_functions():
         fn.reset_counts()

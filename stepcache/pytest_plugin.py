@@ -33,7 +33,7 @@ import attrs
 import pytest
 
 import stepcache
-from stepcache import Detection
+from stepcache import Detection, _stats
 from stepcache_pytest import MARKER, MODES
 
 __all__ = ["DebugHandle"]
@@ -290,17 +290,27 @@ class _counting:
     def __enter__(self) -> None:
         if self.state.stats:
             self.before = _counters()
+            _stats.before_reset.append(self.reset)
 
     def __exit__(self, *exc: object) -> None:
-        if not self.state.stats:
-            return
-        for name, after in _counters().items():
+        if self.state.stats:
+            _stats.before_reset.remove(self.reset)
+            self.add()
+
+    def reset(self) -> None:
+        """``reset_stats()`` is about to zero every counter: add them first."""
+        self.add()
+        self.before = {}
+
+    def add(self) -> None:
+        """Add the counters' growth since the phase began (or was last added)."""
+        now = _counters()
+        for name, after in now.items():
             before = self.before.get(name, (0,) * len(after))
-            if any(a < b for a, b in zip(after, before, strict=True)):
-                before = (0,) * len(after)  # reset during the phase
             total = self.state.totals.setdefault(name, [0] * len(after))
             for i, (a, b) in enumerate(zip(after, before, strict=True)):
                 total[i] += a - b
+        self.before = now
 
 
 def _counters() -> dict[str, tuple[int, ...]]:

@@ -54,13 +54,30 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="also write the report as JSON to PATH ('-': print JSON instead of the table)",
     )
-    p.add_argument("--top", type=int, default=15, help="rows of the table (default 15)")
+    p.add_argument(
+        "--top", type=_rows, default=15, help="rows of the table (default 15)"
+    )
     p.add_argument(
         "--no-results",
         action="store_true",
         help="compare arguments only, not result contents (cheaper)",
     )
     return p
+
+
+def _rows(text: str) -> int:
+    rows = int(text)
+    if rows < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0 (got {rows})")
+    return rows
+
+
+def _writable(path: str) -> None:
+    """Raise ProfilerError before the run for a --json path that cannot be written."""
+    if path != "-" and (
+        os.path.isdir(path) or not os.access(os.path.dirname(path) or ".", os.W_OK)
+    ):
+        raise ProfilerError(f"--json {path}: not a file that can be written")
 
 
 def _workload(spec: str) -> Callable[[], Any]:
@@ -70,7 +87,8 @@ def _workload(spec: str) -> Callable[[], Any]:
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and not module_name.startswith(exc.name):
+        missing = exc.name or module_name  # another module, missing inside this one
+        if missing != module_name and not module_name.startswith(missing + "."):
             raise
         raise TargetNotFoundError(
             f"workload {spec!r}: no module named {module_name!r}"
@@ -95,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
+        if args.json:
+            _writable(args.json)
         workload = _workload(args.workload)
         targets = args.target or [args.workload.partition(":")[0]]
         with profile(

@@ -5,6 +5,7 @@ put every original back (also when the block raises)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -138,8 +139,15 @@ class Profile:
             states: list[FnState] = []
             for target in targets:
                 is_step = step_target is not None and target is step_target
+                f = inspect.unwrap(target.function)
+                lazy = inspect.isgeneratorfunction(f) or inspect.iscoroutinefunction(f)
+                lazy = lazy or inspect.isasyncgenfunction(f)
                 state = FnState(
-                    target.name, signature_of(target.function), is_step, self._step_by
+                    target.name,
+                    signature_of(target.function),
+                    is_step,
+                    self._step_by,
+                    lazy,
                 )
                 if (
                     step_target is None

@@ -95,10 +95,13 @@ class FnState:
         signature: Signature | None,
         is_step: bool,
         step_by: tuple[str, ...],
+        lazy: bool = False,
     ) -> None:
         self.name = name
         self.signature = signature
         self.is_step = is_step
+        #: it returns a generator or coroutine: a cache would hand out a used one
+        self.lazy = lazy
         self.params: list[str] = []
         self.step_positions: list[tuple[int, str]] = []
         if signature is not None:
@@ -421,10 +424,9 @@ class Recorder:
                 call.repeat = True
                 fn.repeats += 1
                 earlier = first_result[call.codes]
-                if self.results and (
-                    earlier is None or call.result is None or earlier != call.result
-                ):
-                    fn.impure += 1
+                # a result that could not be digested is not evidence either way
+                if self.results and None not in (earlier, call.result):
+                    fn.impure += earlier != call.result
             else:
                 first_result[call.codes] = call.result
             if self.kept_calls < MAX_KEPT_CALLS:

@@ -250,6 +250,8 @@ class ProfileReport:
 
     def table(self, top: int | None = None) -> str:
         """The ranking as a table, then the suggestions for the top functions."""
+        if top is not None and top < 0:
+            raise ValueError(f"top must be at least 0 (got {top})")
         rows = self.functions
         lines = [self._headline()]
         if not rows:
@@ -283,7 +285,9 @@ class ProfileReport:
                     _short(r.inside) if r.inside and r.uncovered_ns == 0 else "",
                 )
             )
-        widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
+        widths = [
+            max([len(h), *(len(b[i]) for b in body)]) for i, h in enumerate(header)
+        ]
         left = {1, 8}
         fmt = [
             "  ".join(

@@ -61,6 +61,14 @@ def test_bad_sizes_are_refused() -> None:
     assert demo.main(["--steps", "0", "--no-vllm"]) == 2
 
 
+def test_a_json_path_that_is_a_directory_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert demo.main(["--steps", "2", "--no-vllm", "--json", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert "is a directory" in err and "stepcache demo" not in out
+
+
 def test_the_workload_is_deterministic_and_mixed() -> None:
     plans = demo.workload(60, seed=7)
     assert plans == demo.workload(60, seed=7)

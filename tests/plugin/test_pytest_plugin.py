@@ -172,6 +172,13 @@ def test_a_bad_mode_is_a_usage_error(suite: pytest.Pytester) -> None:
     )
 
 
+def test_off_before_a_path_is_a_usage_error_not_a_path(suite: pytest.Pytester) -> None:
+    suite.makepyfile("def test_nothing(): pass")
+    result = suite.runpytest("--stepcache-debug", "off", ".")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--stepcache-debug takes checks or verify (got 'off')" in result.stderr.str()
+
+
 def test_the_marker(suite: pytest.Pytester) -> None:
     suite.makepyfile(
         """
@@ -330,6 +337,38 @@ def test_stats_are_summed_over_tests(suite: pytest.Pytester) -> None:
     row = next(line.split() for line in lines[start:] if line.startswith("total "))
     assert row[:5] == ["total", "6", "3", "0", "0"]
     assert "stepcache stats" not in suite.runpytest().stdout.str()
+
+
+def test_stats_count_calls_on_both_sides_of_a_reset_in_one_phase(
+    suite: pytest.Pytester,
+) -> None:
+    suite.makeconftest(
+        """
+        import pytest, stepcache, torch
+        from helpers import Meta, total
+
+        @pytest.fixture(autouse=True)
+        def zero_then_build():
+            m = Meta(torch.tensor([1, 1]))
+            total(m), total(m)  # 1 miss, 1 hit before the reset
+            stepcache.reset_stats()
+            total(Meta(torch.tensor([2, 1])))  # 1 miss after it
+        """
+    )
+    suite.makepyfile(
+        """
+        import torch
+        from helpers import Meta, total
+
+        def test_one(): assert total(Meta(torch.tensor([3, 1]))) == 4
+        def test_two(): assert total(Meta(torch.tensor([4, 1]))) == 5
+        """
+    )
+    result = suite.runpytest("--stepcache-stats")
+    result.assert_outcomes(passed=2)
+    lines = result.stdout.lines
+    row = next(line.split() for line in lines if line.startswith("total "))
+    assert row[:3] == ["total", "2", "6"]  # per test: 1 hit; 2 misses set up, 1 run
 
 
 def test_the_entry_point_registers_the_plugin(suite: pytest.Pytester) -> None:

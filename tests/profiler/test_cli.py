@@ -102,6 +102,7 @@ def test_a_failing_workload_raises_and_restores() -> None:
         (["profile", f"{MOD}:CONSTANT"], "is a int, not callable"),
         (["profile", f"{MOD}"], "expected MODULE:CALLABLE"),
         (["profile", f"{__name__}:workload", "-t", f"{MOD}:nope"], "has no attribute"),
+        (["profile", f"{__name__}:workload", "-t", MOD, "--json", "."], "--json ."),
     ],
 )
 def test_errors(
@@ -111,6 +112,23 @@ def test_errors(
     err = capsys.readouterr().err
     assert err.startswith("python -m stepcache profile: error: ")
     assert message in err
+
+
+def test_a_workload_whose_own_import_fails_raises_its_error(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the module it cannot find is a prefix of the workload's name
+    (tmp_path / "broken_xyz_ext.py").write_text("import broken_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="'broken_xyz'"):
+        stepcache_main(["profile", "broken_xyz_ext:run"])
+
+
+def test_a_negative_top_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        stepcache_main(["profile", f"{__name__}:workload", "--top", "-1"])
+    assert exited.value.code == 2
+    assert "must be at least 0 (got -1)" in capsys.readouterr().err
 
 
 def test_python_dash_m() -> None:

@@ -55,6 +55,9 @@ def test_table(report: ProfileReport) -> None:
     short = report.table(top=1)
     assert "more (report.table() shows all)" in short
     assert str(report) == report.table(top=15)
+    assert "more (report.table() shows all)" in report.table(top=0)
+    with pytest.raises(ValueError, match="top must be at least 0"):
+        report.table(top=-1)
 
 
 def test_json_round_trip(report: ProfileReport) -> None:

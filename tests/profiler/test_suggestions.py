@@ -4,7 +4,7 @@ the function, it serves the calls the profiler counted and changes no result."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -73,6 +73,33 @@ def test_hidden_inputs_are_reported() -> None:
     row = report["noisy"]
     assert (row.identical, row.impure, row.redundant) == (2, 2, 0)
     assert row.suggestion is None
+
+
+def rows_of(step: sample.Step) -> Iterator[int]:
+    """A generator: each call hands out a fresh iterator over the step's rows."""
+    yield from range(step.num_tokens)
+
+
+def opaque(step: sample.Step) -> object:
+    """A result the profiler cannot digest (nothing to compare)."""
+    return object()
+
+
+def test_a_generator_function_gets_no_suggestion() -> None:
+    step = sample.make_step([1, 2])
+    with stepcache.profile(f"{__name__}:rows_of") as report:
+        for _ in range(3):
+            assert list(rows_of(step)) == list(range(step.num_tokens))
+    row = report["rows_of"]
+    assert row.identical == 2 and row.suggestion is None  # a cached one is used up
+
+
+def test_results_it_cannot_digest_are_not_called_impure() -> None:
+    step = sample.make_step([1])
+    with stepcache.profile(f"{__name__}:opaque") as report:
+        for _ in range(3):
+            opaque(step)
+    assert (report["opaque"].identical, report["opaque"].impure) == (2, 0)
 
 
 def _apply(line: str, fn: Callable[..., Any]) -> Callable[..., Any]:
