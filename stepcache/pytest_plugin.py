@@ -19,9 +19,8 @@ imports neither stepcache nor torch). Nothing happens unless asked:
 
 ``-p no:stepcache`` disables the plugin. The plugin follows the process-wide debug
 report (:func:`stepcache.debug_report`): a test that clears it itself hides the
-detections made before the clear. The report keeps at most 10,000 detections; while
-``--stepcache-debug`` is on, the plugin keeps its own copy and clears the process report
-when it grows past half of that.
+detections made before the clear. The report keeps at most 10,000 detections; the
+plugin keeps its own copy and clears the process report when it grows past half of that.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import pytest
 
 import stepcache
 from stepcache import Detection, _stats
-from stepcache_pytest import MARKER, MODES
+from stepcache_pytest import MARKER, MODES, _register
 
 __all__ = ["DebugHandle"]
 
@@ -140,9 +139,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def debug_handle(request: pytest.FixtureRequest) -> DebugHandle:
     """The ``stepcache_debug`` fixture's value (the fixture is declared by
     ``stepcache_pytest``): this test's handle on its debug mode and detections."""
-    state = request.config.stash[_SESSION]
+    state = request.config.stash.get(_SESSION, None)
     test: _Test | None = request.node.stash.get(_TEST, None)
-    if test is None or test.mode == "off":
+    if test is None and isinstance(request.node, pytest.Item):
+        # asked for at run time (request.getfixturevalue): this test starts now
+        if state is None:
+            _register(request.config)
+            state = request.config.stash[_SESSION]
+        test = request.node.stash[_TEST] = _Test("checks", stepcache.get_debug())
+        _checkpoint(state, None)
+        stepcache.set_debug(test.mode)
+    if state is None or test is None or test.mode == "off":
         pytest.fail(
             "the stepcache_debug fixture is for tests (not for a mark with mode='off')",
             pytrace=False,
@@ -191,6 +198,16 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
         return (yield)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(
+    fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+) -> Generator[None, Any, Any]:
+    test = request.node.stash.get(_TEST, None)
+    if test is not None and stepcache.get_debug() != test.mode:
+        stepcache.set_debug(test.mode)  # an earlier fixture switched it (a reset)
+    return (yield)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     state = item.config.stash.get(_SESSION, None)
@@ -237,7 +254,8 @@ def pytest_runtest_makereport(
     if not fresh:
         return report
     text = _failure_text(test.mode, call.when, fresh)
-    if report.passed and not hasattr(report, "wasxfail"):
+    # a skip after a detection would hide it: it fails, as a pass does
+    if (report.passed or report.skipped) and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = text
     else:
@@ -273,7 +291,7 @@ def _checkpoint(state: _Session, test: _Test | None) -> None:
     elif fresh and state.mode is not None:
         # Outside tests (collection, between tests) only --stepcache-debug reports.
         state.found.extend(_Found("(outside tests)", "-", d) for d in fresh)
-    if state.mode is not None and len(now) >= _CLEAR_AT:
+    if len(now) >= _CLEAR_AT:  # the core keeps 10,000: later ones would go unseen
         stepcache.clear_debug_report()
         now = ()
     state.seen = now

@@ -371,6 +371,81 @@ def test_stats_count_calls_on_both_sides_of_a_reset_in_one_phase(
     assert row[:3] == ["total", "2", "6"]  # per test: 1 hit; 2 misses set up, 1 run
 
 
+def test_the_fixture_asked_for_at_run_time_starts_checks_mode(
+    suite: pytest.Pytester,
+) -> None:
+    suite.makepyfile(
+        """
+        from helpers import swallowed
+
+        def test_dynamic(request):
+            handle = request.getfixturevalue("stepcache_debug")
+            assert handle.mode == "checks"
+            swallowed()  # a detection the code caught: it fails the test
+        """
+    )
+    result = suite.runpytest()
+    result.assert_outcomes(failed=1)
+    assert "[dependency-changed]" in result.stdout.str()
+
+
+def test_a_full_report_does_not_hide_the_next_tests_detection(
+    suite: pytest.Pytester,
+) -> None:
+    suite.makepyfile(
+        """
+        import pytest, stepcache
+        from helpers import swallowed
+
+        def test_many_on_purpose(stepcache_debug):  # fills the core's 10,000
+            stepcache.clear_debug_report()  # what earlier sessions left in it
+            for _ in range(10_000):
+                swallowed()
+            assert len(stepcache_debug.take()) == 10_000
+
+        @pytest.mark.stepcache_debug
+        def test_real_bug():
+            swallowed()
+        """
+    )
+    result = suite.runpytest()
+    result.assert_outcomes(passed=1, failed=1)
+    assert "test_real_bug" in "".join(result.outlines[-3:])
+
+
+def test_a_fixture_after_a_reset_and_a_skip_after_a_detection_are_caught(
+    suite: pytest.Pytester,
+) -> None:
+    suite.makeconftest(
+        """
+        import pytest, stepcache
+
+        @pytest.fixture(autouse=True)
+        def reset_switches():
+            stepcache.set_debug("off")
+        """
+    )
+    suite.makepyfile(
+        """
+        import pytest
+        from helpers import swallowed
+
+        @pytest.fixture
+        def built():  # set up after the reset
+            swallowed()
+
+        def test_uses_fixture(built):
+            pass
+
+        def test_skips_after_a_detection():
+            swallowed()
+            pytest.skip("not on this platform")
+        """
+    )
+    result = suite.runpytest("--stepcache-debug")
+    result.assert_outcomes(errors=1, failed=1)
+
+
 def test_the_entry_point_registers_the_plugin(suite: pytest.Pytester) -> None:
     suite.makepyfile(test_swallowing=SWALLOWING)
     result = suite.runpytest_subprocess("--stepcache-debug")
