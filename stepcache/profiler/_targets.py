@@ -72,13 +72,26 @@ class Target:
 
 
 def resolve_all(specs: Iterable[Any]) -> list[Target]:
-    """Every target the specs name, each once (by home site)."""
+    """Every target the specs name, each once: by home site, and by function (another
+    name of the function, ``make = build``, is a site of the target named as defined,
+    not a second target wrapping the first's wrapper)."""
     seen: dict[tuple[int, str], Target] = {}
     for spec in specs:
         for target in resolve(spec):
             home = target.sites[0]
             seen.setdefault((home.cid, home.attr), target)
-    return list(seen.values())
+    named: dict[int, Target] = {}
+    for t in seen.values():
+        defined_as = getattr(t.function, "__name__", None)
+        if id(t.function) not in named or t.sites[0].attr == defined_as:
+            named[id(t.function)] = t
+    out = []
+    for t in seen.values():
+        if (kept := named[id(t.function)]) is t:
+            out.append(t)
+        else:
+            kept.sites.extend(s for s in t.sites if s not in kept.sites)
+    return out
 
 
 def resolve(spec: Any) -> list[Target]:

@@ -119,3 +119,22 @@ def test_the_report_is_read_after_the_block() -> None:
         report.step()
     with pytest.raises(KeyError, match="no profiled function"):
         report["nothing"]
+
+
+def test_a_second_name_in_its_own_module_is_one_target() -> None:
+    """``make = build`` in the profiled module: one wrapper, reported as ``build``."""
+    module = types.ModuleType("profiler_second_name_module")
+    exec("def build(x):\n    return x\nmake = build\n", module.__dict__)
+    sys.modules[module.__name__] = module
+    try:
+        with stepcache.profile(module.__name__) as report:
+            module.build(1), module.make(1)
+        assert report.not_restored == ()
+        assert (
+            module.make is module.build and module.build.__module__ == module.__name__
+        )
+        assert [(r.name, r.calls) for r in report.functions] == [
+            (f"{module.__name__}:build", 2)
+        ]
+    finally:
+        del sys.modules[module.__name__]
