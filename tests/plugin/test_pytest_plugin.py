@@ -410,7 +410,8 @@ def test_a_full_report_does_not_hide_the_next_tests_detection(
     )
     result = suite.runpytest()
     result.assert_outcomes(passed=1, failed=1)
-    assert "test_real_bug" in "".join(result.outlines[-3:])
+    failed = [r.nodeid for r in result.reprec.getreports() if r.failed]  # type: ignore[attr-defined]
+    assert [n.rpartition("::")[2] for n in failed] == ["test_real_bug"]
 
 
 def test_a_fixture_after_a_reset_and_a_skip_after_a_detection_are_caught(
