@@ -266,7 +266,7 @@ def _check_deps(
 
 
 def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
-    if len(before) == 1:  # snapshots (shown as the values they were taken of), tags
+    if len(before) == 1:  # snapshots, shown as the values they were of; tags
         b, a = (_shown(s[0]) for s in (before, after))
         return f"expected {b!r:.80}, actual {a!r:.80}"
     for name, b, a in zip(("shape", "dtype", "address"), before, after, strict=False):
@@ -291,16 +291,9 @@ def _tag(t: torch.Tensor) -> Any:
     return fp.tag(t), None if view is None else view.tobytes()
 
 
-def _shown(snap: Any) -> Any:
-    """The value a snapshot (`fp.snapshot`) was taken of; anything else as it is."""
-
-    def plain(typed: Any) -> Any:  # (class, value), a tuple's items typed in turn
-        cls, v = typed
-        return cls(map(plain, v)) if cls in (tuple, frozenset) else v
-
-    if not isinstance(snap, tuple) or len(snap) != 2 or not isinstance(snap[0], type):
-        return snap
-    return snap[0](plain(snap[1]))
+def _shown(v: Any) -> Any:
+    """A snapshot (a pair) as the value it was taken of; a tag as it is."""
+    return fp.unsnapshot(v) if v.__class__ is tuple and len(v) == 2 else v
 
 
 def _check_tags(

@@ -4,8 +4,8 @@
 
 A fingerprint is a pair ``(o, v)``: a tensor and its :func:`tag`; a scalar and `VAL`;
 a tuple of scalars and its snapshot (a `Typed`); a snapshot of a list, dict or set of
-scalars and `SNAP`; any other object and `ID`. docs/concepts.md ("Dependencies and fingerprints") says what
-each one sees and misses.
+scalars and `SNAP`; any other object and `ID`. docs/concepts.md ("Dependencies and
+fingerprints") says what each one sees and misses.
 """
 
 from __future__ import annotations
@@ -104,6 +104,20 @@ def snapshot(x: Any) -> Any:
         return None
     typed = _typed(items)
     return None if typed is None else (type(x), typed)
+
+
+def unsnapshot(snap: Any) -> Any:
+    """The value a :func:`snapshot` was taken of (for messages).
+
+    >>> unsnapshot(snapshot({"a": (1, 2.0)}))
+    {'a': (1, 2.0)}
+    """
+
+    def plain(typed: Any) -> Any:  # (class, value), a tuple's items typed in turn
+        cls, v = typed
+        return cls(map(plain, v)) if cls in _VALUE_TUPLES else v
+
+    return snap[0](plain(snap[1]))
 
 
 def fingerprints(deps: Sequence[Any]) -> tuple[Any, ...]:

@@ -32,6 +32,8 @@ _PASS: dict[Any, str] = {
     P.KEYWORD_ONLY: "{0}={0}",
 }
 Counts = Callable[[int, int], tuple[int, int]]
+#: builtins by _sc_ names (`compile_hit`): a parameter may be called `Exception`
+CATCH = "    except _sc_Exception:"
 
 
 def condition(
@@ -128,7 +130,7 @@ def source(fn: CachedFunction, fname: str, cells: Sequence[str]) -> str:
     def bypass_if(test: str, expr: str) -> None:
         # a key function or only= value that raises gets its typed error from the slow
         # path; a bypass needs nothing of it: counted here, computed directly
-        out.extend(["    try:", f"        {expr}", "    except _sc_Exception:"])
+        out.extend(["    try:", f"        {expr}", CATCH])
         out.append(f"        return {miss}")
         out.append(f"    if {test}: _sc_BYPASSES += 1.0; return _sc_FN({call})")
 
@@ -156,11 +158,7 @@ def source(fn: CachedFunction, fname: str, cells: Sequence[str]) -> str:
     lines, test = condition("_sc_e", f"{owner}.__weakref__", deps, fn.guard)
     out += ["    try:", f"        _sc_e = {lookup}", *(f"        {x}" for x in lines)]
     out += [f"        if {test}:", "            _sc_HITS += 1.0"]
-    out += [
-        "            return _sc_e.value",
-        "    except _sc_Exception:",
-        "        pass",
-    ]
+    out += ["            return _sc_e.value", CATCH, "        pass"]
     out.append(f"    return {miss}")  # anything odd is the slow path's to judge
     # cells are cheaper to read than globals; the counts are floats, whose += reuses
     # CPython's free list, where an int past 256 allocates
@@ -193,7 +191,6 @@ def compile_hit(fn: CachedFunction) -> tuple[Any, Counts]:
     name = getattr(fn.fn, "__name__", "")
     text = source(fn, name if name.isidentifier() else "wrapper", list(cells))
     linecache.cache[fn.label] = (len(text), None, text.splitlines(True), fn.label)
-    # builtins by _sc_ names: a parameter may be called `Exception` or `int`
     namespace: dict[str, Any] = {**MATCH_GLOBALS, "_sc_Exception": Exception}
     exec(compile(text, fn.label, "exec"), namespace)
     made: tuple[Any, Counts] = namespace["_sc_make"](**cells)

@@ -129,11 +129,12 @@ def stats(*, include_idle: bool = False) -> StatsTable:
     """
     live, rows = measure(live_caches()), []
     for fn in all_functions():
-        counts = (fn.hits, fn.misses, fn.bypasses, fn.invalidations)
-        row = FunctionStats(fn.name, *counts, *live.get(fn.fid, (0, 0)))
-        if include_idle or row.calls or row.live_entries:
-            rows.append((fn.fid, dataclasses.astuple(row)[1:]))
-    return StatsTable(tuple(FunctionStats(n, *c) for n, c in by_name(rows).items()))
+        counts = [fn.hits, fn.misses, fn.bypasses, fn.invalidations]
+        rows.append((fn.fid, counts + list(live.get(fn.fid, (0, 0)))))
+    merged = (FunctionStats(n, *c) for n, c in by_name(rows).items())
+    return StatsTable(
+        tuple(r for r in merged if include_idle or r.calls or r.live_entries)
+    )
 
 
 #: called just before `reset_stats()` zeroes the counters (the pytest plugin adds
