@@ -19,10 +19,10 @@ import torch
 
 from stepcache import _fingerprint as fp
 from stepcache import _state
-from stepcache._errors import CacheValidationError, StaleCacheError, StepCacheError
+from stepcache._errors import CacheValidationError, StaleCacheError
 from stepcache._spec import normalize_device
 from stepcache._state import BYPASS
-from stepcache._store import StepCache, cache_of
+from stepcache._store import StepCache, closed_error, found
 
 if TYPE_CHECKING:
     from stepcache._decorator import CachedFunction
@@ -475,14 +475,12 @@ def _canonical(key: Any) -> Any:
 
 
 def check_open(fn: CachedFunction, a: Args) -> None:
-    """Raise use-after-close for a bypassed call whose owner's store was closed (in
-    production a bypass does not touch the store)."""
-    try:
-        cache_of(a[fn.owner_index])
-    except StaleCacheError as exc:
-        raise _detect("use-after-close", fn, BYPASS, str(exc)) from None
-    except StepCacheError:  # an owner that can have no store: none was closed
-        pass
+    """Raise use-after-close for a bypassed call whose owner's store was closed. As in
+    production, a bypass makes no store."""
+    owner = a[fn.owner_index]
+    store = found(owner)
+    if store is not None and store.closed and store.belongs_to(owner):
+        raise _detect("use-after-close", fn, BYPASS, str(closed_error(owner)))
 
 
 def call(fn: CachedFunction, a: Args, key: Any) -> Any:

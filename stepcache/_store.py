@@ -221,15 +221,39 @@ def _weak(owner: object) -> weakref.ref[Any]:
 def _write(owner: object, store: StepCache) -> None:
     """Keep ``store`` in ``owner`` (an attribute or declared slot, else the side table);
     the owner's class gets `NO_STORE` as its attribute, unless it has one."""
-    try:
-        object.__setattr__(owner, ATTR, store)  # past a frozen class's __setattr__
-    except (AttributeError, TypeError):  # slotted without a slot for it
-        key = id(owner)  # the callback runs as the owner dies, before its id is reused
-        _side[key] = (weakref.ref(owner, lambda _: _side.pop(key, None)), store)
-        return
-    if not hasattr(type(owner), ATTR):
-        with contextlib.suppress(Exception):  # a builtin type or a metaclass may refuse
-            setattr(type(owner), ATTR, NO_STORE)
+    # not in a tensor: torch.save writes its __dict__, and weights_only loads refuse it
+    with contextlib.suppress(AttributeError, TypeError):  # slotted without a slot
+        if not isinstance(owner, torch.Tensor):
+            object.__setattr__(owner, ATTR, store)  # past a frozen class's __setattr__
+            if not hasattr(type(owner), ATTR):
+                with contextlib.suppress(Exception):  # a builtin type may refuse
+                    setattr(type(owner), ATTR, NO_STORE)
+            return
+    key = id(owner)  # the callback runs as the owner dies, before its id is reused
+    _side[key] = (weakref.ref(owner, lambda _: _side.pop(key, None)), store)
+
+
+def closed_error(owner: object) -> StaleCacheError:
+    """The error of a call through ``owner`` after its store was closed."""
+    return StaleCacheError(
+        f"the step cache of this {type(owner).__qualname__} was closed (the step is "
+        "over), and it was used again. Fix: build a new metadata object for the new "
+        "step, or call clear() instead of close() if the object is meant to be reused."
+    )
+
+
+def found(owner: object, store: Any = None) -> StepCache | None:
+    """The store ``owner`` holds (``store``, if read already) or the side table holds
+    for it, else ``None``; it may be a copied owner's, which `cache_of` replaces."""
+    if store is None:
+        try:
+            store = getattr(owner, ATTR, None)
+        except Exception:  # an odd __getattr__
+            return None
+    if isinstance(store, StepCache):
+        return store
+    side = _side.get(id(owner))
+    return side[1] if side is not None and side[0]() is owner else None
 
 
 def cache_of(owner: object) -> StepCache:
@@ -268,17 +292,10 @@ def cache_of(owner: object) -> StepCache:
             "the owner is None: a step-cached function's owner parameter (its first, "
             "or the one named by owner=) must be the step's metadata object"
         )
-    if not isinstance(store, StepCache):  # none yet, or in the side table
-        side = _side.get(id(owner))
-        store = side[1] if side is not None and side[0]() is owner else None
+    store = found(owner, store)
     if store is not None and store.belongs_to(owner):
         if store._closed:
-            raise StaleCacheError(
-                f"the step cache of this {type(owner).__qualname__} was closed (the step "
-                "is over), and it was used again. Fix: build a new metadata object for "
-                "the new step, or call clear() instead of close() if the object is "
-                "meant to be reused."
-            )
+            raise closed_error(owner)
         return store
     fresh = StepCache(owner)
     _write(owner, fresh)

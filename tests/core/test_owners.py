@@ -148,3 +148,25 @@ def test_a_class_or_a_module_can_own_entries() -> None:
     module = types.ModuleType("owner_module")
     assert name_of(module) == name_of(module) == "owner_module"
     assert builds == ["Config", "owner_module"]
+
+
+def test_a_tensor_owner_caches_and_still_saves_as_a_plain_tensor() -> None:
+    import io
+
+    builds: list[int] = []
+
+    @stepcache.step_cached(name="owners.tensor")
+    def total(t: torch.Tensor) -> torch.Tensor:
+        builds.append(1)
+        return t.sum()
+
+    t = torch.arange(4)
+    assert total(t) is total(t) and builds == [1]
+    saved = io.BytesIO()
+    torch.save(t, saved)
+    saved.seek(0)
+    # nothing of stepcache in the file: a weights-only load (torch's default) takes it
+    assert torch.load(saved, weights_only=True).tolist() == [0, 1, 2, 3]
+    stepcache.cache_of(t).close()
+    with pytest.raises(stepcache.StaleCacheError):
+        total(t)

@@ -4,6 +4,7 @@ positives over a long run of correct steps."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import random
@@ -264,6 +265,21 @@ def test_a_bypassed_call_on_a_closed_store_is_caught(checks: None) -> None:
     with pytest.raises(StaleCacheError, match="closed"):
         value(md)
     assert [d.kind for d in stepcache.debug_report()] == ["use-after-close"]
+
+
+@pytest.mark.parametrize("mode", ["off", "checks", "verify"])
+def test_a_bypassed_call_leaves_the_owner_as_production_does(mode: str) -> None:
+    @step_cached(key=lambda md: stepcache.BYPASS, name="test.bypass_no_store")
+    def value(md: Meta) -> int:
+        return 1
+
+    stepcache.clear_debug_report()
+    md = make([1])
+    before = dict(vars(md))
+    with stepcache.debug(mode) if mode != "off" else contextlib.nullcontext():
+        assert value(md) == 1
+    assert vars(md) == before  # no store made for a call that does not cache
+    assert stepcache.debug_report().total == 0
 
 
 def test_an_inference_dependency_written_in_place_gets_its_own_fix(
