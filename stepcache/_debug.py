@@ -7,6 +7,7 @@ recording the attributes a function reads patches the owner's class for the call
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import threading
@@ -393,12 +394,30 @@ class GuardedTensor(torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             for arg in (*args, *kwargs.values()):
                 for t in arg if isinstance(arg, (tuple, list)) else (arg,):
-                    if isinstance(t, GuardedTensor) and "_sc_guard" in t.__dict__:
-                        fn, key, info, i, ref = t._sc_guard
-                        if (store := ref()) is not None and store.closed:
-                            raise _detect("use-after-close", fn, key)
-                        _check_tags(fn, key, [(t, info.versions[i][1])])
+                    if isinstance(t, GuardedTensor):
+                        t._sc_check()
             return func(*args, **kwargs)
+
+    def _sc_check(self) -> None:
+        """Raise unless this view's cache is open and its storage unwritten since."""
+        if "_sc_guard" in self.__dict__:
+            fn, key, info, i, ref = self._sc_guard
+            if (store := ref()) is not None and store.closed:
+                raise _detect("use-after-close", fn, key)
+            _check_tags(fn, key, [(self, info.versions[i][1])])
+
+    # a copy, a deep copy or a pickle is of the plain tensor, once the guard passed: a
+    # copy made in time is not the cache's (nor can its guard be pickled)
+    def _sc_plain(self) -> torch.Tensor:
+        with torch._C.DisableTorchFunctionSubclass():
+            self._sc_check()
+            return self.as_subclass(torch.Tensor)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
+        return copy.deepcopy(self._sc_plain(), memo)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self._sc_plain().__reduce_ex__(protocol)
 
 
 def _recompute(fn: CachedFunction, a: Args, entry: Entry) -> str | None:
@@ -415,10 +434,13 @@ def _recompute(fn: CachedFunction, a: Args, entry: Entry) -> str | None:
     return difference
 
 
-def first_difference(expected: Any, actual: Any, path: str = "result") -> str | None:
+def first_difference(
+    expected: Any, actual: Any, path: str = "result", seen: frozenset[int] = frozenset()
+) -> str | None:
     """Where ``actual`` first differs from ``expected`` (``None``: they are equal):
     tensors by device, dtype, shape and values (NaN equals NaN), tuples, lists and
-    dicts item by item, anything else by type and ``==``.
+    dicts item by item, dataclass and attrs objects field by field, objects compared
+    by identity attribute by attribute, anything else by type and ``==``.
 
     >>> first_difference((1, torch.tensor([1, 2])), (1, torch.tensor([1, 3])))
     "tensor 'result[1]' value mismatch at flat index 1. expected 2, actual 3"
@@ -431,7 +453,7 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
                 if (e := getattr(expected, what)) != (a := getattr(actual, what)):
                     return f"tensor '{path}' {what} mismatch. expected {e}, actual {a}"
             if expected.is_nested:  # compared component by component
-                return first_difference(expected.unbind(), actual.unbind(), path)
+                return first_difference(expected.unbind(), actual.unbind(), path, seen)
             for i, (n, m) in enumerate(zip(expected.shape, actual.shape, strict=True)):
                 if n != m:
                     return f"tensor '{path}' size mismatch at index {i}. expected {n}, actual {m}"
@@ -453,15 +475,43 @@ def first_difference(expected: Any, actual: Any, path: str = "result") -> str | 
         if len(expected) != len(actual):
             return f"'{path}' length mismatch. expected {len(expected)}, actual {len(actual)}"
         for k in expected if isinstance(expected, dict) else range(len(expected)):
-            if found := first_difference(expected[k], actual[k], f"{path}[{k!r}]"):
+            found = first_difference(expected[k], actual[k], f"{path}[{k!r}]", seen)
+            if found:
+                return found
+        return None
+    if id(expected) in seen:  # a cycle: compared further up
+        return None
+    if (fields := _fields(expected)) is not None:  # field by field, as a tuple is
+        for k, e in fields.items():
+            a = getattr(actual, k, _MISSING)
+            if found := first_difference(e, a, f"{path}.{k}", seen | {id(expected)}):
                 return found
         return None
     try:
         if isinstance(expected, np.ndarray):
-            return None if np.array_equal(expected, actual) else mismatch
+            return (
+                None if np.array_equal(expected, actual, equal_nan=True) else mismatch
+            )
+        if isinstance(expected, float) and expected != expected:
+            return None if actual != actual else mismatch  # NaN equals NaN, as above
         return None if bool(expected == actual) else mismatch
     except Exception:  # an == that does not give a bool
         return None if expected is actual else mismatch
+
+
+def _fields(x: Any) -> dict[str, Any] | None:
+    """The fields of a dataclass or attrs object, or the attributes of an object
+    compared by identity (a fresh one never equals the cached one); else ``None``."""
+    cls = type(x)
+    if dataclasses.is_dataclass(x):
+        names = [f.name for f in dataclasses.fields(x)]
+    elif hasattr(cls, "__attrs_attrs__"):
+        names = [a.name for a in cls.__attrs_attrs__]
+    elif cls.__eq__ is object.__eq__ and hasattr(x, "__dict__"):
+        names = [n for n in vars(x) if n != "_stepcache"]
+    else:
+        return None
+    return {n: getattr(x, n, _MISSING) for n in names}
 
 
 def _canonical(key: Any) -> Any:

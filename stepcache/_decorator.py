@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import keyword
+import linecache
 import operator
 import threading
 import weakref
@@ -41,6 +42,11 @@ def _reader(
         )
     get = operator.attrgetter(*deps)
     return (lambda a, o: (get(o),)) if len(deps) == 1 else (lambda a, o: tuple(get(o)))
+
+
+def _forget(fid: int, label: str) -> None:
+    _store.unregister(fid)
+    linecache.cache.pop(label, None)
 
 
 class CachedFunction:
@@ -105,6 +111,8 @@ class CachedFunction:
         self.wrapper.__stepcache__ = self
         _store.register(self.fid, self.keyed)
         _state.register(self)
+        # a factory's functions come and go: what they left behind goes with them
+        weakref.finalize(self, _forget, self.fid, self.label).atexit = False
 
     def _error(self, message: str) -> StepCacheError:
         return StepCacheError(f"{self.name}: {message}")

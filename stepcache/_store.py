@@ -206,6 +206,11 @@ def register(fid: int, keyed: bool) -> None:
     NO_STORE.table[fid] = _EMPTY_SLOT if keyed else ABSENT
 
 
+def unregister(fid: int) -> None:
+    """Drop the placeholder's entry of a function that is gone."""
+    NO_STORE.table.pop(fid, None)
+
+
 def _weak(owner: object) -> weakref.ref[Any]:
     try:
         return weakref.ref(owner)
@@ -359,7 +364,8 @@ def live_caches() -> list[StepCache]:
             # flag first: a later store registers itself, an earlier one is in the scan
             _tracking = True
             for obj in gc.get_objects():
-                if type(obj) is StepCache:
+                # not one torch.compile's tracing made without __init__, now garbage
+                if type(obj) is StepCache and hasattr(obj, "table"):
                     _live[weakref.ref(obj, _live_pop)] = None
     # no duplicates: live weak references to one store are equal keys
     return [store for ref in list(_live) if (store := ref()) is not None]

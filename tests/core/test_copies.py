@@ -204,3 +204,31 @@ def test_any_change_of_a_dependency_never_returns_the_old_rows(
             new.qsl.resize_(second.shape).copy_(second)
         new.num_tokens = n2
     assert new.index() == reference(second, n2)
+
+
+@dataclasses.dataclass
+class Saved:
+    qsl: torch.Tensor
+
+    @step_cached(depends_on=("qsl",), name="copies.saved")
+    def lens(self) -> torch.Tensor:
+        return self.qsl.diff()
+
+
+def test_a_saved_owner_loads_with_an_empty_store_once_allowlisted() -> None:
+    import io
+
+    md = Saved(torch.tensor([0, 2, 5]))
+    md.lens()
+    saved = io.BytesIO()
+    torch.save(md, saved)
+    with torch.serialization.safe_globals([Saved]):
+        saved.seek(0)
+        with pytest.raises(Exception, match="StepCache"):  # torch names what to allow
+            torch.load(saved, weights_only=True)
+    with torch.serialization.safe_globals([Saved, stepcache.StepCache]):
+        saved.seek(0)
+        loaded = torch.load(saved, weights_only=True)
+    assert len(stepcache.cache_of(loaded)) == 0
+    assert loaded.lens().tolist() == [2, 3]
+    assert stepcache.stats()["copies.saved"].misses == 2

@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -147,6 +148,7 @@ def test_a_fresh_owner_gets_its_store_on_the_first_call() -> None:
 
 _TRACKING_SCRIPT = """
 import gc
+from typing import Any
 import torch
 import stepcache
 from stepcache import _store
@@ -199,3 +201,35 @@ def test_stores_are_tracked_from_the_first_live_caches_call() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("ok")
+
+
+def test_a_factory_s_functions_leave_nothing_behind_once_gone() -> None:
+    import tracemalloc
+
+    class Meta:
+        pass
+
+    def factory() -> Any:
+        @step_cached(name="lifetime.factory")
+        def build(md: Meta) -> int:
+            return 1
+
+        return build
+
+    def rounds(n: int) -> None:
+        for _ in range(n):
+            factory()(Meta())
+
+    rounds(200)  # warm: first-use allocations
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        rounds(1000)
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    # a decorated function's hit source alone is over 1 KiB
+    assert grown / 1000 < 500, f"{grown / 1000:.0f} bytes left per function"

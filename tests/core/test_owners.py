@@ -170,3 +170,20 @@ def test_a_tensor_owner_caches_and_still_saves_as_a_plain_tensor() -> None:
     stepcache.cache_of(t).close()
     with pytest.raises(stepcache.StaleCacheError):
         total(t)
+
+
+@pytest.mark.parametrize("cls", [c for c in OWNERS if c is not AttrsSideTable])
+def test_a_value_that_refers_to_its_owner_dies_with_it(cls: type) -> None:
+    import gc
+    import weakref
+
+    @stepcache.step_cached(name="owners.cycle")
+    def refers_back(owner: Any) -> list[Any]:
+        return [owner]  # a cycle through the owner's store
+
+    owner = cls()
+    refers_back(owner)
+    gone = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert gone() is None

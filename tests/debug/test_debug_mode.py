@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import io
+import pickle
 import random
 from collections.abc import Callable
 
@@ -310,3 +312,93 @@ def test_a_list_dependency_is_shown_as_written(checks: None) -> None:
         StaleCacheError, match=r"\(expected \[3, 5\], actual \[4, 5\]\)"
     ):
         Lens().total()
+
+
+@dataclasses.dataclass
+class _Built:
+    lens: torch.Tensor
+    longest: int
+
+
+class _Plan:  # an object compared by identity, as a kernel plan often is
+    def __init__(self, lens: list[int]) -> None:
+        self.lens, self.itself = lens, self
+
+
+# results that equal a fresh computation by value, though == cannot say so
+EQUAL_RESULTS: dict[str, Callable[[torch.Tensor], object]] = {
+    "dataclass of tensors": lambda qsl: _Built(qsl.diff(), int(qsl.diff().max())),
+    "object without ==": lambda qsl: _Plan(qsl.diff().tolist()),
+    "float NaN in a tuple": lambda qsl: (qsl.diff(), float("nan")),
+}
+
+
+@pytest.mark.parametrize("build", list(EQUAL_RESULTS.values()), ids=list(EQUAL_RESULTS))
+def test_verify_compares_results_by_value(
+    verify: None, build: Callable[[torch.Tensor], object]
+) -> None:
+    class Step:
+        qsl = torch.tensor([0, 2, 5])
+
+        @step_cached(depends_on=("qsl",), name="test.equal_result")
+        def value(self) -> object:
+            return build(self.qsl)
+
+    s = Step()
+    assert s.value() is s.value()
+    assert stepcache.debug_report().total == 0
+
+
+def test_verify_names_the_field_that_differs(verify: None) -> None:
+    calls: list[int] = []
+
+    class Step:
+        qsl = torch.tensor([0, 2, 5])
+
+        @step_cached(name="test.field_differs")  # BUG: depends on calls, undeclared
+        def value(self) -> _Built:
+            calls.append(1)
+            return _Built(self.qsl.diff() * len(calls), 3)
+
+    s = Step()
+    s.value()
+    with pytest.raises(StaleCacheError, match=r"'result\.lens' value mismatch"):
+        s.value()
+
+
+def _pickled(x: object) -> object:
+    return pickle.loads(pickle.dumps(x))
+
+
+def _saved(x: object) -> object:
+    buffer = io.BytesIO()
+    torch.save(x, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+COPIES: dict[str, Callable[[object], object]] = {
+    "copy.copy": copy.copy,
+    "copy.deepcopy": copy.deepcopy,
+    "pickle": _pickled,
+    "torch.save": _saved,
+}
+
+
+@pytest.mark.parametrize("mode", ["off", "checks"])
+@pytest.mark.parametrize("take", list(COPIES.values()), ids=list(COPIES))
+def test_a_handed_out_value_copies_as_in_production(
+    mode: str, take: Callable[[object], object]
+) -> None:
+    stepcache.clear_debug_report()
+    with stepcache.debug(mode) if mode != "off" else contextlib.nullcontext():
+        md = make([2, 1])
+        rows = md.index(torch.zeros(8, dtype=torch.int32))
+        copied = take(rows)
+        assert type(copied) is torch.Tensor and copied.tolist() == rows.tolist()
+        assert (copied + 1).tolist() == [1, 1, 2]  # a copy is nobody's cache
+        assert stepcache.debug_report().total == 0
+        stepcache.cache_of(md).close()
+        if mode == "checks":  # a copy taken too late is a use after close
+            with pytest.raises(StaleCacheError, match="closed"):
+                take(rows)
