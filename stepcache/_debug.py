@@ -417,7 +417,8 @@ class GuardedTensor(torch.Tensor):
         return copy.deepcopy(self._sc_plain(), memo)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return self._sc_plain().__reduce_ex__(protocol)
+        plain: Any = self._sc_plain()
+        return plain.__reduce_ex__(protocol)
 
 
 def _recompute(fn: CachedFunction, a: Args, entry: Entry) -> str | None:
@@ -502,7 +503,7 @@ def first_difference(
 def _fields(x: Any) -> dict[str, Any] | None:
     """The fields of a dataclass or attrs object, or the attributes of an object
     compared by identity (a fresh one never equals the cached one); else ``None``."""
-    cls = type(x)
+    cls: Any = type(x)
     if dataclasses.is_dataclass(x):
         names = [f.name for f in dataclasses.fields(x)]
     elif hasattr(cls, "__attrs_attrs__"):
