@@ -327,30 +327,58 @@ def _describe(x: Any) -> str:
     return f"{text}, id=0x{id(x):x}" + (f", values={x.tolist()}" if small else "") + ")"
 
 
+#: class -> its own ``__getattribute__`` (or ``None``) and the (owner, names read)
+#: of each miss recording now: one patch per class, undone by the last miss out
+_patched: dict[type, tuple[Any, list[tuple[object, set[str]]]]] = {}
+_patch_lock = threading.Lock()
+
+
+def _patch(cls: Any) -> list[tuple[object, set[str]]] | None:
+    """Patch a recording ``__getattribute__`` into ``cls`` unless it is already; its
+    recorders (``None``: a built-in class cannot be patched)."""
+    if cls in _patched:
+        return _patched[cls][1]
+    own, original = cls.__dict__.get("__getattribute__"), cls.__getattribute__
+    recorders: list[tuple[object, set[str]]] = []
+
+    def recording(obj: Any, name: str) -> Any:
+        if not name.startswith("__"):
+            for owner, names in tuple(recorders):
+                if obj is owner:
+                    names.add(name)
+        return original(obj, name)
+
+    try:
+        cls.__getattribute__ = recording
+    except (TypeError, AttributeError):
+        return None
+    _patched[cls] = (own, recorders)
+    return recorders
+
+
 def _reads(
     fn: CachedFunction, owner: object, work: Callable[[], Any]
 ) -> tuple[Any, list[str]]:
     """``work()`` and the data attributes of ``owner`` it read that ``fn`` does not
     depend on, recorded by a ``__getattribute__`` patched into the owner's class."""
     cls, names = type(owner), set[str]()
-    own, original = cls.__dict__.get("__getattribute__"), cls.__getattribute__
-
-    def recording(obj: Any, name: str) -> Any:
-        if obj is owner and not name.startswith("__"):
-            names.add(name)
-        return original(obj, name)
-
-    try:
-        cls.__getattribute__ = recording  # type: ignore[method-assign]
-    except (TypeError, AttributeError):  # a built-in class cannot be patched
+    with _patch_lock:
+        recorders = _patch(cls)
+        if recorders is not None:
+            recorders.append((owner, names))
+    if recorders is None:
         return work(), []
     try:
         value = work()
     finally:
-        if own is not None:
-            cls.__getattribute__ = own  # type: ignore[method-assign]
-        else:
-            del cls.__getattribute__
+        with _patch_lock:
+            recorders[:] = [r for r in recorders if r[1] is not names]
+            if not recorders:  # the last miss out restores the class
+                own = _patched.pop(cls)[0]
+                if own is not None:
+                    cls.__getattribute__ = own  # type: ignore[method-assign]
+                else:
+                    del cls.__getattribute__
     names -= {*fn.dep_names, "_stepcache"}
     data = (n for n in names if not callable(getattr(owner, n, _MISSING)))
     return value, sorted(n for n in data if hasattr(owner, n))

@@ -402,3 +402,43 @@ def test_a_handed_out_value_copies_as_in_production(
         if mode == "checks":  # a copy taken too late is a use after close
             with pytest.raises(StaleCacheError, match="closed"):
                 take(rows)
+
+
+def test_misses_in_two_threads_leave_the_owner_class_as_it_was(checks: None) -> None:
+    import threading
+
+    second_in, first_done = threading.Event(), threading.Event()
+
+    class Step:
+        def __init__(self, name: str) -> None:
+            self.name, self.qsl = name, torch.tensor([0, 2, 5])
+
+        @step_cached(depends_on=("qsl",), name="test.two_threads")
+        def lens(self) -> torch.Tensor:
+            if self.name == "first":
+                second_in.wait(10)  # the second miss starts meanwhile
+            else:
+                second_in.set()
+                first_done.wait(10)  # and ends after the first
+            return self.qsl.diff() + self.undeclared
+
+        undeclared = 0
+
+    inference = torch.is_inference_mode_enabled()  # thread-local: passed on
+
+    def miss(step: Step) -> None:
+        with torch.inference_mode(inference):
+            step.lens()
+
+    first, second = Step("first"), Step("second")
+    t1 = threading.Thread(target=miss, args=(first,))
+    t1.start()
+    t2 = threading.Thread(target=miss, args=(second,))
+    t2.start()
+    t1.join(10)
+    first_done.set()
+    t2.join(10)
+    assert "__getattribute__" not in Step.__dict__  # no recording patch left behind
+    first.undeclared = 1  # each miss recorded its own owner's reads
+    with pytest.raises(StaleCacheError, match="undeclared"):
+        first.lens()
