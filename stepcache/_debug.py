@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import re
 import threading
+import types
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, overload
@@ -536,11 +537,17 @@ def _fields(x: Any) -> dict[str, Any] | None:
         names = [f.name for f in dataclasses.fields(x)]
     elif hasattr(cls, "__attrs_attrs__"):
         names = [a.name for a in cls.__attrs_attrs__]
-    elif cls.__eq__ is object.__eq__ and hasattr(x, "__dict__"):
+    elif cls.__eq__ is object.__eq__ and _plain_object(x):
         names = [n for n in vars(x) if n != "_stepcache"]
     else:
         return None
     return {n: getattr(x, n, _MISSING) for n in names}
+
+
+def _plain_object(x: Any) -> bool:
+    """An instance with a ``__dict__`` that is data: not a class, module or function."""
+    data = not callable(x) and not isinstance(x, types.ModuleType)
+    return data and isinstance(getattr(x, "__dict__", None), dict)
 
 
 def _canonical(key: Any) -> Any:
