@@ -254,10 +254,13 @@ def pytest_runtest_makereport(
     if not fresh:
         return report
     text = _failure_text(test.mode, call.when, fresh)
-    # a skip after a detection would hide it: it fails, as a pass does
-    if (report.passed or report.skipped) and not hasattr(report, "wasxfail"):
+    # a skip or an unexpected pass (xpass) would hide it: it fails, as a pass does; an
+    # expected failure stays one
+    if report.passed or (report.skipped and not hasattr(report, "wasxfail")):
         report.outcome = "failed"
         report.longrepr = text
+        if hasattr(report, "wasxfail"):
+            del report.wasxfail
     else:
         report.sections.append((f"stepcache detections ({call.when})", text))
     return report

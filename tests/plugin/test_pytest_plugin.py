@@ -447,6 +447,30 @@ def test_a_fixture_after_a_reset_and_a_skip_after_a_detection_are_caught(
     result.assert_outcomes(errors=1, failed=1)
 
 
+def test_an_unexpected_pass_after_a_detection_fails_and_an_expected_failure_stays(
+    suite: pytest.Pytester,
+) -> None:
+    suite.makepyfile(
+        """
+        import pytest
+        from helpers import swallowed
+
+        @pytest.mark.xfail(reason="flaky elsewhere")
+        def test_xpasses_after_a_detection():
+            swallowed()
+
+        @pytest.mark.xfail(reason="a known bug")
+        def test_xfails_after_a_detection():
+            swallowed()
+            raise RuntimeError("the known bug")
+        """
+    )
+    result = suite.runpytest("--stepcache-debug")
+    result.assert_outcomes(failed=1, xfailed=1)
+    failed = [r.nodeid for r in result.reprec.getreports() if r.failed]  # type: ignore[attr-defined]
+    assert [n.rpartition("::")[2] for n in failed] == ["test_xpasses_after_a_detection"]
+
+
 def test_the_entry_point_registers_the_plugin(suite: pytest.Pytester) -> None:
     suite.makepyfile(test_swallowing=SWALLOWING)
     result = suite.runpytest_subprocess("--stepcache-debug")
