@@ -28,7 +28,6 @@ How copies share the step's entries:
 from __future__ import annotations
 
 import contextlib
-import copy
 import sys
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -198,8 +197,10 @@ def token_to_req_indices_verified(self: Any, buffer: torch.Tensor) -> torch.Tens
     method on a copy with an empty field and a buffer of its own, compared."""
     result = token_to_req_indices(self, buffer)
     if settings.verify:
-        stock_meta = copy.copy(self)
-        stock_meta.__dict__["_token_to_req_indices_cache"] = None
+        # copy.copy's default, not the patched __copy__: not one of vLLM's copies
+        cls: Any = type(self)
+        stock_meta = cls.__new__(cls)
+        stock_meta.__dict__.update(vars(self), _token_to_req_indices_cache=None)
         stock = _original["token_to_req_indices"](stock_meta, buffer.clone())
         verify_against_stock(INDEX_NAME, result, stock)
     return result
