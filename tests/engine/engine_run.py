@@ -10,7 +10,8 @@ Run with the Python of a venv that has a vLLM engine that works on this machine
 
 The model's config is ``tests/engine/models/<model>.json``; its random weights
 (``initializer_range=0.1``, seed 0) are made with transformers on the first run into
-``--cache`` (nothing is downloaded). The JSON holds the greedy token ids of every
+``--cache`` (nothing is downloaded), or, where its ``_engine`` asks for
+``load_format="dummy"``, drawn in the worker (:func:`rerandomize`). The JSON holds the greedy token ids of every
 request, what each process reported (its pid, the plugin's mode and patch states,
 ``stepcache.stats()``, the plugin's own counters) read through ``LLM.collective_rpc``,
 the number of engine steps and the time of each timed ``generate()``. The plugin's log
