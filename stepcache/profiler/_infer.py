@@ -81,10 +81,15 @@ def suggest(fn: FnState, steps_seen: int) -> Suggestion | None:
     fn.median_ns = int(statistics.median(c.ns for c in calls)) if calls else 0
     if not calls or not fn.params or fn.lazy:
         return None
+    n = len(fn.params)
     by_step: dict[int, list[Call]] = {}
     for call in calls:
+        if len(call.codes) < n:
+            # No signature: names first seen after this call were absent (None) in it.
+            for name in fn.params[len(call.codes) :]:
+                fn.kinds.setdefault(name, set()).add(_argprint.KIND_VALUE)
+            call.codes += (None,) * (n - len(call.codes))
         by_step.setdefault(call.step, []).append(call)
-    n = len(fn.params)
     varying = [
         i
         for i in range(n)

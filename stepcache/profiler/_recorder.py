@@ -116,6 +116,9 @@ class FnState:
                     self.step_positions.append((-1, p.name))
         self.calls = 0
         self.errors = 0
+        #: calls that returned although their arguments do not bind to ``signature``
+        #: (a wrapper that takes other arguments): not analysed
+        self.unbound = 0
         self.total_ns = 0
         #: the median time of the calls kept for the analysis (set by the analysis)
         self.median_ns = 0
@@ -395,6 +398,12 @@ class Recorder:
         first_result: dict[tuple[Hashable, ...], Hashable | None] = {}
         for call in calls:
             named = self._bind(fn, call, keep)
+            if named is None:
+                # Arguments that do not bind raised TypeError (an error call), or the
+                # signature is not the one called: no parameter names to compare by.
+                fn.unbound += not call.error
+                call.fp, call.kwfp, call.reads = None, (), None
+                continue
             row: list[Hashable] = []
             for name, fp in named:
                 kind = _kind_of_print(fp)
@@ -435,7 +444,11 @@ class Recorder:
 
     def _bind(
         self, fn: FnState, call: Call, keep: dict[int, object]
-    ) -> list[tuple[str, Hashable]]:
+    ) -> list[tuple[str, Hashable]] | None:
+        """The call's fingerprints by parameter name; ``None`` when they do not bind
+        to the signature. Without a signature they are named ``arg0``, ``arg1``, ...
+        and by keyword, and ``fn.params`` grows as new names are seen (the rows of
+        earlier steps are shorter: the analysis pads them with ``None``, absent)."""
         fp = call.fp or ()
         kw = dict(call.kwfp)
         plan = fn.plan(len(fp), tuple(kw))
@@ -453,6 +466,8 @@ class Recorder:
                 else:
                     out.append((name, (tuple, *(kw[k] for k in sorted(where)))))
             return out
+        if fn.signature is not None:
+            return None
         names = [f"arg{i}" for i in range(len(fp))]
         for name in names + list(kw):
             if name not in fn.params:

@@ -50,6 +50,11 @@ class FunctionReport:
     #: redundant time
     inside: str | None
     suggestion: Suggestion | None
+    #: calls that returned although their arguments do not bind to the function's
+    #: signature (a wrapper that takes other arguments): not analysed
+    unbound: int = 0
+    #: what limits this row's analysis (calls left out of it, why no suggestion)
+    notes: tuple[str, ...] = ()
 
     @property
     def calls_per_step(self) -> float:
@@ -148,6 +153,12 @@ class ProfileReport:
         rows = []
         for fn in self._states:
             s = suggestions[fn]
+            notes: list[str] = []
+            if fn.unbound:
+                notes.append(
+                    f"{fn.unbound} call(s) returned with arguments that do not bind to "
+                    f"the signature {fn.signature}: not analysed"
+                )
             rows.append(
                 FunctionReport(
                     name=fn.name,
@@ -165,6 +176,8 @@ class ProfileReport:
                     covered_ns=covered[fn],
                     inside=inside[fn].most_common(1)[0][0] if inside[fn] else None,
                     suggestion=s,
+                    unbound=fn.unbound,
+                    notes=tuple(notes),
                 )
             )
         rows.sort(key=lambda r: (-r.uncovered_ns, -r.redundant_ns, -r.total_ns, r.name))
@@ -275,7 +288,7 @@ class ProfileReport:
             body.append(
                 (
                     str(i),
-                    r.name,
+                    r.name + (" *" if r.notes else ""),
                     f"{r.calls_per_step:.1f}" if r.steps else "-",
                     str(r.calls),
                     str(r.identical),
@@ -304,6 +317,12 @@ class ProfileReport:
             lines += ["", "Suggestions (redundant calls not inside another's):"]
             for i, r in enumerate(suggestions, 1):
                 lines += _suggestion_lines(i, r)
+        noted = [r for r in shown if r.notes]
+        if noted:
+            lines += ["", "Notes (*):"]
+            for r in noted:
+                lines.append(f"- {r.name}")
+                lines += [f"  {note}" for note in r.notes]
         return "\n".join(lines)
 
     def _headline(self) -> str:
