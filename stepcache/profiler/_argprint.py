@@ -5,8 +5,10 @@
 An argument fingerprint is what a cache key could see at call time: a tensor is the
 same object at the same in-place version, a scalar is an equal value of the same type,
 a small tuple or list is its items, any other object is itself (its identity). A
-result digest is what the call produced: tensor and array contents, values, and the
-fields of small objects; two results with equal digests are interchangeable.
+result digest is what the call produced: tensor and array contents, values, and every
+attribute of small objects; two results with equal digests are interchangeable, so an
+object with state the digest cannot see (an ``nn.Module``, a C base, its own
+``__eq__``) has no digest.
 
 >>> import torch
 >>> t = torch.zeros(3)
@@ -137,15 +139,27 @@ def digest(
 
 
 def _fields(x: Any) -> list[tuple[str, Any]] | None:
+    """Every attribute of ``x`` (private ones too), or ``None`` when its state may lie
+    elsewhere: two results whose digests are equal must be interchangeable, so an
+    object the digest cannot see all of is not digested."""
+    cls = type(x)
+    if isinstance(x, torch.nn.Module) or not _plain_eq(cls):
+        return None  # a module's state is its parameters and hooks; its own __eq__
     names: list[str] = []
     d = getattr(x, "__dict__", None)
     if isinstance(d, dict):
-        names.extend(k for k in d if not k.startswith("_"))
-    for cls in type(x).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        if isinstance(slots, str):
-            slots = (slots,)
-        names.extend(s for s in slots if not s.startswith("_") and s not in names)
+        names.extend(d)
+    for c in cls.__mro__[:-1]:
+        if not c.__flags__ & _HEAPTYPE:
+            return None  # a C base (a set, a partial): state no attribute shows
+        slots = c.__dict__.get("__slots__", ())
+        for s in (slots,) if isinstance(slots, str) else slots:
+            if s in ("__dict__", "__weakref__"):
+                continue
+            if s.startswith("__") and not s.endswith("__"):
+                s = f"_{c.__name__.lstrip('_')}{s}"  # name mangling
+            if s not in names:
+                names.append(s)
     if not names or len(names) > _FIELDS_MAX:
         return None
     out: list[tuple[str, Any]] = []
@@ -153,8 +167,22 @@ def _fields(x: Any) -> list[tuple[str, Any]] | None:
         try:
             out.append((name, getattr(x, name)))
         except AttributeError:
-            continue
+            continue  # an unset slot
     return out
+
+
+#: ``type.__flags__``: the class was made by a class statement (or type()), not in C
+_HEAPTYPE: Final = 1 << 9
+
+
+def _plain_eq(cls: type) -> bool:
+    """Whether equal fields make equal objects: no ``__eq__`` of its own, or one that
+    compares the fields (dataclasses, attrs classes)."""
+    return (
+        getattr(cls, "__eq__", None) is object.__eq__
+        or hasattr(cls, "__dataclass_fields__")
+        or hasattr(cls, "__attrs_attrs__")
+    )
 
 
 def _tensor_digest(x: torch.Tensor) -> Hashable | None:

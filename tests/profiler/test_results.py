@@ -1,0 +1,90 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Results compare equal only when the profiler saw all of them: "equal results" must
+mean interchangeable, or the suggested key leaves out an argument that matters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import stepcache
+from stepcache.profiler import ProfileReport
+
+
+class Meta:
+    pass
+
+
+class Box:
+    def __init__(self, v: int) -> None:
+        self.kind = "box"
+        self._v = v  # its state is private
+
+
+class Slotted:
+    __slots__ = ("__v", "kind")
+
+    def __init__(self, v: int) -> None:
+        self.kind = "slotted"
+        self.__v = v
+
+
+class Identity:
+    def __init__(self, v: int) -> None:
+        self.kind = "identity"
+
+    def __eq__(self, other: object) -> bool:  # equal only to itself
+        return self is other
+
+    __hash__ = object.__hash__
+
+
+def layer(meta: Meta, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(2, 2)  # different weights per seed
+
+
+def boxed(meta: Meta, v: int) -> Box:
+    return Box(v)
+
+
+def slotted(meta: Meta, v: int) -> Slotted:
+    return Slotted(v)
+
+
+def identity(meta: Meta, v: int) -> Identity:
+    return Identity(v)
+
+
+def boxed_same(meta: Meta, v: int) -> Box:
+    return Box(0)
+
+
+def run(names: list[str], values: list[int]) -> ProfileReport:
+    with stepcache.profile([f"{__name__}:{n}" for n in names]) as report:
+        for _ in range(2):
+            meta = Meta()
+            for v in values:
+                for n in names:
+                    fn: Any = globals()[n]
+                    fn(meta, v)
+            report.step()
+    return report
+
+
+def test_results_with_hidden_state_are_not_equal() -> None:
+    names = ["layer", "boxed", "slotted", "identity"]
+    report = run(names, [0, 1, 2])
+    for name in names:
+        row = report[name]
+        assert (row.identical, row.redundant, row.suggestion) == (0, 0, None), name
+
+
+def test_private_attributes_are_compared() -> None:
+    report = run(["boxed_same", "boxed"], [0, 1, 0])
+    same = report["boxed_same"].suggestion
+    assert same is not None and same.ignored == ("v",)  # equal results whatever v
+    s = report["boxed"].suggestion
+    assert s is not None and s.key == ("v",)  # the third call repeats the first
+    assert report["boxed"].redundant == 2
