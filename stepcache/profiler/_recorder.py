@@ -463,8 +463,9 @@ class Recorder:
                     out.append((name, _argprint.argprint(where, keep)))
                 elif how == _VARPOS:
                     out.append((name, (tuple, *fp[where:])))
-                else:
-                    out.append((name, (tuple, *(kw[k] for k in sorted(where)))))
+                else:  # **kwargs: the names count as much as the values
+                    items = ((tuple, (str, k), kw[k]) for k in sorted(where))
+                    out.append((name, (tuple, *items)))
             return out
         if fn.signature is not None:
             return None

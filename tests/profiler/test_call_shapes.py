@@ -61,3 +61,16 @@ def test_calls_that_do_not_bind_but_return_are_counted_apart() -> None:
     assert any("do not bind" in note for note in row.notes)
     assert "do not bind" in report.table()
     assert report.to_dict()["functions"][0]["unbound"] == 1
+
+
+def make(**fields: int) -> list[str]:
+    return sorted(fields)
+
+
+def test_keyword_names_under_var_keyword_count() -> None:
+    with stepcache.profile(f"{__name__}:make") as report:
+        for _ in range(2):
+            make(x=1), make(y=1), make(x=1)
+            report.step()
+    row = report["make"]
+    assert (row.identical, row.impure, row.redundant) == (2, 0, 2)
