@@ -123,17 +123,34 @@ def main(argv: list[str] | None = None) -> int:
             step_by=args.step_by,
             results=not args.no_results,
         ) as report:
-            workload()
+            # A workload that exits (sys.exit() ends many entry points) or is
+            # interrupted still gets its report: the calls made so far.
+            status = 0
+            try:
+                workload()
+            except SystemExit as exc:
+                status = _exit_status(exc)
+            except KeyboardInterrupt:
+                print("python -m stepcache profile: interrupted", file=sys.stderr)
+                status = 130
     except ProfilerError as exc:
         print(f"python -m stepcache profile: error: {exc}", file=sys.stderr)
         return 2
     if args.json == "-":
         print(report.to_json())
-        return 0
+        return status
     print(report.table(top=args.top))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             f.write(report.to_json())
             f.write("\n")
         print(f"\nJSON written to {args.json}")
-    return 0
+    return status
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The status ``sys.exit(code)`` exits with (a message is printed, and is 1)."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    print(exc.code, file=sys.stderr)
+    return 1

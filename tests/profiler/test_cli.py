@@ -160,3 +160,46 @@ def test_python_dash_m() -> None:
         "stepcache.integrations.dsv4_sim:Builders.layer_sparse_index",
         "stepcache.integrations.dsv4_sim:Builders.request_index",
     }
+
+
+def exits_3() -> None:
+    helper()
+    helper()
+    sys.exit(3)
+
+
+def exits_quietly() -> None:
+    helper()
+    sys.exit()
+
+
+def exits_with_a_message() -> None:
+    helper()
+    sys.exit("bye")
+
+
+def interrupted() -> None:
+    helper()
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    ("workload", "status", "calls", "err"),
+    [
+        ("exits_3", 3, 2, ""),
+        ("exits_quietly", 0, 1, ""),
+        ("exits_with_a_message", 1, 1, "bye\n"),
+        ("interrupted", 130, 1, "python -m stepcache profile: interrupted\n"),
+    ],
+)
+def test_a_workload_that_exits_still_gets_its_report(
+    workload: str, status: int, calls: int, err: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert stepcache_main(["profile", f"{__name__}:{workload}"]) == status
+    out, got_err = capsys.readouterr()
+    assert out.startswith(f"stepcache profile: 1 step(s), {calls} call(s)")
+    assert got_err == err
+    assert (
+        stepcache_main(["profile", f"{__name__}:{workload}", "--json", "-"]) == status
+    )
+    assert json.loads(capsys.readouterr().out)["calls"] == calls
