@@ -79,7 +79,7 @@ def suggest(fn: FnState, steps_seen: int) -> Suggestion | None:
     """
     calls = fn.kept
     fn.median_ns = int(statistics.median(c.ns for c in calls)) if calls else 0
-    if not calls or not fn.params or fn.lazy:
+    if not calls or not fn.params or fn.lazy or fn.cached:
         return None
     n = len(fn.params)
     by_step: dict[int, list[Call]] = {}

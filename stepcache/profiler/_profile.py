@@ -32,6 +32,10 @@ _active: Profile | None = None
 TargetSpec = str | object
 
 
+def _is_step_cached(f: Any) -> bool:
+    return hasattr(f, "__stepcache__")
+
+
 def profile(
     targets: TargetSpec | Iterable[TargetSpec],
     *,
@@ -142,12 +146,17 @@ class Profile:
                 f = inspect.unwrap(target.function)
                 lazy = inspect.isgeneratorfunction(f) or inspect.iscoroutinefunction(f)
                 lazy = lazy or inspect.isasyncgenfunction(f)
+                cached = hasattr(
+                    inspect.unwrap(target.function, stop=_is_step_cached),
+                    "__stepcache__",
+                )
                 state = FnState(
                     target.name,
                     signature_of(target.function),
                     is_step,
                     self._step_by,
                     lazy,
+                    cached,
                 )
                 if (
                     step_target is None
@@ -189,7 +198,8 @@ class Profile:
 
     def _install(self, target: Target, state: FnState) -> None:
         wrapper = self._recorder.wrap(state, target.function)
-        functools.update_wrapper(wrapper, target.function, updated=())
+        # the function's attributes stay visible (a step_cached one's __stepcache__)
+        functools.update_wrapper(wrapper, target.function)
         if target.kind == "staticmethod":
             value: Any = staticmethod(wrapper)
         elif target.kind == "classmethod":

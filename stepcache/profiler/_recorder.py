@@ -96,12 +96,15 @@ class FnState:
         is_step: bool,
         step_by: tuple[str, ...],
         lazy: bool = False,
+        cached: bool = False,
     ) -> None:
         self.name = name
         self.signature = signature
         self.is_step = is_step
         #: it returns a generator or coroutine: a cache would hand out a used one
         self.lazy = lazy
+        #: it is (or wraps) a ``@stepcache.step_cached`` function already
+        self.cached = cached
         self.params: list[str] = []
         self.step_positions: list[tuple[int, str]] = []
         if signature is not None:

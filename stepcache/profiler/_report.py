@@ -154,6 +154,11 @@ class ProfileReport:
         for fn in self._states:
             s = suggestions[fn]
             notes: list[str] = []
+            if fn.cached:
+                notes.append(
+                    "already @stepcache.step_cached: its repeats are what its cache "
+                    "serves (no suggestion)"
+                )
             if fn.unbound:
                 notes.append(
                     f"{fn.unbound} call(s) returned with arguments that do not bind to "

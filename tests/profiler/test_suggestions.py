@@ -4,6 +4,7 @@ the function, it serves the calls the profiler counted and changes no result."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -100,6 +101,40 @@ def test_results_it_cannot_digest_are_not_called_impure() -> None:
         for _ in range(3):
             opaque(step)
     assert (report["opaque"].identical, report["opaque"].impure) == (2, 0)
+
+
+@stepcache.step_cached(depends_on=("num_tokens",))
+def cached_rows(step: sample.Step) -> int:
+    return step.num_tokens
+
+
+def _logged(f: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(f)
+    def wrapper(*args: Any) -> Any:
+        return f(*args)
+
+    return wrapper
+
+
+@_logged
+@stepcache.step_cached(depends_on=("num_tokens",))
+def logged_rows(step: sample.Step) -> int:
+    return step.num_tokens
+
+
+@pytest.mark.parametrize("name", ["cached_rows", "logged_rows"])
+def test_a_step_cached_function_is_not_suggested_again(name: str) -> None:
+    with stepcache.profile(f"{__name__}:{name}") as report:
+        fn: Any = globals()[name]  # the profiled one
+        assert fn.__stepcache__ is not None  # still visible while profiled
+        for lens in ([1], [2]):
+            step = sample.make_step(lens)
+            fn(step), fn(step), fn(step)
+            report.step()
+    row = report[name]
+    assert (row.identical, row.redundant, row.suggestion) == (4, 0, None)
+    assert any("already @stepcache.step_cached" in note for note in row.notes)
+    assert "already @stepcache.step_cached" in report.table()
 
 
 def _apply(line: str, fn: Callable[..., Any]) -> Callable[..., Any]:
