@@ -33,7 +33,10 @@ from stepcache.profiler._reads import ReadRecorder
 
 __all__ = ["Call", "FnState", "Recorder"]
 
-#: calls kept for the key analysis, over the whole run (counters stay exact beyond)
+#: calls kept for the key analysis: the first ones of each function, and at most so
+#: many in all, to bound the memory (counters stay exact beyond; a function that lost
+#: calls to either limit says so in its row)
+MAX_KEPT_PER_FUNCTION: Final = 20_000
 MAX_KEPT_CALLS: Final = 200_000
 #: the first calls of each function also record which attributes of their object
 #: arguments they read (for ``depends_on``); those calls run slower (every attribute
@@ -122,6 +125,8 @@ class FnState:
         #: calls that returned although their arguments do not bind to ``signature``
         #: (a wrapper that takes other arguments): not analysed
         self.unbound = 0
+        #: calls beyond the analysis' budget (see ``MAX_KEPT_PER_FUNCTION``)
+        self.dropped = 0
         self.total_ns = 0
         #: the median time of the calls kept for the analysis (set by the analysis)
         self.median_ns = 0
@@ -441,9 +446,14 @@ class Recorder:
                     fn.impure += earlier != call.result
             else:
                 first_result[call.codes] = call.result
-            if self.kept_calls < MAX_KEPT_CALLS:
+            if (
+                self.kept_calls < MAX_KEPT_CALLS
+                and len(fn.kept) < MAX_KEPT_PER_FUNCTION
+            ):
                 fn.kept.append(call)
                 self.kept_calls += 1
+            else:
+                fn.dropped += 1
 
     def _bind(
         self, fn: FnState, call: Call, keep: dict[int, object]

@@ -53,6 +53,10 @@ class FunctionReport:
     #: calls that returned although their arguments do not bind to the function's
     #: signature (a wrapper that takes other arguments): not analysed
     unbound: int = 0
+    #: calls left out of the analysis when its budget was spent (the first
+    #: ``MAX_KEPT_PER_FUNCTION`` of each function are kept): ``redundant`` and the
+    #: suggestion come from the others
+    dropped: int = 0
     #: what limits this row's analysis (calls left out of it, why no suggestion)
     notes: tuple[str, ...] = ()
 
@@ -154,6 +158,17 @@ class ProfileReport:
         for fn in self._states:
             s = suggestions[fn]
             notes: list[str] = []
+            if fn.dropped and fn.kept:
+                notes.append(
+                    f"only the first {len(fn.kept):,} calls were analysed ({fn.dropped:,} "
+                    "more, over the profiler's budget, were counted only): the "
+                    "redundant calls and the suggestion are theirs"
+                )
+            elif fn.dropped:
+                notes.append(
+                    f"its {fn.dropped:,} calls came after the profiler's budget of kept "
+                    "calls was spent: counted, not analysed"
+                )
             if fn.cached:
                 notes.append(
                     "already @stepcache.step_cached: its repeats are what its cache "
@@ -182,6 +197,7 @@ class ProfileReport:
                     inside=inside[fn].most_common(1)[0][0] if inside[fn] else None,
                     suggestion=s,
                     unbound=fn.unbound,
+                    dropped=fn.dropped,
                     notes=tuple(notes),
                 )
             )
