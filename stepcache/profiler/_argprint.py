@@ -24,6 +24,7 @@ False
 from __future__ import annotations
 
 import enum
+import weakref
 from collections.abc import Hashable
 from types import FunctionType, ModuleType
 from typing import Any, Final
@@ -33,7 +34,15 @@ import torch
 
 from stepcache._fingerprint import tag
 
-__all__ = ["KIND_OBJECT", "KIND_TENSOR", "KIND_VALUE", "argprint", "digest", "kind_of"]
+__all__ = [
+    "KIND_OBJECT",
+    "KIND_TENSOR",
+    "KIND_VALUE",
+    "Memo",
+    "argprint",
+    "digest",
+    "kind_of",
+]
 
 #: How an argument is compared (see :func:`kind_of`).
 KIND_VALUE: Final = "value"
@@ -85,16 +94,17 @@ def argprint(x: Any, keep: dict[int, object]) -> Hashable:
     return ("O", id(x))
 
 
-def digest(
-    x: Any,
-    memo: dict[int, tuple[torch.Tensor, int, Hashable | None]] | None = None,
-    depth: int = 0,
-) -> Hashable | None:
+#: tensor digests by ``id``: a weak reference (to tell a reused id), version, digest
+Memo = dict[int, tuple["weakref.ref[torch.Tensor]", int, Hashable | None]]
+
+
+def digest(x: Any, memo: Memo | None = None, depth: int = 0) -> Hashable | None:
     """A digest of a result's contents, or ``None`` when it cannot be taken (a very
     large tensor, an object with nothing to compare).
 
-    ``memo`` remembers tensor digests by identity and version (and keeps the tensors
-    alive), so a tensor handed up through several wrapped calls is read once.
+    ``memo`` remembers tensor digests by identity and version, so a tensor handed up
+    through several wrapped calls (or returned again and again) is read once. It holds
+    the tensors weakly: a result the program drops is freed, and its entry with it.
     """
     t = type(x)
     if t in _VALUES:
@@ -104,10 +114,10 @@ def digest(
             return _tensor_digest(x)
         hit = memo.get(id(x))
         version = x._version
-        if hit is not None and hit[0] is x and hit[1] == version:
+        if hit is not None and hit[0]() is x and hit[1] == version:
             return hit[2]
         d = _tensor_digest(x)
-        memo[id(x)] = (x, version, d)
+        memo[id(x)] = (_weak(x, memo), version, d)
         return d
     if isinstance(x, np.ndarray):
         if x.nbytes > DIGEST_MAX_BYTES or x.dtype.hasobject:
@@ -136,6 +146,17 @@ def digest(
     if any(e[1] is None for e in named):
         return None
     return (t.__qualname__, named)
+
+
+def _weak(x: torch.Tensor, memo: Memo) -> weakref.ref[torch.Tensor]:
+    key = id(x)
+
+    def forget(ref: weakref.ref[torch.Tensor]) -> None:
+        entry = memo.get(key)
+        if entry is not None and entry[0] is ref:  # not a newer tensor's, same id
+            memo.pop(key, None)
+
+    return weakref.ref(x, forget)
 
 
 def _fields(x: Any) -> list[tuple[str, Any]] | None:

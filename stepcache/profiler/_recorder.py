@@ -236,7 +236,7 @@ class Recorder:
         self.keep: dict[int, object] = {}
         self.prev_keep: dict[int, object] = {}
         #: tensor digests of this step, by id (see ``_argprint.digest``)
-        self.digests: dict[int, tuple[Any, int, Hashable | None]] = {}
+        self.digests: _argprint.Memo = {}
         self.step_token: object | None = None
         self.step_depth = 0
         #: with a step function, only its calls' steps count as steps (the calls

@@ -4,6 +4,7 @@ mean interchangeable, or the suggested key leaves out an argument that matters."
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -88,3 +89,22 @@ def test_private_attributes_are_compared() -> None:
     s = report["boxed"].suggestion
     assert s is not None and s.key == ("v",)  # the third call repeats the first
     assert report["boxed"].redundant == 2
+
+
+def full(v: float) -> torch.Tensor:
+    return torch.full((4,), v)
+
+
+def passes_on(v: float) -> torch.Tensor:
+    return full(v)  # the same tensor, handed up through two wrapped calls
+
+
+def test_results_the_program_drops_are_freed() -> None:
+    with stepcache.profile([f"{__name__}:full", f"{__name__}:passes_on"]) as report:
+        refs = [weakref.ref(passes_on(float(v))) for v in (1, 2, 1)]
+        assert [r() for r in refs] == [None, None, None]  # the profiler kept none
+        kept = [passes_on(1.0), full(2.0)]  # results still alive
+    assert kept[1].sum() == 8
+    # full(1.0) three times, full(2.0) twice: the later ones of each are equal results
+    assert (report["full"].calls, report["full"].redundant) == (5, 3)
+    assert report["passes_on"].redundant == 2
