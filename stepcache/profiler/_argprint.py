@@ -60,6 +60,11 @@ _DEPTH: Final = 3
 _FIELDS_MAX: Final = 64
 
 
+#: what a NaN (float or complex) is fingerprinted as: NaN is not equal to itself, but
+#: two calls that both got or returned NaN got or returned the same thing
+NAN: Final = "nan"
+
+
 def kind_of(x: Any) -> str:
     """``value`` (compared by value), ``tensor`` (identity and version) or ``object``
     (identity)."""
@@ -80,7 +85,7 @@ def argprint(x: Any, keep: dict[int, object]) -> Hashable:
     reused within it."""
     t = type(x)
     if t in _VALUES:
-        return (t, x)
+        return (t, NAN) if x != x else (t, x)
     if isinstance(x, torch.Tensor):
         keep[id(x)] = x
         return ("T", id(x), tag(x))
@@ -108,7 +113,7 @@ def digest(x: Any, memo: Memo | None = None, depth: int = 0) -> Hashable | None:
     """
     t = type(x)
     if t in _VALUES:
-        return (t, x)
+        return (t, NAN) if x != x else (t, x)
     if isinstance(x, torch.Tensor):
         if memo is None or x.is_inference():  # no version counter: read it each time
             return _tensor_digest(x)

@@ -290,6 +290,8 @@ def _value(fp: Hashable) -> Any:
         cls, raw = fp
         if issubclass(cls, enum.Enum):
             return cls(raw)
+        if cls in (float, complex) and raw == _argprint.NAN:
+            return cls("nan")
         return raw
     return fp
 

@@ -108,3 +108,19 @@ def test_results_the_program_drops_are_freed() -> None:
     # full(1.0) three times, full(2.0) twice: the later ones of each are equal results
     assert (report["full"].calls, report["full"].redundant) == (5, 3)
     assert report["passes_on"].redundant == 2
+
+
+def loss(meta: Meta, scale: float) -> float:
+    return scale * float("nan")
+
+
+def test_nan_results_and_arguments_are_equal_to_themselves() -> None:
+    with stepcache.profile(f"{__name__}:loss") as report:
+        for _ in range(2):
+            meta = Meta()
+            loss(meta, float("nan")), loss(meta, float("nan")), loss(meta, 1.0)
+            loss(meta, 2.0)
+            report.step()
+    row = report["loss"]
+    assert (row.identical, row.impure, row.redundant) == (2, 0, 6)
+    assert row.suggestion is not None and row.suggestion.ignored == ("scale",)
