@@ -22,6 +22,7 @@ and so that an object seen in two consecutive steps is recognised as persistent)
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -271,7 +272,24 @@ class Recorder:
             leave(call, result, t0, t1, t2)
             return result
 
-        return profiled
+        async def profiled_async(*args: Any, **kwargs: Any) -> Any:
+            # A coroutine function stays one (callers dispatch on that), and its
+            # time runs to its return, the awaits included.
+            if not self.active:
+                return await original(*args, **kwargs)
+            t0 = clock()
+            call = enter(fn, args, kwargs)
+            t1 = clock()
+            try:
+                result = await original(*args, **kwargs)
+            except BaseException:
+                fail(call, t0, t1, clock())
+                raise
+            t2 = clock()
+            leave(call, result, t0, t1, t2)
+            return result
+
+        return profiled_async if inspect.iscoroutinefunction(original) else profiled
 
     def enter(self, fn: FnState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
         with self.lock:

@@ -4,6 +4,8 @@ block, also when it raises, in every module that imported them."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import sys
 import types
 from collections.abc import Iterator
@@ -138,3 +140,17 @@ def test_a_second_name_in_its_own_module_is_one_target() -> None:
         ]
     finally:
         del sys.modules[module.__name__]
+
+
+async def fetch(x: int) -> int:
+    await asyncio.sleep(0.01)
+    return x
+
+
+def test_a_coroutine_function_stays_one_and_is_timed_to_its_return() -> None:
+    with stepcache.profile(f"{__name__}:fetch") as report:
+        assert inspect.iscoroutinefunction(fetch)
+        assert asyncio.run(fetch(1)) == 1
+    row = report["fetch"]
+    assert (row.calls, row.errors, row.suggestion) == (1, 0, None)
+    assert row.total_ns >= 10_000_000  # the await included, not just the creation
