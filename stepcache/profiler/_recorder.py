@@ -128,6 +128,8 @@ class FnState:
         self.unbound = 0
         #: calls beyond the analysis' budget (see ``MAX_KEPT_PER_FUNCTION``)
         self.dropped = 0
+        #: calls inside which a new step began: counted, not analysed
+        self.across_steps = 0
         self.total_ns = 0
         #: the median time of the calls kept for the analysis (set by the analysis)
         self.median_ns = 0
@@ -374,6 +376,8 @@ class Recorder:
         self.calls += 1
         if call.step == self.step_index:
             self.step_calls.append(call)
+        else:  # its step closed while it ran: nothing left to compare it with
+            fn.across_steps += 1
 
     def _account(self, call: Call, t0: int, t1: int, t2: int, t3: int) -> None:
         own = (t1 - t0) + (t3 - t2)

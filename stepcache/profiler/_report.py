@@ -57,6 +57,8 @@ class FunctionReport:
     #: ``MAX_KEPT_PER_FUNCTION`` of each function are kept): ``redundant`` and the
     #: suggestion come from the others
     dropped: int = 0
+    #: calls inside which a new step began (counted, not analysed)
+    across_steps: int = 0
     #: what limits this row's analysis (calls left out of it, why no suggestion)
     notes: tuple[str, ...] = ()
 
@@ -169,6 +171,11 @@ class ProfileReport:
                     f"its {fn.dropped:,} calls came after the profiler's budget of kept "
                     "calls was spent: counted, not analysed"
                 )
+            if fn.across_steps:
+                notes.append(
+                    f"{fn.across_steps:,} call(s) spanned a step change (a new step began "
+                    "inside them): counted, not analysed"
+                )
             if fn.cached:
                 notes.append(
                     "already @stepcache.step_cached: its repeats are what its cache "
@@ -198,6 +205,7 @@ class ProfileReport:
                     suggestion=s,
                     unbound=fn.unbound,
                     dropped=fn.dropped,
+                    across_steps=fn.across_steps,
                     notes=tuple(notes),
                 )
             )

@@ -127,3 +127,29 @@ def test_identical_calls_are_calls_minus_distinct_arguments_per_step(
         assert row.redundant >= row.identical
     else:
         assert len(report) == 0
+
+
+class Meta:
+    pass
+
+
+def plan(meta: Meta, nxt: Meta) -> int:
+    prepare(nxt)  # the next step's object: a new step begins inside this call
+    return 1
+
+
+def prepare(meta: Meta) -> int:
+    return 2
+
+
+def test_calls_that_span_a_step_change_are_counted() -> None:
+    with stepcache.profile(
+        [f"{__name__}:plan", f"{__name__}:prepare"], step_by="meta"
+    ) as report:
+        metas = [Meta() for _ in range(3)]
+        for a, b in zip(metas, metas[1:], strict=False):
+            plan(a, b), plan(a, b)
+    row = report["plan"]
+    assert (row.calls, row.across_steps, row.redundant) == (4, 4, 0)
+    assert any("spanned a step change" in note for note in row.notes)
+    assert report["prepare"].across_steps == 0
