@@ -258,8 +258,9 @@ class ProfileReport:
 
     @property
     def calls(self) -> int:
-        """Calls of wrapped functions."""
-        return self._recorder.calls
+        """Calls of the profiled functions (not of a ``step=`` function that is not a
+        target: it is wrapped only to mark steps)."""
+        return sum(fn.calls for fn in self._states)
 
     @property
     def overhead_ns(self) -> int:
@@ -269,8 +270,9 @@ class ProfileReport:
 
     @property
     def overhead_per_call_ns(self) -> float:
-        """Mean profiler cost per recorded call."""
-        return self.overhead_ns / self.calls if self.calls else 0.0
+        """Mean profiler cost per wrapped call (the step function's too)."""
+        n = self._recorder.calls
+        return self.overhead_ns / n if n else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, for JSON."""

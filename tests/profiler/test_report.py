@@ -79,3 +79,21 @@ def test_empty_report() -> None:
     assert len(report) == 0
     assert "no wrapped function was called" in report.table()
     assert json.loads(report.to_json())["functions"] == []
+
+
+def work(i: int) -> int:
+    return i
+
+
+def run_step() -> None:
+    work(1), work(1)
+
+
+def test_the_calls_are_those_of_the_profiled_functions() -> None:
+    """A step= function that is not a target marks steps; its calls are not counted."""
+    with stepcache.profile(f"{__name__}:work", step=f"{__name__}:run_step") as report:
+        for _ in range(3):
+            run_step()
+    assert (report.steps, report.calls, report["work"].calls) == (3, 6, 6)
+    assert report.table().startswith("stepcache profile: 3 step(s), 6 call(s) of 1 ")
+    assert json.loads(report.to_json())["calls"] == 6
