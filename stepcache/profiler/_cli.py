@@ -66,7 +66,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _rows(text: str) -> int:
-    rows = int(text)
+    try:
+        rows = int(text)
+    except ValueError:  # argparse would name the function: "invalid _rows value"
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if rows < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0 (got {rows})")
     return rows
@@ -83,7 +86,11 @@ def _writable(path: str) -> None:
 def _workload(spec: str) -> Callable[[], Any]:
     module_name, _, path = spec.partition(":")
     if not module_name or not path:
-        raise TargetNotFoundError(f"workload {spec!r}: expected MODULE:CALLABLE")
+        head, _, tail = spec.rpartition(".")
+        hint = (
+            f" (such as '{head}:{tail}')" if head and tail and ":" not in spec else ""
+        )
+        raise TargetNotFoundError(f"workload {spec!r}: expected MODULE:CALLABLE{hint}")
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

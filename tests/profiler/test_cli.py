@@ -101,6 +101,7 @@ def test_a_failing_workload_raises_and_restores() -> None:
         (["profile", f"{MOD}:nothing"], "has no attribute 'nothing'"),
         (["profile", f"{MOD}:CONSTANT"], "is a int, not callable"),
         (["profile", f"{MOD}"], "expected MODULE:CALLABLE"),
+        (["profile", "json.dumps"], "expected MODULE:CALLABLE (such as 'json:dumps')"),
         (["profile", f"{__name__}:workload", "-t", f"{MOD}:nope"], "has no attribute"),
         (["profile", f"{__name__}:workload", "-t", MOD, "--json", "."], "--json ."),
     ],
@@ -124,11 +125,18 @@ def test_a_workload_whose_own_import_fails_raises_its_error(
         stepcache_main(["profile", "broken_xyz_ext:run"])
 
 
-def test_a_negative_top_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("top", "message"),
+    [("-1", "must be at least 0 (got -1)"), ("x", "--top: not a number: 'x'")],
+)
+def test_a_bad_top_is_a_usage_error(
+    top: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
-        stepcache_main(["profile", f"{__name__}:workload", "--top", "-1"])
+        stepcache_main(["profile", f"{__name__}:workload", "--top", top])
     assert exited.value.code == 2
-    assert "must be at least 0 (got -1)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and "_rows" not in err
 
 
 def test_python_dash_m() -> None:
