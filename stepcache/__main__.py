@@ -15,8 +15,11 @@ COMMANDS = {"demo": "stepcache.integrations.demo", "profile": "stepcache.profile
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in COMMANDS:
+        asked = args[:1] in (["-h"], ["--help"])
+        if args and not asked:
+            print(f"python -m stepcache: unknown command {args[0]!r}", file=sys.stderr)
         print(USAGE)
-        return 0 if args[:1] in (["-h"], ["--help"]) else 2
+        return 0 if asked else 2
     return int(importlib.import_module(COMMANDS[args[0]]).main(args[1:]))
 
 

@@ -111,3 +111,13 @@ def test_the_vllm_section_on_real_metadata() -> None:
     row = res["stats"]["vllm.CommonAttentionMetadata.token_to_req_indices"]
     assert row["misses"] == 6 + 2 and row["invalidations"] == 2
     assert plugin.status() == before  # the demo leaves the plugin as it found it
+
+
+def test_an_unknown_command_is_named_and_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli(["bogus"]) == 2
+    out, err = capsys.readouterr()
+    assert "unknown command 'bogus'" in err and "usage:" in out
+    assert cli(["--help"]) == 0
+    assert "unknown" not in capsys.readouterr().err
