@@ -465,7 +465,10 @@ def _recompute(fn: CachedFunction, a: Args, entry: Entry) -> str | None:
 
 
 def first_difference(
-    expected: Any, actual: Any, path: str = "result", seen: frozenset[int] = frozenset()
+    expected: Any,
+    actual: Any,
+    path: str = "result",
+    seen: frozenset[tuple[int, int]] = frozenset(),
 ) -> str | None:
     """Where ``actual`` first differs from ``expected`` (``None``: they are equal):
     tensors by device, dtype, shape and values (NaN equals NaN), tuples, lists and
@@ -509,19 +512,21 @@ def first_difference(
             if found:
                 return found
         return None
-    if id(expected) in seen:  # a cycle: compared further up
+    pair = (id(expected), id(actual))
+    if pair in seen:  # a cycle: these two are compared further up
         return None
     if (fields := _fields(expected)) is not None:  # field by field, as a tuple is
+        if (other := _fields(actual)) is None or other.keys() != fields.keys():
+            names = [sorted(f or ()) for f in (fields, other)]
+            return f"'{path}' fields mismatch. expected {names[0]}, actual {names[1]}"
         for k, e in fields.items():
-            a = getattr(actual, k, _MISSING)
-            if found := first_difference(e, a, f"{path}.{k}", seen | {id(expected)}):
+            if found := first_difference(e, other[k], f"{path}.{k}", seen | {pair}):
                 return found
         return None
     try:
         if isinstance(expected, np.ndarray):
-            return (
-                None if np.array_equal(expected, actual, equal_nan=True) else mismatch
-            )
+            nan = expected.dtype.kind in "fc"  # equal_nan raises for other dtypes
+            return None if np.array_equal(expected, actual, equal_nan=nan) else mismatch
         if isinstance(expected, float) and expected != expected:
             return None if actual != actual else mismatch  # NaN equals NaN, as above
         return None if bool(expected == actual) else mismatch
@@ -533,15 +538,15 @@ def _fields(x: Any) -> dict[str, Any] | None:
     """The fields of a dataclass or attrs object, or the attributes of an object
     compared by identity (a fresh one never equals the cached one); else ``None``."""
     cls: Any = type(x)
-    if dataclasses.is_dataclass(x):
-        names = [f.name for f in dataclasses.fields(x)]
+    if dataclasses.is_dataclass(x):  # the fields its == compares
+        names = [f.name for f in dataclasses.fields(x) if f.compare]
     elif hasattr(cls, "__attrs_attrs__"):
-        names = [a.name for a in cls.__attrs_attrs__]
+        names = [a.name for a in cls.__attrs_attrs__ if a.eq]
     elif cls.__eq__ is object.__eq__ and _plain_object(x):
-        names = [n for n in vars(x) if n != "_stepcache"]
+        names = list(vars(x))
     else:
         return None
-    return {n: getattr(x, n, _MISSING) for n in names}
+    return {n: getattr(x, n, _MISSING) for n in names if n != "_stepcache"}
 
 
 def _plain_object(x: Any) -> bool:

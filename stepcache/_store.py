@@ -227,9 +227,12 @@ def _write(owner: object, store: StepCache) -> None:
     """Keep ``store`` in ``owner`` (an attribute or declared slot, else the side table);
     the owner's class gets `NO_STORE` as its attribute, unless it has one."""
     # not in a tensor: torch.save writes its __dict__, and weights_only loads refuse it
-    with contextlib.suppress(AttributeError, TypeError):  # slotted without a slot
-        if not isinstance(owner, torch.Tensor):
+    if not isinstance(owner, torch.Tensor):
+        try:
             object.__setattr__(owner, ATTR, store)  # past a frozen class's __setattr__
+        except (AttributeError, TypeError):  # slotted without a slot for it
+            pass
+        else:
             if not hasattr(type(owner), ATTR):
                 with contextlib.suppress(Exception):  # a builtin type may refuse
                     setattr(type(owner), ATTR, NO_STORE)
@@ -253,8 +256,8 @@ def found(owner: object, store: Any = None) -> StepCache | None:
     if store is None:
         try:
             store = getattr(owner, ATTR, None)
-        except Exception:  # an odd __getattr__
-            return None
+        except Exception:  # an odd __getattr__: the side table may hold its store
+            store = None
     if isinstance(store, StepCache):
         return store
     side = _side.get(id(owner))

@@ -24,6 +24,7 @@ False
 from __future__ import annotations
 
 import enum
+import struct
 import weakref
 from collections.abc import Hashable
 from types import FunctionType, ModuleType
@@ -175,17 +176,25 @@ def _fields(x: Any) -> list[tuple[str, Any]] | None:
     d = getattr(x, "__dict__", None)
     if isinstance(d, dict):
         names.extend(d)
+    slotted = 0
     for c in cls.__mro__[:-1]:
         if not c.__flags__ & _HEAPTYPE:
-            return None  # a C base (a set, a partial): state no attribute shows
+            return None  # a C base (a set, a list): state no attribute shows
         slots = c.__dict__.get("__slots__", ())
-        for s in (slots,) if isinstance(slots, str) else slots:
+        slots = (slots,) if isinstance(slots, str) else slots
+        slotted += sum(1 for s in slots if s not in ("__dict__", "__weakref__"))
+        for s in slots:
             if s in ("__dict__", "__weakref__"):
                 continue
             if s.startswith("__") and not s.endswith("__"):
                 s = f"_{c.__name__.lstrip('_')}{s}"  # name mangling
             if s not in names:
                 names.append(s)
+    # a base made in C as a heap type (functools.partial) keeps state in its instance
+    # beyond the slots and the __dict__: it is bigger than those explain
+    slotted += (cls.__dictoffset__ > 0) + (cls.__weakrefoffset__ > 0)
+    if cls.__basicsize__ > object.__basicsize__ + _POINTER * slotted:
+        return None
     if not names or len(names) > _FIELDS_MAX:
         return None
     out: list[tuple[str, Any]] = []
@@ -197,6 +206,8 @@ def _fields(x: Any) -> list[tuple[str, Any]] | None:
     return out
 
 
+#: the size of an object pointer: what each slot adds to an instance
+_POINTER: Final = struct.calcsize("P")
 #: ``type.__flags__``: the class was made by a class statement (or type()), not in C
 _HEAPTYPE: Final = 1 << 9
 

@@ -187,3 +187,27 @@ def test_a_value_that_refers_to_its_owner_dies_with_it(cls: type) -> None:
     del owner
     gc.collect()
     assert gone() is None
+
+
+def test_an_owner_whose_getattr_raises_keeps_its_store() -> None:
+    class Lookup:  # slotted, no _stepcache slot: its store is in the side table
+        __slots__ = ("__weakref__", "d")
+
+        def __init__(self) -> None:
+            self.d: dict[str, int] = {}
+
+        def __getattr__(self, name: str) -> int:
+            return self.d[name]  # KeyError, not AttributeError
+
+    builds: list[int] = []
+
+    @stepcache.step_cached(name="owners.lookup")
+    def value(owner: Lookup) -> int:
+        builds.append(1)
+        return 1
+
+    owner = Lookup()
+    assert value(owner) == value(owner) == 1 and builds == [1]
+    stepcache.cache_of(owner).close()
+    with pytest.raises(stepcache.StaleCacheError):
+        value(owner)

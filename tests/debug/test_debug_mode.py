@@ -325,11 +325,27 @@ class _Plan:  # an object compared by identity, as a kernel plan often is
         self.lens, self.itself = lens, self
 
 
+@dataclasses.dataclass
+class _Stamped:
+    lens: torch.Tensor
+    made: list[int] = dataclasses.field(default_factory=list, compare=False)
+
+
+_stamps: list[int] = []
+
+
+def _stamped(qsl: torch.Tensor) -> _Stamped:
+    _stamps.append(1)
+    return _Stamped(qsl.diff(), list(_stamps))  # == leaves out when it was made
+
+
 # results that equal a fresh computation by value, though == cannot say so
 EQUAL_RESULTS: dict[str, Callable[[torch.Tensor], object]] = {
     "dataclass of tensors": lambda qsl: _Built(qsl.diff(), int(qsl.diff().max())),
     "object without ==": lambda qsl: _Plan(qsl.diff().tolist()),
     "float NaN in a tuple": lambda qsl: (qsl.diff(), float("nan")),
+    "array of strings": lambda qsl: np.array([str(n) for n in qsl.tolist()]),
+    "a field == leaves out": _stamped,
 }
 
 
@@ -442,3 +458,26 @@ def test_misses_in_two_threads_leave_the_owner_class_as_it_was(checks: None) -> 
     first.undeclared = 1  # each miss recorded its own owner's reads
     with pytest.raises(StaleCacheError, match="undeclared"):
         first.lens()
+
+
+class _Node:
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+
+def _loop(v: int) -> _Node:
+    node = _Node(v)
+    node.nxt = node  # type: ignore[attr-defined]
+    return node
+
+
+def test_first_difference_sees_past_cycles_and_extra_attributes() -> None:
+    from stepcache._debug import first_difference
+
+    other = _Node(1)
+    other.nxt = _loop(2)  # type: ignore[attr-defined]
+    assert first_difference(_loop(1), other) == "'result.nxt.v': expected 1, actual 2"
+    assert first_difference(_loop(1), _loop(1)) is None
+    extra = _Node(1)
+    extra.more = 3  # type: ignore[attr-defined]
+    assert "fields mismatch" in str(first_difference(_Node(1), extra))

@@ -4,6 +4,7 @@ mean interchangeable, or the suggested key leaves out an argument that matters."
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -58,6 +59,16 @@ def identity(meta: Meta, v: int) -> Identity:
     return Identity(v)
 
 
+class Partial(functools.partial):  # type: ignore[type-arg]
+    """A heap type made in C: its state (func, args) is no attribute."""
+
+
+def partial_of(meta: Meta, v: int) -> Partial:
+    made = Partial(print, v)
+    made.tag = "same"  # type: ignore[attr-defined]
+    return made
+
+
 def boxed_same(meta: Meta, v: int) -> Box:
     return Box(0)
 
@@ -75,7 +86,7 @@ def run(names: list[str], values: list[int]) -> ProfileReport:
 
 
 def test_results_with_hidden_state_are_not_equal() -> None:
-    names = ["layer", "boxed", "slotted", "identity"]
+    names = ["layer", "boxed", "slotted", "identity", "partial_of"]
     report = run(names, [0, 1, 2])
     for name in names:
         row = report[name]
