@@ -250,14 +250,24 @@ def closed_error(owner: object) -> StaleCacheError:
     )
 
 
-def found(owner: object, store: Any = None) -> StepCache | None:
-    """The store ``owner`` holds (``store``, if read already) or the side table holds
-    for it, else ``None``; it may be a copied owner's, which `cache_of` replaces."""
-    if store is None:
-        try:
-            store = getattr(owner, ATTR, None)
-        except Exception:  # an odd __getattr__: the side table may hold its store
-            store = None
+def _held(owner: object) -> Any:
+    """What ``owner``'s store attribute holds (``None``: nothing it can give)."""
+    # not owner.__dict__: on CPython 3.11+ that makes the inline attributes a dict
+    try:
+        return getattr(owner, ATTR, None)
+    except Exception:  # an odd __getattr__: the side table may hold its store
+        return None
+
+
+_UNREAD: Any = object()
+
+
+def found(owner: object, store: Any = _UNREAD) -> StepCache | None:
+    """The store ``owner`` holds (``store``: what `_held` read, if read already) or the
+    side table holds for it, else ``None``; it may be a copied owner's, which
+    `cache_of` replaces."""
+    if store is _UNREAD:
+        store = _held(owner)
     if isinstance(store, StepCache):
         return store
     side = _side.get(id(owner))
@@ -283,11 +293,7 @@ def cache_of(owner: object) -> StepCache:
         >>> stepcache.cache_of(m) is stepcache.cache_of(m)
         True
     """
-    # not owner.__dict__: on CPython 3.11+ that makes the inline attributes a dict
-    try:
-        store = getattr(owner, ATTR, None)
-    except Exception:  # an odd __getattr__
-        store = None
+    store = _held(owner)
     if store is NO_STORE and not _side:  # a plain owner's first use: no lookups
         fresh = StepCache(owner)
         try:
