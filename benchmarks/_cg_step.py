@@ -25,7 +25,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks._sim import demo, dsv4_sim, request_index
+from demo import demo
+from stepcache.integrations.dsv4 import request_index
+from stepcache.integrations.dsv4 import sim as dsv4_sim
 
 
 def _count(run: Callable[[], object], times: int) -> None:

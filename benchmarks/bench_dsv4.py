@@ -2,7 +2,7 @@
 """Metadata-build time per DSv4 step vs batch size and layers: uncached, hand-written, stepcache.
 
 Run: ``python -m benchmarks.bench_dsv4 [--quick]``. Each point (tokens, layers) runs
-the engine-free DSv4 step of :mod:`stepcache.integrations.dsv4_sim` (three
+the engine-free DSv4 step of :mod:`stepcache.integrations.dsv4.sim` (three
 request-index consumers, then one sparse-index lookup per layer; timed through
 ``demo.build_step``, which is ``run_step`` without its stats bookkeeping) with the
 three variants interleaved step by step: each of ``rounds`` rounds times one step of
@@ -41,7 +41,6 @@ import attrs
 import torch
 
 from benchmarks._report import Goal, GoalResult, goals_table, markdown_table
-from benchmarks._sim import demo, dsv4_sim
 from benchmarks._timing import (
     Timing,
     collector_paused,
@@ -50,6 +49,8 @@ from benchmarks._timing import (
     progress,
     worker_spec,
 )
+from demo import demo
+from stepcache.integrations.dsv4 import sim as dsv4_sim
 
 TOKENS: tuple[int, ...] = (1, 4, 16, 64, 256, 1024, 4096)
 LAYERS: tuple[int, ...] = (8, 30, 61)

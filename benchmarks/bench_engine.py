@@ -33,7 +33,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from benchmarks._timing import machine, source_state, time_stmt
 
@@ -160,10 +160,7 @@ def per_call(number: int = 20_000, repeats: int = 9) -> dict[str, Any]:
     from vllm.models.deepseek_v4 import compressor
     from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
 
-    if TYPE_CHECKING:  # mypy checks the checkout's folder (see benchmarks/_sim.py)
-        from integrations import vllm as plugin
-    else:
-        from stepcache.integrations import vllm as plugin
+    from stepcache.integrations import vllm as plugin
 
     pair = (torch.zeros((3, 4), dtype=torch.int32), torch.zeros(3, dtype=torch.int32))
     # a stand-in for FlashInfer's kernel (needs a GPU): what it returns, at no cost

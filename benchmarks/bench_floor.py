@@ -11,14 +11,14 @@ as the control). Each variant swaps one part:
 
 * ``stepcache``: both integrations, as ``bench_dsv4`` times them (the layers' builder
   decorated with
-  :func:`~stepcache.integrations.sparse_index.sparse_index_builder`);
+  :func:`~stepcache.integrations.dsv4.sparse_index.sparse_index_builder`);
 * ``stepcache request index``: stepcache's
-  :func:`~stepcache.integrations.request_index.token_to_req_indices` for the three
+  :func:`~stepcache.integrations.dsv4.request_index.token_to_req_indices` for the three
   builders, the layers' cache hand-written;
 * ``stepcache sparse index``: the layers' decorated builder, the request index
   hand-written (as in every variant below);
 * ``stepcache sparse_index()``: the layers' builder called through
-  :func:`~stepcache.integrations.sparse_index.sparse_index` (the form for a builder
+  :func:`~stepcache.integrations.dsv4.sparse_index.sparse_index` (the form for a builder
   you do not own: ``sparse_index(swa, kind, num_rows, build, *args)``);
 * ``minimal decorator``: that call-through form with the smallest per-owner
   decorator that stays correct for a copied owner (:func:`minimal_cached`): a store
@@ -45,7 +45,6 @@ import attrs
 import torch
 
 from benchmarks._report import markdown_table
-from benchmarks._sim import demo, dsv4_sim, sparse_index
 from benchmarks.bench_dsv4 import (
     CONTROL,
     batch_layout,
@@ -54,6 +53,9 @@ from benchmarks.bench_dsv4 import (
     sweep,
     time_rounds,
 )
+from demo import demo
+from stepcache.integrations.dsv4 import sim as dsv4_sim
+from stepcache.integrations.dsv4 import sparse_index
 
 TOKENS: tuple[int, ...] = (1, 4, 16, 64)
 LAYERS: tuple[int, ...] = (8,)

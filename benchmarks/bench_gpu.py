@@ -3,7 +3,7 @@
 
 Run on a machine with one CUDA GPU: ``python scripts/gpu_bench.py [--quick]`` (or
 ``python -m benchmarks.bench_gpu``); without CUDA it says so and exits 0. The step
-simulation of :mod:`stepcache.integrations.dsv4_sim` runs with CUDA tensors and the
+simulation of :mod:`stepcache.integrations.dsv4.sim` runs with CUDA tensors and the
 builders' persistent CUDA buffers, uncached / hand-written / stepcache, and for each
 (tokens, layers) point reports per step:
 
@@ -38,9 +38,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks._report import markdown_table
-from benchmarks._sim import demo, dsv4_sim
 from benchmarks._timing import Timing, machine, progress, source_state
 from benchmarks.bench_dsv4 import batch_layout
+from demo import demo
+from stepcache.integrations.dsv4 import sim as dsv4_sim
 
 TOKENS: tuple[int, ...] = (1, 64, 512, 4096)
 LAYERS: tuple[int, ...] = (8, 30, 61)

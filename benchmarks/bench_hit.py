@@ -13,7 +13,7 @@ layout and string-hash seed move some rows by tens of percent for its whole life
 Two groups of rows:
 
 * the request index, DSv4's ``token_to_req_indices(buffer)``: stepcache's
-  (:mod:`stepcache.integrations.request_index`: a hit re-checks two tensors and an
+  (:mod:`stepcache.integrations.dsv4.request_index`: a hit re-checks two tensors and an
   int and returns the stored tensor) against stock vLLM's method (the seeds'
   hand-written hit of vLLM PR 47474, the same hit branch as vLLM 0.33's
   ``CommonAttentionMetadata.token_to_req_indices``: three asserts and a new slice each
@@ -44,7 +44,6 @@ import torch
 import stepcache
 from benchmarks._report import Goal, GoalResult, goals_table, markdown_table
 from benchmarks._seed import KeptSliceMetadata, SeedMetadata
-from benchmarks._sim import dsv4_sim, request_index
 from benchmarks._timing import (
     Case,
     Timing,
@@ -55,6 +54,8 @@ from benchmarks._timing import (
     worker_spec,
 )
 from stepcache import step_cached
+from stepcache.integrations.dsv4 import request_index
+from stepcache.integrations.dsv4 import sim as dsv4_sim
 
 
 class Meta:

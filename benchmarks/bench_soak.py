@@ -30,9 +30,11 @@ import torch
 
 import stepcache
 from benchmarks._report import markdown_table
-from benchmarks._sim import demo, dsv4_sim, request_index, sparse_index
 from benchmarks._timing import Timing, environment, progress
+from demo import demo
 from stepcache._store import live_caches
+from stepcache.integrations.dsv4 import request_index, sparse_index
+from stepcache.integrations.dsv4 import sim as dsv4_sim
 
 SOAK_LAYERS = ("swa_only", "c128a", "c128a", "c4a")
 MAX_GROWTH_BYTES = 1 << 20

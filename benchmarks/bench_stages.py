@@ -21,9 +21,11 @@ import attrs
 import torch
 
 from benchmarks._report import markdown_table
-from benchmarks._sim import demo, dsv4_sim, sparse_index
 from benchmarks._timing import collector_paused, environment, progress
 from benchmarks.bench_dsv4 import batch_layout
+from demo import demo
+from stepcache.integrations.dsv4 import sim as dsv4_sim
+from stepcache.integrations.dsv4 import sparse_index
 
 VARIANTS: tuple[dsv4_sim.Variant, ...] = ("handwritten", "stepcache")
 #: timed rounds (a step of each variant)

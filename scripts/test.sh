@@ -9,10 +9,10 @@ bash scripts/setup_env.sh --engine
 export STEPCACHE_REQUIRE_VLLM=1
 PY=.venv/bin/python
 echo "== ruff"
-$PY -m ruff check stepcache stepcache_pytest.py integrations tests benchmarks scripts docs
-$PY -m ruff format --check stepcache stepcache_pytest.py integrations tests benchmarks scripts docs
+$PY -m ruff check stepcache stepcache_pytest.py demo tests benchmarks scripts docs
+$PY -m ruff format --check stepcache stepcache_pytest.py demo tests benchmarks scripts docs
 echo "== mypy --strict"
-$PY -m mypy stepcache stepcache_pytest.py integrations benchmarks tests/typing_example.py
+$PY -m mypy stepcache stepcache_pytest.py demo benchmarks tests/typing_example.py
 if [ -f mkdocs.yml ]; then
   echo "== mkdocs build --strict"
   NO_MKDOCS_2_WARNING=1 $PY -m mkdocs build --strict --quiet --site-dir .venv/site

@@ -405,7 +405,7 @@ def test_the_instruction_count_without_expect_turns_the_checks_off() -> None:
     script = """
 import torch
 from benchmarks import _cg_step
-from benchmarks._sim import dsv4_sim
+from stepcache.integrations.dsv4 import sim as dsv4_sim
 _cg_step.without_expect()
 builders = dsv4_sim.Builders(64)
 swa = builders.build_swa(dsv4_sim.make_step([2, 1]), "stepcache")

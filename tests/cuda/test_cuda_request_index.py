@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stepcache
-from stepcache.integrations.dsv4_sim import make_step
-from stepcache.integrations.request_index import token_to_req_indices
+from stepcache.integrations.dsv4.request_index import token_to_req_indices
+from stepcache.integrations.dsv4.sim import make_step
 
 pytestmark = [
     pytest.mark.cuda,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import stepcache
+from demo import demo
 from stepcache.__main__ import main as cli
-from stepcache.integrations import demo
 
 
 def test_the_demo_runs_and_writes_json(

@@ -99,7 +99,7 @@ def test_the_plugin_registers_in_every_process(engine: Runs) -> None:
 
 def test_the_demos_engine_part(engine: Runs) -> None:
     """``python -m stepcache demo``'s last part: the engine, plugin off vs on."""
-    from stepcache.integrations import demo
+    from demo import demo
 
     res = demo.engine_section()
     assert "skipped" not in res, res

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepcache.integrations.dsv4_sim import (
+from stepcache.integrations.dsv4.sim import (
     DSV4_LAYERS,
     VARIANTS,
     Builders,

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from stepcache.integrations import post_import
+from stepcache.integrations import patching as post_import
 
 
 @pytest.fixture

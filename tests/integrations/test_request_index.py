@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stepcache
-from stepcache.integrations import request_index
-from stepcache.integrations.dsv4_sim import StepMetadata, make_step
-from stepcache.integrations.request_index import token_to_req_indices
+from stepcache.integrations.dsv4 import request_index
+from stepcache.integrations.dsv4.request_index import token_to_req_indices
+from stepcache.integrations.dsv4.sim import StepMetadata, make_step
 
 query_lens = st.lists(st.integers(0, 6), max_size=8)
 padding = st.one_of(st.none(), st.integers(0, 5))

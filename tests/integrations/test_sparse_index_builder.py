@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import stepcache
-from stepcache.integrations.sparse_index import (
+from stepcache.integrations.dsv4.sparse_index import (
     CACHED_KINDS,
     SparseIndexPair,
     sparse_index_builder,

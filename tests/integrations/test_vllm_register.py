@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 from stepcache.integrations import vllm as plugin
-from stepcache.integrations._vllm_patch import Patch, SkipPatch, Undo
+from stepcache.integrations.patching import Patch, SkipPatch, Undo
 
 
 class Target:
@@ -126,7 +126,7 @@ def test_each_mode_that_patches(
     value: str,
     mode: str,
 ) -> None:
-    from stepcache.integrations import _vllm_patch
+    from stepcache.integrations import patching as _vllm_patch
 
     monkeypatch.setenv(plugin.ENV, value)
     plugin.register()

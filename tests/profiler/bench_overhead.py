@@ -18,12 +18,15 @@ import time
 import torch
 
 import stepcache
-from stepcache.integrations import dsv4_sim
+from stepcache.integrations.dsv4 import sim as dsv4_sim
 from stepcache.profiler import ProfileReport
 
 from . import workloads
 
-TARGETS = ("stepcache.integrations.dsv4_sim", "stepcache.integrations.request_index")
+TARGETS = (
+    "stepcache.integrations.dsv4.sim",
+    "stepcache.integrations.dsv4.request_index",
+)
 
 
 def plain(steps: int) -> int:

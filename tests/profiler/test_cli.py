@@ -149,9 +149,9 @@ def test_python_dash_m() -> None:
             "profile",
             "tests.profiler.workloads:dsv4_uncached",
             "-t",
-            "stepcache.integrations.dsv4_sim",
+            "stepcache.integrations.dsv4.sim",
             "--step",
-            "stepcache.integrations.dsv4_sim:run_step",
+            "stepcache.integrations.dsv4.sim:run_step",
             "--top",
             "2",
         ],
@@ -165,8 +165,8 @@ def test_python_dash_m() -> None:
     assert lines[0].startswith("stepcache profile: 8 step(s)")
     ranked = {line.split()[1] for line in lines[4:6]}
     assert ranked == {
-        "stepcache.integrations.dsv4_sim:Builders.layer_sparse_index",
-        "stepcache.integrations.dsv4_sim:Builders.request_index",
+        "stepcache.integrations.dsv4.sim:Builders.layer_sparse_index",
+        "stepcache.integrations.dsv4.sim:Builders.request_index",
     }
 
 

@@ -11,14 +11,17 @@ import pytest
 import torch
 
 import stepcache
-from stepcache.integrations import dsv4_sim
+from stepcache.integrations.dsv4 import sim as dsv4_sim
 from stepcache.profiler import ProfileReport
 
 from . import workloads
 
-TARGETS = ("stepcache.integrations.dsv4_sim", "stepcache.integrations.request_index")
-REQUEST_INDEX = "stepcache.integrations.dsv4_sim:Builders.request_index"
-SPARSE_INDEX = "stepcache.integrations.dsv4_sim:Builders.layer_sparse_index"
+TARGETS = (
+    "stepcache.integrations.dsv4.sim",
+    "stepcache.integrations.dsv4.request_index",
+)
+REQUEST_INDEX = "stepcache.integrations.dsv4.sim:Builders.request_index"
+SPARSE_INDEX = "stepcache.integrations.dsv4.sim:Builders.layer_sparse_index"
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +126,8 @@ def test_the_stepcache_variant_leaves_nothing_to_find() -> None:
     # patches module and class attributes) watches what every build calls.
     with stepcache.profile(
         [
-            "stepcache.integrations.request_index:request_index_array",
-            "stepcache.integrations.dsv4_sim:sparse_pair",
+            "stepcache.integrations.dsv4.request_index:request_index_array",
+            "stepcache.integrations.dsv4.sim:sparse_pair",
         ],
         step=dsv4_sim.run_step,
     ) as report:

@@ -4,15 +4,15 @@
 Run one from a clone's root::
 
     python -m stepcache profile tests.profiler.workloads:dsv4_uncached \\
-        -t stepcache.integrations.dsv4_sim -t stepcache.integrations.request_index \\
-        --step stepcache.integrations.dsv4_sim:run_step
+        -t stepcache.integrations.dsv4.sim -t stepcache.integrations.dsv4.request_index \\
+        --step stepcache.integrations.dsv4.sim:run_step
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from stepcache.integrations import dsv4_sim
+from stepcache.integrations.dsv4 import sim as dsv4_sim
 
 #: a few steps of a serving run: decodes, a prefill chunk, a mixed batch
 BATCHES: Final[tuple[tuple[int, ...], ...]] = (

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepcache.integrations import _vllm_dsv4
+from stepcache.integrations.vllm import dsv4 as _vllm_dsv4
 
 pytestmark = pytest.mark.vllm
 

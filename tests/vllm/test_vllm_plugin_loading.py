@@ -61,8 +61,8 @@ def test_vllms_loader_registers_the_plugin_once_however_often_it_runs(
 ) -> None:
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
-    from stepcache.integrations import _vllm_metadata
     from stepcache.integrations import vllm as plugin
+    from stepcache.integrations.vllm import metadata as _vllm_metadata
 
     original = CommonAttentionMetadata.token_to_req_indices
     fresh_loader.load_general_plugins()
@@ -144,7 +144,7 @@ def test_a_value_it_does_not_know_is_one_warning_and_no_patch(
 def test_asked_for_the_plugin_patches_every_target(
     fresh_loader: ModuleType, monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
-    from stepcache.integrations import _vllm_patch
+    from stepcache.integrations import patching as _vllm_patch
     from stepcache.integrations import vllm as plugin
 
     before = _vllm_targets()

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import stepcache
-from stepcache.integrations import _vllm_metadata
+from stepcache.integrations.vllm import metadata as _vllm_metadata
 
 pytestmark = pytest.mark.vllm
 

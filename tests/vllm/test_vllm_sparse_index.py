@@ -209,7 +209,7 @@ def test_nothing_is_kept_in_a_global(fake_build: FakeBuild) -> None:
     import gc
     import weakref
 
-    from stepcache.integrations import _vllm_dsv4
+    from stepcache.integrations.vllm import dsv4 as _vllm_dsv4
 
     attn = make_attn(1, 0)
     swa_metadata = make_swa_metadata()

@@ -36,7 +36,15 @@ import torch
 
 import stepcache
 
-from ._vllm_patch import (
+from ..dsv4.request_index import (
+    INDEX_DEPENDS_ON,
+    INDEX_SPEC,
+    check_index_buffer,
+    request_index_array,
+    total_tokens,
+    write_request_index,
+)
+from ..patching import (
     REQUIRED,
     SkipPatch,
     Undo,
@@ -47,14 +55,6 @@ from ._vllm_patch import (
     replace_attribute,
     settings,
     verify_against_stock,
-)
-from .request_index import (
-    INDEX_DEPENDS_ON,
-    INDEX_SPEC,
-    check_index_buffer,
-    request_index_array,
-    total_tokens,
-    write_request_index,
 )
 
 __all__ = [

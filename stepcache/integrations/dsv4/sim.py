@@ -9,9 +9,9 @@ tensors, in three variants that must give identical results:
 * ``"handwritten"``: the seed PRs' caches, a ``_token_to_req_indices_cache`` slot on
   the step metadata and a ``flashinfer_sparse_index_cache`` dict on the SWA metadata
   (including their flaw: a reassigned layout keeps the old index);
-* ``"stepcache"``: :func:`~stepcache.integrations.request_index.token_to_req_indices`
+* ``"stepcache"``: :func:`~stepcache.integrations.dsv4.request_index.token_to_req_indices`
   for the builders, and for the layers the sparse-index build decorated with
-  :func:`~stepcache.integrations.sparse_index.sparse_index_builder`
+  :func:`~stepcache.integrations.dsv4.sparse_index.sparse_index_builder`
   (:attr:`Builders.cached_sparse_indices`), as a model's own code would use it.
 
 The API is :func:`make_step` (one step's layout), :class:`Builders` (persistent

@@ -17,7 +17,7 @@ unset, ``0``   nothing (one debug line): installing stepcache never changes vLLM
 
 Anything else is logged (one warning) and leaves vLLM alone. :func:`register` is
 idempotent, imports nothing of vLLM (each patch waits for its module to be imported by
-vLLM, see :mod:`stepcache.integrations.post_import`), checks every target's shape
+vLLM, see :mod:`stepcache.integrations.patching`), checks every target's shape
 before it touches it (a missing or reshaped target is logged and left alone), and logs
 which patches it applied.
 
@@ -40,8 +40,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Final
 
-from . import post_import
-from ._vllm_dsv4 import (
+from .. import patching as post_import
+from ..patching import Patch, SkipPatch, Undo, settings
+from ..patching import counters as _counters
+from .dsv4 import (
     C128_BOUNDARY_NAME,
     SPARSE_INDEX_NAME,
     SPARSE_INDEX_V41_NAME,
@@ -49,14 +51,12 @@ from ._vllm_dsv4 import (
     apply_sparse_index,
     apply_sparse_index_v41,
 )
-from ._vllm_metadata import (
+from .metadata import (
     COPY_NAME,
     INDEX_NAME,
     apply_copy,
     apply_token_to_req_indices,
 )
-from ._vllm_patch import Patch, SkipPatch, Undo, settings
-from ._vllm_patch import counters as _counters
 
 __all__ = [
     "ENV",

@@ -35,7 +35,7 @@ import torch
 
 import stepcache
 
-from ._vllm_patch import (
+from ..patching import (
     REQUIRED,
     SkipPatch,
     Undo,

@@ -8,7 +8,7 @@ call of a step and hands the same rows to every later caller, until the layout c
 
 The owner is any metadata object with ``query_start_loc`` (device), its host copy
 ``query_start_loc_cpu`` and ``num_actual_tokens`` (vLLM's ``CommonAttentionMetadata``
-has them; :mod:`stepcache.integrations.dsv4_sim` has a small stand-in).
+has them; :mod:`stepcache.integrations.dsv4.sim` has a small stand-in).
 
 >>> import dataclasses, torch
 >>> @dataclasses.dataclass

@@ -2,7 +2,7 @@
 """``python -m stepcache demo``: a simulated DeepSeek V4 serving workload, uncached vs stepcache.
 
 It runs on the CPU with no download. A few hundred steps of mixed prefill, decode and
-speculative-decode batches go through :mod:`stepcache.integrations.dsv4_sim` (the three
+speculative-decode batches go through :mod:`stepcache.integrations.dsv4.sim` (the three
 request-index consumers, then one sparse-index lookup per layer), three times: uncached,
 with the seed PRs' hand-written caches, and with stepcache. It prints the work done per
 step, stepcache's stats, the metadata-build time per step, a debug-mode run that
@@ -39,9 +39,8 @@ import numpy as np
 import torch
 
 import stepcache
-
-from . import request_index
-from .dsv4_sim import (
+from stepcache.integrations.dsv4 import request_index
+from stepcache.integrations.dsv4.sim import (
     VARIANTS,
     Builders,
     StepMetadata,
@@ -66,7 +65,7 @@ __all__ = [
 #: Batch sizes with a captured CUDA graph: a decode batch is padded up to one of them.
 GRAPH_SIZES: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
-#: The stats row of :func:`stepcache.integrations.request_index.token_to_req_indices`.
+#: The stats row of :func:`stepcache.integrations.dsv4.request_index.token_to_req_indices`.
 _INDEX_STATS: Final = "dsv4.token_to_req_indices"
 
 _LABELS: Final[dict[Variant, str]] = {
@@ -347,7 +346,7 @@ def vllm_section(plans: Sequence[StepPlan], out: TextIO = sys.stderr) -> dict[st
     out.flush()
     import logging
 
-    from . import vllm as plugin
+    from stepcache.integrations import vllm as plugin
 
     logging.getLogger("vllm.stepcache").setLevel(logging.WARNING)
     try:
@@ -355,7 +354,7 @@ def vllm_section(plans: Sequence[StepPlan], out: TextIO = sys.stderr) -> dict[st
         import vllm.v1.attention.backends.mla.sparse_swa  # noqa: F401  (the trigger)
     except Exception as exc:  # vLLM installed but broken on this machine
         return {"skipped": f"vLLM does not import here: {type(exc).__name__}: {exc}"}
-    from ._vllm_metadata import INDEX_NAME
+    from stepcache.integrations.vllm.metadata import INDEX_NAME
 
     registered_here = plugin.status().get(INDEX_NAME) != "applied"
     if registered_here:
@@ -380,7 +379,7 @@ def vllm_section(plans: Sequence[StepPlan], out: TextIO = sys.stderr) -> dict[st
 
 def plugin_vllm() -> tuple[str, str] | None:
     """The installed vLLM's distribution and version (see the plugin)."""
-    from . import vllm as plugin
+    from stepcache.integrations import vllm as plugin
 
     return plugin.installed_vllm()
 
