@@ -245,6 +245,7 @@ def _summary_ms(samples_ns: Sequence[int]) -> dict[str, float]:
 
 # -- the planted bug ----------------------------------------------------------------------
 @stepcache.step_cached(
+    ignore=("buffer",),
     # BUG (planted): the index is computed from query_start_loc, which is not declared.
     depends_on=("query_start_loc_cpu", "num_actual_tokens"),
     name="demo.request_index_missing_qsl",

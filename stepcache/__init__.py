@@ -16,15 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stepcache._debug import (
-    DebugReport,
-    Detection,
-    GuardedTensor,
-    clear_debug_report,
-    debug_report,
-)
+from stepcache._debug import DebugReport, Detection, clear_debug_report, debug_report
 from stepcache._decorator import step_cached
+from stepcache._diff import first_difference
 from stepcache._errors import CacheValidationError, StaleCacheError, StepCacheError
+from stepcache._guard import GuardedTensor
+from stepcache._scope import Scope, active_scope, scope
 from stepcache._spec import Arg, Attr, TensorSpec, normalize_device
 from stepcache._state import (
     BYPASS,
@@ -69,8 +66,10 @@ Examples:
 # grouped by what they are for (the API reference's pages)
 __all__ = ["step_cached", "BYPASS", "TensorSpec", "Arg", "Attr", "normalize_device"]
 __all__ += ["StepCache", "attach", "cache_of", "cache_field", "dataclass_cache_field"]
+__all__ += ["scope", "active_scope", "Scope"]
 __all__ += ["StepCacheError", "CacheValidationError", "StaleCacheError"]
 __all__ += ["debug", "set_debug", "get_debug", "disabled", "set_disabled"]
 __all__ += ["get_disabled", "debug_report", "clear_debug_report", "DebugReport"]
-__all__ += ["Detection", "GuardedTensor", "stats", "reset_stats", "FunctionStats"]
+__all__ += ["Detection", "GuardedTensor", "first_difference", "stats", "reset_stats"]
+__all__ += ["FunctionStats"]
 __all__ += ["StatsTable", "profile", "__version__"]

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Debug mode: find stale caches at the line that causes them.
+"""Debug mode: its report of what it found, and the checks it makes as an observer of
+the slow path (`Checks`), which find stale caches at the line that causes them.
 
 docs/debug.md describes each check of ``checks`` and ``verify``. Not thread-safe:
 recording the attributes a function reads patches the owner's class for the call.
@@ -7,28 +8,24 @@ recording the attributes a function reads patches the owner's class for the call
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 import threading
-import types
 import weakref
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from collections.abc import Iterable, Sequence
+from typing import Any, overload
 
 import numpy as np
 import torch
 
-from stepcache import _fingerprint as fp
+from stepcache import _entry as fp
 from stepcache import _state
+from stepcache._diff import describe, first_difference
 from stepcache._errors import CacheValidationError, StaleCacheError
+from stepcache._guard import guarded
+from stepcache._recorder import Recording, data_read
 from stepcache._spec import normalize_device
 from stepcache._state import BYPASS
-from stepcache._store import StepCache, closed_error, found
-
-if TYPE_CHECKING:
-    from stepcache._decorator import CachedFunction
-    from stepcache._hit import Entry
 
 Args = tuple[Any, ...]
 _MAX_REPORT = 10_000
@@ -168,7 +165,7 @@ _UNSEEN = (
     "a new tensor instead of writing into this one.",
 )
 
-#: each kind's message, for `_detect` to fill in
+#: each kind's message, for `detect` to fill in
 _MESSAGES: dict[str, str] = {
     "use-after-close": "this value was handed out by a step cache that has since been "
     "closed (the step is over), and it was used again. Fix: finish using step values "
@@ -197,13 +194,19 @@ _MESSAGES: dict[str, str] = {
     "dependency '{dep}' ({diff}), so the entry could never be reused. Fix: remove it "
     "from depends_on (validate an output buffer with "
     "expect=TensorSpec(device=Arg(...)) instead).",
+    "ignored-argument": "the function's result depends on {names}, which ignore= "
+    "says it does not: {diff}. Fix: add {names} to key= instead of ignore=.",
+    "scope-thread": "this object joined a scope that another thread opened, and it "
+    "was used here while that scope is open: the scope's entries are shared without "
+    "a check. Fix: use each metadata object in the thread whose scope it joined.",
 }
 
 
-def _detect(
-    kind: str, fn: CachedFunction, key: Any, text: str = "", **fields: Any
+def detect(
+    kind: str, fn: Any, key: Any, text: str = "", **fields: Any
 ) -> StaleCacheError | CacheValidationError:
-    """Record a detection; return its error (message: ``text``, else the kind's)."""
+    """Record a detection of ``fn`` (a `CachedFunction`); return its error (message:
+    ``text``, else the kind's)."""
     global _total
     text = f"{fn.where(key)}: {text or _MESSAGES[kind].format(key=key, **fields)}"
     with _report_lock:
@@ -220,9 +223,10 @@ class _Info:
     deps: tuple[tuple[Any, Any], ...]  # (`_view`, `_deep`) of each dependency
     versions: list[tuple[torch.Tensor, Any]]  # each tensor of the value, its `_tag`
     watched: dict[str, tuple[Any, Any]]  # fingerprints of undeclared owner attributes
+    ignored: dict[str, tuple[Any, Any]]  # fingerprints of the ignored arguments
     value: Any
     #: what calls through each store hand out: the value, its tensors guarded
-    handed: weakref.WeakKeyDictionary[StepCache, Any] = dataclasses.field(
+    handed: weakref.WeakKeyDictionary[Any, Any] = dataclasses.field(
         default_factory=weakref.WeakKeyDictionary
     )
 
@@ -256,15 +260,13 @@ def _deep(x: Any, view: Any) -> tuple[Any, ...]:
     return (fp.snapshot(x),)
 
 
-def _check_deps(
-    kind: str, fn: CachedFunction, key: Any, deps: Args, recorded: Any
-) -> None:
+def _check_deps(kind: str, fn: Any, key: Any, deps: Args, recorded: Any) -> None:
     """Raise ``kind`` for the first dependency whose `_deep` state is not ``recorded``."""
     for dep, x, (view, before) in zip(fn.dep_names, deps, recorded, strict=True):
         if (after := _deep(x, view)) != before:
-            diff, now = _deep_difference(before, after), _describe(x)
+            diff, now = _deep_difference(before, after), describe(x)
             why = _UNSEEN[isinstance(x, torch.Tensor) and x.is_inference()]
-            raise _detect(kind, fn, key, dep=dep, diff=diff, now=now, why=why)
+            raise detect(kind, fn, key, dep=dep, diff=diff, now=now, why=why)
 
 
 def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
@@ -298,9 +300,7 @@ def _shown(v: Any) -> Any:
     return fp.unsnapshot(v) if v.__class__ is tuple and len(v) == 2 else v
 
 
-def _check_tags(
-    fn: CachedFunction, key: Any, tagged: Iterable[tuple[torch.Tensor, Any]]
-) -> None:
+def _check_tags(fn: Any, key: Any, tagged: Iterable[tuple[torch.Tensor, Any]]) -> None:
     """Raise buffer-overwritten for the first tensor whose `_tag` is not the one paired."""
     for t, old in tagged:
         if (new := _tag(t)) != old:
@@ -310,153 +310,22 @@ def _check_tags(
                 change = f"an inference tensor, moved: {old[0]} -> {new[0]}"
             else:
                 change = "an inference tensor, its contents written in place"
-            tensor = _describe(t)
-            raise _detect("buffer-overwritten", fn, key, tensor=tensor, change=change)
+            tensor = describe(t)
+            raise detect("buffer-overwritten", fn, key, tensor=tensor, change=change)
 
 
-def _describe(x: Any) -> str:
-    """A short description of a value, for messages."""
-    if isinstance(x, torch.Tensor):
-        state = "inference tensor" if x.is_inference() else f"version={x._version}"
-        shape = "nested" if x.is_nested else list(x.shape)
-        text = f"tensor(shape={shape}, dtype={x.dtype}, device={x.device}, "
-        text, small = text + state, fp.strided(x) and x.is_cpu and x.numel() <= 16
-    elif isinstance(x, np.ndarray):
-        text, small = f"ndarray(shape={list(x.shape)}, dtype={x.dtype}", x.size <= 16
-    else:
-        return r if len(r := repr(x)) <= 80 else r[:77] + "..."
-    return f"{text}, id=0x{id(x):x}" + (f", values={x.tolist()}" if small else "") + ")"
+def _changed(fingerprints: dict[str, tuple[Any, Any]], read: Any) -> list[str]:
+    """The names whose value (``read(name)``) no longer matches its fingerprint."""
+    return [n for n, (o, v) in fingerprints.items() if not fp.match(read(n), o, v)]
 
 
-#: class -> its own ``__getattribute__`` (or ``None``) and the (owner, names read)
-#: of each miss recording now: one patch per class, undone by the last miss out
-_patched: dict[type, tuple[Any, list[tuple[object, set[str]]]]] = {}
-_patch_lock = threading.Lock()
-
-
-def _patch(cls: Any) -> list[tuple[object, set[str]]] | None:
-    """Patch a recording ``__getattribute__`` into ``cls`` unless it is already; its
-    recorders (``None``: a built-in class cannot be patched)."""
-    if cls in _patched:
-        return _patched[cls][1]
-    own, original = cls.__dict__.get("__getattribute__"), cls.__getattribute__
-    recorders: list[tuple[object, set[str]]] = []
-
-    def recording(obj: Any, name: str) -> Any:
-        if not name.startswith("__"):
-            for owner, names in tuple(recorders):
-                if obj is owner:
-                    names.add(name)
-        return original(obj, name)
-
-    try:
-        cls.__getattribute__ = recording
-    except (TypeError, AttributeError):
-        return None
-    _patched[cls] = (own, recorders)
-    return recorders
-
-
-def _reads(
-    fn: CachedFunction, owner: object, work: Callable[[], Any]
-) -> tuple[Any, list[str]]:
-    """``work()`` and the data attributes of ``owner`` it read that ``fn`` does not
-    depend on, recorded by a ``__getattribute__`` patched into the owner's class."""
-    cls, names = type(owner), set[str]()
-    with _patch_lock:
-        recorders = _patch(cls)
-        if recorders is not None:
-            recorders.append((owner, names))
-    if recorders is None:
-        return work(), []
-    try:
-        value = work()
-    finally:
-        with _patch_lock:
-            recorders[:] = [r for r in recorders if r[1] is not names]
-            if not recorders:  # the last miss out restores the class
-                own = _patched.pop(cls)[0]
-                if own is not None:
-                    cls.__getattribute__ = own  # type: ignore[method-assign]
-                else:
-                    del cls.__getattribute__
-    names -= {*fn.dep_names, "_stepcache"}
-    data = (n for n in names if not callable(getattr(owner, n, _MISSING)))
-    return value, sorted(n for n in data if hasattr(owner, n))
-
-
-class GuardedTensor(torch.Tensor):
-    """A tensor handed out by a cache in debug mode, guarded against stale reads.
-
-    Every torch operation on it first checks that its cache is open and its storage
-    unwritten since, else raises [`StaleCacheError`][stepcache.StaleCacheError]; its
-    results and a `clone()` taken in time are plain tensors.
-
-    Examples:
-        >>> import stepcache, torch
-        >>> class Meta:
-        ...     @stepcache.step_cached(name="ex.guarded")
-        ...     def lens(self):
-        ...         return torch.tensor([2, 1])
-        >>> with stepcache.debug("checks"):
-        ...     m = Meta()
-        ...     lens = m.lens()
-        ...     kept = lens.clone()
-        >>> stepcache.cache_of(m).close()
-        >>> type(lens).__name__, kept
-        ('GuardedTensor', tensor([2, 1]))
-        >>> lens + 1
-        Traceback (most recent call last):
-          ...
-        stepcache.StaleCacheError: step_cached function 'ex.guarded': this value was handed out by a step cache that has since been closed (the step is over), and it was used again. Fix: finish using step values within the step, or keep a copy with .clone().
-        >>> stepcache.clear_debug_report()
-    """
-
-    #: (function, key, the entry's _Info, index into info.versions, the store)
-    _sc_guard: tuple[CachedFunction, Any, _Info, int, weakref.ref[StepCache]]
-
-    @classmethod
-    def __torch_function__(
-        cls, func: Any, types: Any, args: Args = (), kwargs: Any = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        with torch._C.DisableTorchFunctionSubclass():
-            for arg in (*args, *kwargs.values()):
-                for t in arg if isinstance(arg, (tuple, list)) else (arg,):
-                    if isinstance(t, GuardedTensor):
-                        t._sc_check()
-            return func(*args, **kwargs)
-
-    def _sc_check(self) -> None:
-        """Raise unless this view's cache is open and its storage unwritten since."""
-        if "_sc_guard" in self.__dict__:
-            fn, key, info, i, ref = self._sc_guard
-            if (store := ref()) is not None and store.closed:
-                raise _detect("use-after-close", fn, key)
-            _check_tags(fn, key, [(self, info.versions[i][1])])
-
-    # a copy, a deep copy or a pickle is of the plain tensor, once the guard passed: a
-    # copy made in time is not the cache's (nor can its guard be pickled)
-    def _sc_plain(self) -> torch.Tensor:
-        with torch._C.DisableTorchFunctionSubclass():
-            self._sc_check()
-            return self.as_subclass(torch.Tensor)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
-        return copy.deepcopy(self._sc_plain(), memo)
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        plain: Any = self._sc_plain()
-        return plain.__reduce_ex__(protocol)
-
-
-def _recompute(fn: CachedFunction, a: Args, entry: Entry) -> str | None:
+def _recompute(fn: Any, a: Args, entry: Any) -> str | None:
     """Where a fresh computation differs from the entry's value (``None``: nowhere).
     An equal one written into the cached buffers moves their tags on, and the result
     guard's: the entry and its views stay valid."""
     with torch._C.DisableTorchFunctionSubclass():
         before = fp.walk(entry.value, lambda t: t.detach().clone())
-    difference = first_difference(before, fn.invoke(a))
+    difference = first_difference(before, fn.run(a))
     if difference is None and entry.info is not None:
         entry.info.versions[:] = [(t, _tag(t)) for t, _ in entry.info.versions]
     if difference is None and entry.guard is not None:
@@ -464,146 +333,7 @@ def _recompute(fn: CachedFunction, a: Args, entry: Entry) -> str | None:
     return difference
 
 
-def first_difference(
-    expected: Any,
-    actual: Any,
-    path: str = "result",
-    seen: frozenset[tuple[int, int]] = frozenset(),
-) -> str | None:
-    """Where ``actual`` first differs from ``expected`` (``None``: they are equal):
-    tensors by device, dtype, shape and values (NaN equals NaN), tuples, lists and
-    dicts item by item, dataclass and attrs objects field by field, objects compared
-    by identity attribute by attribute, anything else by type and ``==``.
-
-    >>> first_difference((1, torch.tensor([1, 2])), (1, torch.tensor([1, 3])))
-    "tensor 'result[1]' value mismatch at flat index 1. expected 2, actual 3"
-    >>> first_difference([1.0], (1.0,))
-    "'result': expected [1.0], actual (1.0,)"
-    """
-    if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
-        with torch._C.DisableTorchFunctionSubclass():
-            for what in ("device", "dtype", "layout", "is_nested", "ndim"):
-                if (e := getattr(expected, what)) != (a := getattr(actual, what)):
-                    return f"tensor '{path}' {what} mismatch. expected {e}, actual {a}"
-            if expected.is_nested:  # compared component by component
-                return first_difference(expected.unbind(), actual.unbind(), path, seen)
-            for i, (n, m) in enumerate(zip(expected.shape, actual.shape, strict=True)):
-                if n != m:
-                    return f"tensor '{path}' size mismatch at index {i}. expected {n}, actual {m}"
-            if expected.is_meta:  # no data: equal place and shape is all there is
-                return None
-            e, a = (t.detach().cpu().to_dense().reshape(-1) for t in (expected, actual))
-            same = (e == a) | ((e != e) & (a != a))
-            if bool(same.all()):
-                return None
-            i = int((~same).nonzero()[0])
-            return f"tensor '{path}' value mismatch at flat index {i}. expected {e[i].item()}, actual {a[i].item()}"
-    mismatch = f"'{path}': expected {_describe(expected)}, actual {_describe(actual)}"
-    if type(expected) is not type(actual):
-        return mismatch
-    if isinstance(expected, dict) and expected.keys() != actual.keys():
-        keys = [sorted(map(repr, d)) for d in (expected, actual)]
-        return f"'{path}' keys mismatch. expected {keys[0]}, actual {keys[1]}"
-    if isinstance(expected, (tuple, list, dict)):
-        if len(expected) != len(actual):
-            return f"'{path}' length mismatch. expected {len(expected)}, actual {len(actual)}"
-        for k in expected if isinstance(expected, dict) else range(len(expected)):
-            found = first_difference(expected[k], actual[k], f"{path}[{k!r}]", seen)
-            if found:
-                return found
-        return None
-    pair = (id(expected), id(actual))
-    if pair in seen:  # a cycle: these two are compared further up
-        return None
-    if (fields := _fields(expected)) is not None:  # field by field, as a tuple is
-        if (other := _fields(actual)) is None or other.keys() != fields.keys():
-            names = [sorted(f or ()) for f in (fields, other)]
-            return f"'{path}' fields mismatch. expected {names[0]}, actual {names[1]}"
-        for k, e in fields.items():
-            if found := first_difference(e, other[k], f"{path}.{k}", seen | {pair}):
-                return found
-        return None
-    try:
-        if isinstance(expected, np.ndarray):
-            nan = expected.dtype.kind in "fc"  # equal_nan raises for other dtypes
-            return None if np.array_equal(expected, actual, equal_nan=nan) else mismatch
-        if isinstance(expected, float) and expected != expected:
-            return None if actual != actual else mismatch  # NaN equals NaN, as above
-        return None if bool(expected == actual) else mismatch
-    except Exception:  # an == that does not give a bool
-        return None if expected is actual else mismatch
-
-
-def _fields(x: Any) -> dict[str, Any] | None:
-    """The fields of a dataclass or attrs object, or the attributes of an object
-    compared by identity (a fresh one never equals the cached one); else ``None``."""
-    cls: Any = type(x)
-    if dataclasses.is_dataclass(x):  # the fields its == compares
-        names = [f.name for f in dataclasses.fields(x) if f.compare]
-    elif hasattr(cls, "__attrs_attrs__"):
-        names = [a.name for a in cls.__attrs_attrs__ if a.eq]
-    elif cls.__eq__ is object.__eq__ and _plain_object(x):
-        names = list(vars(x))
-    else:
-        return None
-    return {n: getattr(x, n, _MISSING) for n in names if n != "_stepcache"}
-
-
-def _plain_object(x: Any) -> bool:
-    """An instance with a ``__dict__`` that is data: not a class, module or function."""
-    data = not callable(x) and not isinstance(x, types.ModuleType)
-    return data and isinstance(getattr(x, "__dict__", None), dict)
-
-
-def _canonical(key: Any) -> Any:
-    """``key`` with each device in it (a `torch.device` or a string) normalised."""
-    if isinstance(key, tuple):
-        return tuple(_canonical(k) for k in key)
-    named = isinstance(key, str) and _DEVICE_TEXT.fullmatch(key)
-    if isinstance(key, torch.device) or named:
-        return ("device", normalize_device(key))
-    return key
-
-
-def check_open(fn: CachedFunction, a: Args) -> None:
-    """Raise use-after-close for a bypassed call whose owner's store was closed. As in
-    production, a bypass makes no store."""
-    owner = a[fn.owner_index]
-    store = found(owner)
-    if store is not None and store.closed and store.belongs_to(owner):
-        raise _detect("use-after-close", fn, BYPASS, str(closed_error(owner)))
-
-
-def call(fn: CachedFunction, a: Args, key: Any) -> Any:
-    """A call of ``fn`` with the key ``key`` (not a bypass) in checks or verify mode."""
-    try:
-        owner, store, deps, entry = fn.find(a, key)
-    except StaleCacheError as exc:  # the owner's store was closed
-        raise _detect("use-after-close", fn, key, str(exc)) from None
-    if entry is None:
-        return _miss(fn, a, key, owner, store, deps)
-    value, info = entry.value, entry.info  # info is None if stored in production
-    if info is not None:
-        _check_deps("dependency-changed", fn, key, deps, info.deps)
-        _check_tags(fn, key, info.versions)
-        changed = [
-            name
-            for name, (o, v) in info.watched.items()
-            if not fp.matches(getattr(owner, name, _MISSING), o, v)
-        ]
-        if changed and (diff := _recompute(fn, a, entry)):
-            names = ", ".join(f"'{n}'" for n in changed)
-            raise _detect("undeclared-input", fn, key, names=names, diff=diff)
-        info.watched.update((n, fp.fingerprint(getattr(owner, n))) for n in changed)
-    if (error := fn.violation(value, a)) is not None:
-        raise _detect("validation", fn, key, error=error)
-    if _state.switches[1] == "verify" and (diff := _recompute(fn, a, entry)):
-        raise _detect("key-too-coarse", fn, key, diff=diff, fix=_fix(fn, info))
-    fn.count_hit()
-    return value if info is None else _hand_out(fn, key, info, store)
-
-
-def _fix(fn: CachedFunction, info: _Info | None) -> str:
+def _fix(fn: Any, info: _Info | None) -> str:
     """The fix a key-too-coarse message suggests: the inputs nothing declares."""
     declared = {*fn.dep_names, *fn.key_names, fn.owner_name}
     params = () if fn.key_fn else fn.names  # a key function's inputs are unknown
@@ -617,46 +347,145 @@ def _fix(fn: CachedFunction, info: _Info | None) -> str:
     return "Fix: add the input that distinguishes these calls to key= or depends_on=."
 
 
-def _miss(
-    fn: CachedFunction, a: Args, key: Any, owner: object, store: StepCache, deps: Args
-) -> Any:
-    canonical = _canonical(key)
-    for cached in store.keys(fn.fid) if fn.keyed else ():
-        if cached != key and _canonical(cached) == canonical:
-            raise _detect("device-alias", fn, key, cached=cached)
-    fps = fp.fingerprints(deps)
-    recorded = tuple((v := _view(x), _deep(x, v)) for x in deps)
-    value, read = _reads(fn, owner, lambda: fn.invoke(a))
-    key_reads = fn.key_fn is not None and fn.dep_names
-    if key_reads and (names := _reads(fn, owner, lambda: fn.key_of(a))[1]):
-        raise _detect("key-reads-undeclared", fn, key, names=names)
-    _check_deps("builder-mutates-dependency", fn, key, deps, recorded)
-    if (error := fn.violation(value, a)) is not None:
-        raise _detect("validation", fn, key, error[2:])
-    watched = {name: fp.fingerprint(getattr(owner, name)) for name in read}
-    versions = [(t, _tag(t)) for t in fp.tensors(value)]
-    info = _Info(recorded, versions, watched, value)
-    fn.store(store, key, owner, fps, value, info)
-    return _hand_out(fn, key, info, store)
+def _canonical(key: Any) -> Any:
+    """``key`` with each device in it (a `torch.device` or a string) normalised."""
+    if isinstance(key, tuple):
+        return tuple(_canonical(k) for k in key)
+    named = isinstance(key, str) and _DEVICE_TEXT.fullmatch(key)
+    if isinstance(key, torch.device) or named:
+        return ("device", normalize_device(key))
+    return key
 
 
-def _hand_out(fn: CachedFunction, key: Any, info: _Info, store: StepCache) -> Any:
-    """What a call through ``store`` hands out: the value, its tensors as guarded views
-    that check ``store`` (a copied owner's store serves the original's entries), made
-    once per store."""
-    if not info.versions or not _state.STEPCACHE_DEBUG_GUARD:
-        return info.value
-    if (handed := info.handed.get(store)) is not None:
+class _Miss:
+    """What `Checks.before_miss` records of a miss while the function runs."""
+
+    def __init__(self, owner: object, deps: Args, store: Any) -> None:
+        self.owner, self.deps, self.store = owner, deps, store
+        self.recorded = tuple((v := _view(x), _deep(x, v)) for x in deps)
+        self.reads = Recording(owner)
+
+    def stop(self) -> None:
+        self.reads.stop()
+
+
+def _names(names: Iterable[str]) -> str:
+    return ", ".join(f"'{n}'" for n in names)
+
+
+class Checks:
+    """Debug mode's hooks, called by the slow path (every call takes it in debug
+    mode): each checks what it can see of the call and raises a recorded detection."""
+
+    def bypassed(self, fn: Any, a: Args) -> None:
+        """A bypassed call: use-after-close, if its owner's store was closed (as in
+        production, a bypass makes no store)."""
+        from stepcache._store import closed_error, found
+
+        owner = a[fn.owner_index]
+        store = found(owner)
+        if store is not None and store.closed and store.belongs_to(owner):
+            raise detect("use-after-close", fn, BYPASS, str(closed_error(owner)))
+
+    def closed(
+        self, fn: Any, key: Any, error: StaleCacheError
+    ) -> StaleCacheError | CacheValidationError:
+        """The detection of a call through an owner whose store was closed."""
+        return detect("use-after-close", fn, key, str(error))
+
+    def invalid(
+        self, fn: Any, key: Any, wrong: str
+    ) -> StaleCacheError | CacheValidationError:
+        """The detection of a value that breaks ``expect`` (``wrong``) when stored."""
+        return detect("validation", fn, key, wrong[2:])
+
+    def hit(
+        self,
+        fn: Any,
+        a: Args,
+        key: Any,
+        owner: object,
+        store: Any,
+        deps: Args,
+        entry: Any,
+    ) -> Any:
+        """Check a hit; what it hands out."""
+        if store.scope is not None and store.scope.thread != threading.get_ident():
+            raise detect("scope-thread", fn, key)
+        info = entry.info  # None if stored in production
+        if info is not None:
+            _check_deps("dependency-changed", fn, key, deps, info.deps)
+            _check_tags(fn, key, info.versions)
+            changed = _changed(info.watched, lambda n: getattr(owner, n, _MISSING))
+            if changed and (diff := _recompute(fn, a, entry)):
+                raise detect(
+                    "undeclared-input", fn, key, names=_names(changed), diff=diff
+                )
+            info.watched.update((n, fp.fingerprint(getattr(owner, n))) for n in changed)
+        if (wrong := fn.violation(entry.value, a)) is not None:
+            raise detect("validation", fn, key, error=wrong)
+        if info is not None and (
+            ignored := _changed(info.ignored, lambda n: a[fn.index[n]])
+        ):
+            if diff := _recompute(fn, a, entry):
+                raise detect(
+                    "ignored-argument", fn, key, names=_names(ignored), diff=diff
+                )
+            info.ignored.update((n, fp.fingerprint(a[fn.index[n]])) for n in ignored)
+        if _state.switches[1] == "verify" and (diff := _recompute(fn, a, entry)):
+            raise detect("key-too-coarse", fn, key, diff=diff, fix=_fix(fn, info))
+        return self.hand_out(fn, key, entry, store)
+
+    def before_miss(self, fn: Any, a: Args, key: Any, store: Any, deps: Args) -> _Miss:
+        """Check a miss before it computes, and start recording what it reads."""
+        canonical = _canonical(key)
+        for cached in store.keys(fn.fid) if fn.keyed else ():
+            if cached != key and _canonical(cached) == canonical:
+                raise detect("device-alias", fn, key, cached=cached)
+        return _Miss(a[fn.owner_index], deps, store)
+
+    def after_miss(self, fn: Any, miss: _Miss, a: Args, key: Any, value: Any) -> _Info:
+        """Check a computed value; what the entry's ``info`` keeps for later hits."""
+        owner = miss.owner
+        if fn.key_fn is not None and fn.dep_names:
+            reads = Recording(owner)
+            try:
+                fn.key_of(a)
+            finally:
+                names = data_read(owner, reads.stop(), {*fn.dep_names, "_stepcache"})
+            if names:
+                raise detect("key-reads-undeclared", fn, key, names=names)
+        _check_deps("builder-mutates-dependency", fn, key, miss.deps, miss.recorded)
+        read = data_read(owner, miss.reads.names, {*fn.dep_names, "_stepcache"})
+        watched = {name: fp.fingerprint(getattr(owner, name)) for name in read}
+        ignored = {n: fp.fingerprint(a[fn.index[n]]) for n in fn.ignored}
+        versions = [(t, _tag(t)) for t in fp.tensors(value)]
+        return _Info(miss.recorded, versions, watched, ignored, value)
+
+    def hand_out(self, fn: Any, key: Any, entry: Any, store: Any) -> Any:
+        """What a call through ``store`` hands out: the value, its tensors as guarded
+        views that check ``store`` (a copied owner's store serves the original's
+        entries), made once per store."""
+        info = entry.info
+        if info is None or not info.versions or not _state.STEPCACHE_DEBUG_GUARD:
+            return entry.value
+        if (handed := info.handed.get(store)) is not None:
+            return handed
+        index = {id(t): i for i, (t, _) in enumerate(info.versions)}
+        ref = weakref.ref(store)
+
+        def guard_of(t: torch.Tensor) -> Any:
+            i = index[id(t)]
+
+            def guard(view: torch.Tensor) -> None:
+                if (held := ref()) is not None and held.closed:
+                    raise detect("use-after-close", fn, key)
+                _check_tags(fn, key, [(view, info.versions[i][1])])
+
+            return guard
+
+        handed = info.handed[store] = guarded(info.value, guard_of)
         return handed
-    index = {id(t): i for i, (t, _) in enumerate(info.versions)}
-    ref = weakref.ref(store)
 
-    def guarded(t: torch.Tensor) -> torch.Tensor:
-        if isinstance(t, GuardedTensor) or not fp.strided(t):  # no view of those
-            return t
-        view = t.as_subclass(GuardedTensor)
-        view.__dict__["_sc_guard"] = (fn, key, info, index[id(t)], ref)
-        return view
 
-    handed = info.handed[store] = fp.walk(info.value, guarded)
-    return handed
+checks = Checks()

@@ -9,16 +9,17 @@ import keyword
 import linecache
 import operator
 import threading
+import types
 import weakref
 from collections.abc import Callable, Container, Hashable, Iterator, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
 from stepcache import _debug, _state, _store
-from stepcache._errors import CacheValidationError, StepCacheError
-from stepcache._fingerprint import fingerprints, result_guard
-from stepcache._hit import Entry, compile_hit
+from stepcache._entry import Entry, fingerprints
+from stepcache._errors import CacheValidationError, StaleCacheError, StepCacheError
+from stepcache._hit import compile_hit
 from stepcache._spec import Arg, TensorSpec, check
-from stepcache._state import BYPASS
+from stepcache._state import BYPASS, Counts
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -50,10 +51,12 @@ def _forget(fid: int, label: str) -> None:
 
 
 class CachedFunction:
-    """Everything stepcache knows about one decorated function.
+    """Everything stepcache knows about one decorated function, and its slow path.
 
-    Its hit path is generated (`stepcache._hit`); every other call lands in
-    :meth:`call`. A call's arguments travel as ``a``, the parameters' values in order.
+    Its hit is generated (`stepcache._hit`); every other call lands in :meth:`call`,
+    which finds a hit or a miss once. A call's arguments travel as ``a``, the
+    parameters' values in order. Debug modes watch this path through the hooks of
+    `stepcache._debug.Checks`.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class CachedFunction:
         name: str | None,
         guard_result: bool = False,
         only: Mapping[str, Container[Any]] | None = None,
+        ignore: Sequence[str] = (),
     ) -> None:
         if not callable(fn) or isinstance(fn, (staticmethod, classmethod, property)):
             raise StepCacheError(
@@ -76,9 +80,9 @@ class CachedFunction:
         self.fn, self.guard, self.expect = fn, guard_result, expect
         self.name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
         self.fid = _state.new_id()
-        self.label = f"<stepcache {self.name} #{self.fid}>"
+        self.label = f"<stepcache generated hit {self.name} #{self.fid}>"
         self.lock = threading.Lock()
-        self.misses = self.invalidations = 0
+        self.counts = Counts()
         try:
             self.signature = inspect.signature(fn)
         except (TypeError, ValueError) as exc:
@@ -92,24 +96,31 @@ class CachedFunction:
         self.key_fn = key if callable(key) else None
         names: Any = () if key is None or callable(key) else key
         names = (names,) if isinstance(names, str) else names
-        deps = (depends_on,) if isinstance(depends_on, str) else tuple(depends_on)
-        self.dep_names: tuple[str, ...] = deps
+        self.dep_names: tuple[str, ...] = (
+            (depends_on,) if isinstance(depends_on, str) else tuple(depends_on)
+        )
+        self.ignored: tuple[str, ...] = (
+            (ignore,) if isinstance(ignore, str) else tuple(ignore)
+        )
         problems = self._problems(key, names, plain, only)
         if (problem := next(problems, None)) is not None:
             raise self._error(problem)
         self.owner_index = self.index[self.owner_name]
         self.key_names: tuple[str, ...] = tuple(names)
         self.only: dict[str, Container[Any]] = dict(only or {})
-        self._simple = all(p.kind < p.VAR_POSITIONAL for p in self.params)
-        #: the function called with ``*a`` (a miss calls it without `invoke`'s test)
-        self._run: Callable[..., Any] = (
-            fn if self._simple else lambda *a: self.invoke(a)
+        self._deps_checked = False
+        #: the user's function called with a call's arguments: the one place it runs
+        self.run: Callable[[Args], Any] = (
+            (lambda a: fn(*a))
+            if all(p.kind < p.VAR_POSITIONAL for p in self.params)
+            else functools.partial(self._bound_call, fn)
         )
-        self._deps_of = _reader(deps, self.index)
-        self.wrapper, self._counts = compile_hit(self)
+        self._deps_of = _reader(self.dep_names, self.index)
+        self.absent = Entry.absent(len(self.dep_names))
+        self.wrapper = compile_hit(self)
         functools.update_wrapper(self.wrapper, fn)
-        self.wrapper.__stepcache__ = self
-        _store.register(self.fid, self.keyed)
+        setattr(self.wrapper, "__stepcache__", self)  # noqa: B010
+        _store.register(self.fid, self.keyed, self.absent)
         _state.register(self)
         # a factory's functions come and go: what they left behind goes with them
         weakref.finalize(self, _forget, self.fid, self.label).atexit = False
@@ -125,6 +136,16 @@ class CachedFunction:
         listing = f"(parameters: {', '.join(self.names)})"
         if any(n.startswith("_sc_") for n in self.names):
             yield "parameter names starting with '_sc_' are reserved"
+        if inspect.isgeneratorfunction(self.fn) or inspect.isasyncgenfunction(self.fn):
+            yield (
+                "it is a generator function: its cached value would be a generator, "
+                "exhausted after the first caller. Fix: return a list or tuple."
+            )
+        if inspect.iscoroutinefunction(self.fn):
+            yield (
+                "it is an async function: its cached value would be a coroutine, "
+                "awaitable once. Fix: cache a plain function that the coroutine calls."
+            )
         if not plain:
             yield (
                 "a step-cached function needs an owner parameter (its first parameter, "
@@ -149,6 +170,11 @@ class CachedFunction:
                 yield f"depends_on takes attribute or parameter names (got {d!r})"
             if d == self.owner_name:
                 yield f"depends_on names the owner {d!r} itself; name its attributes instead"
+        for n in self.ignored:
+            if n not in self.index or n == self.owner_name:
+                yield f"ignore= names {n!r}, which is not a parameter besides the owner {listing}"
+            elif n in names or n in self.dep_names:
+                yield f"ignore= names {n!r}, which key= or depends_on names too"
         specs = (self.expect,) if isinstance(self.expect, TensorSpec) else self.expect
         if not isinstance(specs, tuple | None) or not all(
             s is None or isinstance(s, TensorSpec) for s in specs or ()
@@ -171,23 +197,15 @@ class CachedFunction:
                     f"only={{{n!r}: ...}} must be a collection of the values to cache, "
                     f"such as a frozenset (got {allowed!r})"
                 )
-
-    # -- counters: hits and bypasses live in the hit's closure ---------------------------
-    @property
-    def hits(self) -> int:
-        return self._counts(0, 0)[0]
-
-    @property
-    def bypasses(self) -> int:
-        return self._counts(0, 0)[1]
-
-    def count_hit(self) -> None:
-        self._counts(1, 0)  # like the hit's own count: not atomic across threads
-
-    def reset_counts(self) -> None:
-        with self.lock:
-            self._counts(*(-n for n in self._counts(0, 0)))
-            self.misses = self.invalidations = 0
+        covered = {self.owner_name, *names, *self.dep_names, *self.ignored}
+        for n in self.names if not callable(key) else ():
+            if n not in covered:
+                yield (
+                    f"parameter {n!r} is in neither key= nor depends_on, so every call "
+                    f"would share one cached value whatever {n!r} is. Fix: add it to "
+                    f"key= (one entry per value), or name it in ignore= if it does not "
+                    f"change the result (an output buffer, say)."
+                )
 
     # -- the pieces of a call -----------------------------------------------------------
     def where(self, key: Any = NO_KEY) -> str:
@@ -196,14 +214,13 @@ class CachedFunction:
             return f"step_cached function '{self.name}' (key={key!r})"
         return f"step_cached function '{self.name}'"
 
-    def invoke(self, a: Args, fn: Callable[..., Any] | None = None) -> Any:
-        """Call the function (or ``fn``, which takes the same arguments) with ``a``."""
-        if self._simple:
-            return (fn or self.fn)(*a)
+    def _bound_call(self, fn: Callable[..., Any], a: Args) -> Any:
+        """``fn`` called with ``a`` as the decorated signature binds it (``*args``,
+        keyword-only parameters, ``**kwargs``)."""
         bound = inspect.BoundArguments(
             self.signature, dict(zip(self.names, a, strict=True))
         )
-        return (fn or self.fn)(*bound.args, **bound.kwargs)
+        return fn(*bound.args, **bound.kwargs)
 
     def key_of(self, a: Args) -> Any:
         """The call's key (`BYPASS` for a call that ``only=`` leaves out); ``None``
@@ -215,7 +232,7 @@ class CachedFunction:
                     return BYPASS
             if self.key_fn is not None:
                 what = "its key function"
-                key = self.invoke(a, self.key_fn)
+                key = self._bound_call(self.key_fn, a)
             else:
                 values = tuple(a[self.index[n]] for n in self.key_names)
                 key = values[0] if len(values) == 1 else values or None
@@ -224,6 +241,28 @@ class CachedFunction:
                 f"{self.where()}: {what} raised {type(exc).__name__}: {exc}"
             ) from exc
         return key
+
+    def deps_of(self, a: Args, owner: object) -> Args:
+        """The call's dependencies, in `depends_on` order."""
+        if not self.dep_names:
+            return ()
+        try:
+            deps = self._deps_of(a, owner)
+        except AttributeError as exc:
+            raise StepCacheError(
+                f"{self.where()}: depends_on names an attribute the owner "
+                f"{type(owner).__qualname__} does not have ({exc})"
+            ) from exc
+        if not self._deps_checked:  # the first call: what kinds the dependencies are
+            for name, x in zip(self.dep_names, deps, strict=True):
+                if isinstance(x, types.MethodType | types.BuiltinMethodType):
+                    raise self._error(
+                        f"depends_on names {name!r}, a method: a bound method is a new "
+                        "object on every access, so the entry would never be reused. "
+                        "Fix: name the attributes the method reads instead."
+                    )
+            self._deps_checked = True
+        return deps
 
     def violation(self, value: Any, a: Args) -> str | None:
         """What ``value`` breaks of ``expect`` (``": result ..."``), or ``None``."""
@@ -237,80 +276,75 @@ class CachedFunction:
 
     # -- the slow path ------------------------------------------------------------------
     def call(self, a: Args, key: Any = NO_KEY) -> Any:
-        """Every call the hit did not answer: a miss, a bypass, a switch."""
+        """Every call the generated hit did not answer: a miss, a bypass, a switch."""
         disabled, mode = _state.switches
+        watch = None if mode == "off" else _debug.checks
         if disabled:
             return self.bypass(a)
         if key is NO_KEY and (self.keyed or self.only):
             key = self.key_of(a)
         if key is BYPASS:
-            if mode != "off":
-                _debug.check_open(self, a)
+            if watch is not None:
+                watch.bypassed(self, a)
             return self.bypass(a)
-        if mode != "off":
-            return _debug.call(self, a, key)
-        owner, store, deps, entry = self.find(a, key)
-        if entry is not None:
-            self.count_hit()
-            return entry.value
-        fps = fingerprints(deps) if deps else ()
-        value = self._run(*a)
-        if self.expect is not None and (wrong := self.violation(value, a)) is not None:
-            raise CacheValidationError(f"{self.where(key)}{wrong}")
-        self.store(store, key, owner, fps, value)
+        owner = a[self.owner_index]
+        try:
+            store = _store.cache_of(owner)
+        except StaleCacheError as exc:
+            raise exc if watch is None else watch.closed(self, key, exc) from None
+        deps = self.deps_of(a, owner)
+        entry = self.find(store, key, owner, deps)
+        if entry is None:
+            return self.miss(a, key, owner, store, deps, watch)
+        value = entry.value
+        if watch is not None:
+            value = watch.hit(self, a, key, owner, store, deps, entry)
+        self.counts.hits += 1
         return value
 
-    def find(
-        self, a: Args, key: Any
-    ) -> tuple[Any, _store.StepCache, Args, Entry | None]:
-        """The call's owner, its store, its dependencies and the entry that serves it
-        (``None``: a miss); an entry that does not serve it is counted (`stale`)."""
-        owner = a[self.owner_index]
-        store = _store.cache_of(owner)
+    def find(self, store: Any, key: Any, owner: object, deps: Args) -> Entry | None:
+        """The entry that serves the call (``None``: a miss); an entry that no longer
+        serves its owner is counted as an invalidation."""
         try:
-            entry = store.lookup(self.fid, self.keyed, key)
+            entry: Entry | None = store.lookup(self.fid, self.keyed, key)
         except TypeError as exc:  # the lookup hashes every key
             raise StepCacheError(
                 f"{self.where()}: the key {key!r} is unhashable ({exc}). Fix: return a "
                 "tuple of ints/strings (e.g. tuple(values) instead of a list)."
             ) from None
+        if entry is None or entry.serves(owner, deps):
+            return entry
+        # an invalidation, unless the entry is bound to another owner of the store
+        if entry.bound is None or entry.bound() is owner:
+            self.counts.invalidations += 1
+            store.counts(self.fid).invalidations += 1
+        return None
+
+    def miss(
+        self, a: Args, key: Any, owner: object, store: Any, deps: Args, watch: Any
+    ) -> Any:
+        """Compute, validate and store the call's value: every miss, in every mode."""
+        fps = fingerprints(deps, scoped=store.scope is not None)
+        record = None if watch is None else watch.before_miss(self, a, key, store, deps)
         try:
-            deps = self._deps_of(a, owner) if self.dep_names else ()
-        except AttributeError as exc:
-            raise StepCacheError(
-                f"{self.where(key)}: depends_on names an attribute the owner "
-                f"{type(owner).__qualname__} does not have ({exc})"
-            ) from exc
-        if entry is not None and not entry.matches(owner, deps):
-            # an invalidation, unless the entry is bound to another owner of the store
-            if entry.bound is None or entry.bound() is owner:
-                self.invalidations += 1
-                store.invalidated(self.fid)
-            entry = None
-        return owner, store, deps, entry
+            value = self.run(a)
+        finally:
+            if record is not None:
+                record.stop()
+        info = None if watch is None else watch.after_miss(self, record, a, key, value)
+        if self.expect is not None and (wrong := self.violation(value, a)) is not None:
+            error = CacheValidationError(f"{self.where(key)}{wrong}")
+            raise error if watch is None else watch.invalid(self, key, error)
+        entry = Entry(value, owner, fps, self.guard, info)
+        store.insert(self.fid, self.keyed, key, entry)
+        self.counts.misses += 1
+        store.counts(self.fid).misses += 1
+        return value if watch is None else watch.hand_out(self, key, entry, store)
 
     def bypass(self, a: Args) -> Any:
         """A call left out of the cache (a `BYPASS` key, only=, or caching off)."""
-        self._counts(0, 1)
-        return self.invoke(a)
-
-    def store(
-        self,
-        store: Any,
-        key: Any,
-        owner: object,
-        fps: Args,
-        value: Any,
-        info: Any = None,
-    ) -> Entry:
-        """Insert the entry of a computed ``value`` (its dependencies' fingerprints
-        ``fps``) and count the miss: every miss, production or debug, ends here."""
-        g, gtag = result_guard(value) if self.guard else (None, None)
-        # an entry without dependencies is bound to its owner
-        entry = Entry(value, None if fps else weakref.ref(owner), fps, g, gtag, info)
-        store.insert(self.fid, self.keyed, key, entry)
-        self.misses += 1
-        return entry
+        self.counts.bypasses += 1
+        return self.run(a)
 
 
 def step_cached(
@@ -322,6 +356,7 @@ def step_cached(
     name: str | None = None,
     guard_result: bool = False,
     only: Mapping[str, Container[Any]] | None = None,
+    ignore: Sequence[str] = (),
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Cache a function's result in the step's metadata object that owns it.
 
@@ -353,15 +388,22 @@ def step_cached(
         only: Cache only the calls whose named arguments are in the given collections
             (`{"kind": frozenset({"swa_only", "c128a"})}`); other calls compute
             without caching and count as bypasses.
+        ignore: Parameters that do not change the result (an output buffer the value
+            is written into, a layer index): every parameter but the owner must be
+            in `key`, `depends_on` or `ignore` (a key function covers them all). In
+            checks mode, a call whose ignored argument differs from the one the
+            entry was computed with is computed again and compared.
 
     Returns:
         The decorator; the decorated function keeps its signature (`ParamSpec`).
 
     Raises:
         StepCacheError: At decoration, for a configuration that cannot work (an
-            `owner`, `key` or `depends_on` that names no parameter, a malformed
+            `owner`, `key`, `depends_on` or `ignore` that names no parameter, a
+            parameter none of them names, a generator or async function, a malformed
             `expect`, `@step_cached` without parentheses); at a call, for an
-            unhashable key or a key function that raised.
+            unhashable key, a key function that raised or a `depends_on` that names
+            a method.
         CacheValidationError: A stored value breaks `expect`.
 
     Examples:
@@ -387,7 +429,7 @@ def step_cached(
         A key picks one entry per value of the named parameters:
 
         >>> class Step: pass
-        >>> @stepcache.step_cached(key="kind", owner="step")
+        >>> @stepcache.step_cached(key="kind", owner="step", ignore=("layer",))
         ... def rows(step, kind, layer):
         ...     print("building", kind)
         ...     return kind * 2
@@ -400,7 +442,7 @@ def step_cached(
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
         wrapper: Callable[P, R] = CachedFunction(
-            fn, key, owner, depends_on, expect, name, guard_result, only
+            fn, key, owner, depends_on, expect, name, guard_result, only, ignore
         ).wrapper
         return wrapper
 

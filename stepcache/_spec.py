@@ -27,7 +27,8 @@ class Arg(_Ref):
 
     Examples:
         >>> import stepcache, torch
-        >>> @stepcache.step_cached(expect=stepcache.TensorSpec(device=stepcache.Arg("buf")))
+        >>> spec = stepcache.TensorSpec(device=stepcache.Arg("buf"))
+        >>> @stepcache.step_cached(expect=spec, ignore=("buf",))
         ... def head(self, buf):
         ...     return buf[:2]
         >>> class Meta: pass

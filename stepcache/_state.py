@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The core's shared state, a leaf module: the environment variables (read once, at
-import), `BYPASS`, the switches (process-wide, not thread-local) and the registry."""
+import), `BYPASS`, the switches (process-wide, not thread-local), the counters, each
+thread's open scopes, and the registry of decorated functions."""
 
 from __future__ import annotations
 
@@ -10,11 +11,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Final
-
-if TYPE_CHECKING:
-    from stepcache._decorator import CachedFunction
-
+from typing import Any, Final
 
 DEBUG_MODES = ("off", "checks", "verify")
 _OFF, _ON = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
@@ -77,7 +74,8 @@ switches: list[Any] = [
 SLOW: list[bool] = [switches[0] or switches[1] != "off"]
 _lock = threading.Lock()  # held to set a switch or to change the registry
 new_id = itertools.count(1).__next__  # a new function's id: 1, 2, ...
-_by_id: weakref.WeakValueDictionary[int, CachedFunction] = weakref.WeakValueDictionary()
+#: every decorated function alive (a `CachedFunction`), by its id
+_by_id: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 
 def _set(index: int, value: Any) -> Any:
@@ -188,12 +186,40 @@ def debug(mode: str = "checks") -> contextlib.AbstractContextManager[None]:
     return _switched(1, mode)
 
 
-def register(fn: CachedFunction) -> None:
+class Counts:
+    """The events of one decorated function (`stats()`), or of one function in one
+    store (`StepCache.stats()`); every count of stepcache is one of these. Counted
+    without a lock, as ``functools.lru_cache`` counts: two threads counting at once
+    may lose one."""
+
+    __slots__ = ("bypasses", "hits", "invalidations", "misses")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.hits = self.misses = self.bypasses = self.invalidations = 0
+
+
+class _Scopes(threading.local):
+    """This thread's open scopes, innermost last (`stepcache.scope`)."""
+
+    def __init__(self) -> None:
+        self.open: list[Any] = []
+
+
+scopes = _Scopes()
+#: ``OPEN[0]``: how many scopes are open, in every thread (a miss reads the
+#: thread-local stack only when some are)
+OPEN: list[int] = [0]
+
+
+def register(fn: Any) -> None:
     with _lock:
         _by_id[fn.fid] = fn
 
 
-def all_functions() -> list[CachedFunction]:
+def all_functions() -> list[Any]:
     with _lock:
         return sorted(_by_id.values(), key=lambda f: f.fid)
 

@@ -129,7 +129,8 @@ def stats(*, include_idle: bool = False) -> StatsTable:
     """
     live, rows = measure(live_caches()), []
     for fn in all_functions():
-        counts = [fn.hits, fn.misses, fn.bypasses, fn.invalidations]
+        c = fn.counts
+        counts = [c.hits, c.misses, c.bypasses, c.invalidations]
         rows.append((fn.fid, counts + list(live.get(fn.fid, (0, 0)))))
     merged = (FunctionStats(n, *c) for n, c in by_name(rows).items())
     return StatsTable(
@@ -154,4 +155,4 @@ def reset_stats() -> None:
     for hook in list(before_reset):
         hook()
     for fn in all_functions():
-        fn.reset_counts()
+        fn.counts.reset()

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The per-step store (`StepCache`), how an owner object finds it, and what it holds."""
+"""The per-step store (`StepCache`), how an owner object finds it (or the scope's
+store it joins), and what it holds."""
 
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from stepcache._entry import Entry, strided, walk
 from stepcache._errors import StaleCacheError, StepCacheError
-from stepcache._fingerprint import strided, walk
-from stepcache._hit import ABSENT, Entry
-from stepcache._state import by_name
+from stepcache._state import OPEN, Counts, by_name, scopes
 
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
@@ -63,22 +63,23 @@ class StepCache:
     __slots__ = (
         "__weakref__",
         "_closed",
-        "_invalid",
+        "_counts",
         "_kept",
         "_members",
-        "_misses",
+        "scope",
         "table",
     )
 
-    def __init__(self, owner: object | None = None) -> None:
+    def __init__(self, owner: object | None = None, scope: Any = None) -> None:
         #: function id -> entry, or {key: entry} for a keyed function: what a hit reads
         self.table: dict[int, Any] = {}
         #: id -> weak reference of each owner; replaced, never changed (no lock to read)
         self._members = {} if owner is None else {id(owner): _weak(owner)}
         self._closed = False
-        self._misses: dict[int, int] = {}  # function id -> its misses, and
-        self._invalid: dict[int, int] = {}  # its invalidations, in this store
+        self._counts: dict[int, Counts] = {}  # function id -> its misses, invalidations
         self._kept: list[Any] | None = None  # made by keep_alive()
+        #: the `stepcache.scope` whose store this is (``None``: an owner's own)
+        self.scope = scope
         if _tracking:
             _live[weakref.ref(self, _live_pop)] = None
 
@@ -110,9 +111,9 @@ class StepCache:
         """Per-function entries, bytes, misses and invalidations in this store (hits and
         bypasses skip the store: [`stats()`][stepcache.stats] counts them)."""
         sizes, rows = measure((self,)), []
-        for f in {**self._misses, **self._invalid, **sizes}:
-            counts = (self._misses.get(f, 0), self._invalid.get(f, 0))
-            rows.append((f, (*sizes.get(f, (0, 0)), *counts)))
+        for f in {**self._counts, **sizes}:
+            c = self._counts.get(f) or Counts()
+            rows.append((f, (*sizes.get(f, (0, 0)), c.misses, c.invalidations)))
         names = ("entries", "bytes", "misses", "invalidations")
         return {n: dict(zip(names, c, strict=True)) for n, c in by_name(rows).items()}
 
@@ -133,25 +134,30 @@ class StepCache:
         member = self._members.get(id(owner))
         return member is not None and member() is owner
 
-    def invalidated(self, fid: int) -> None:
-        """Count an invalidation of ``fid`` (its entry no longer served a call)."""
-        self._invalid[fid] = self._invalid.get(fid, 0) + 1
+    def counts(self, fid: int) -> Counts:
+        """The counts of function ``fid`` in this store."""
+        counts = self._counts.get(fid)
+        if counts is None:
+            counts = self._counts[fid] = Counts()
+        return counts
 
     def lookup(self, fid: int, keyed: bool, key: Any) -> Entry | None:
         """The entry of function ``fid`` (and ``key``, if it is keyed), or ``None``; an
         unhashable key raises `TypeError`, whether or not the function has entries."""
         slot = self.table.get(fid)
-        found: Entry | None = (slot or _EMPTY_SLOT).get(key) if keyed else slot
+        if keyed:
+            hash(key)
+            return None if slot is None else slot.get(key)
+        found: Entry | None = slot
         return found
 
     def insert(self, fid: int, keyed: bool, key: Any, entry: Entry) -> None:
-        """Store ``entry``, a miss of ``fid``, and count the miss. No lock: each write is
-        one dict operation, and a store closed meanwhile is emptied again."""
+        """Store ``entry``. No lock: each write is one dict operation, and a store
+        closed meanwhile is emptied again."""
         if keyed:
             self.table.setdefault(fid, {})[key] = entry
         else:
             self.table[fid] = entry
-        self._misses[fid] = self._misses.get(fid, 0) + 1
         if self._closed:
             self.clear()
 
@@ -187,23 +193,27 @@ def measure(stores: Iterable[StepCache]) -> dict[int, tuple[int, int]]:
 
 
 class _Absent(dict[Any, Any]):
-    """A dict whose every missing key finds `ABSENT`."""
+    """A dict whose every missing key finds one entry: a function's absent entry."""
 
-    __slots__ = ()
+    __slots__ = ("absent",)
 
-    def __missing__(self, key: Any) -> Entry:
-        return ABSENT
+    def __init__(self, absent: Any = None) -> None:
+        super().__init__()
+        self.absent = absent
+
+    def __missing__(self, key: Any) -> Any:
+        return self.absent
 
 
-_EMPTY_SLOT = _Absent()
 #: What a hit reads for an owner with no store yet (`_write` sets it on owner classes):
-#: `ABSENT`, not a raise. A namespace: CPython specializes reads of its attributes.
+#: each function's absent entry, not a raise. A namespace: CPython specializes reads
+#: of its attributes.
 NO_STORE = SimpleNamespace(table=_Absent())
 
 
-def register(fid: int, keyed: bool) -> None:
-    """Give the placeholder store's table the entry of a new decorated function."""
-    NO_STORE.table[fid] = _EMPTY_SLOT if keyed else ABSENT
+def register(fid: int, keyed: bool, absent: Entry) -> None:
+    """Give the placeholder store's table the absent entry of a new function."""
+    NO_STORE.table[fid] = _Absent(absent) if keyed else absent
 
 
 def unregister(fid: int) -> None:
@@ -280,7 +290,9 @@ def cache_of(owner: object) -> StepCache:
     The store is kept in the owner (its `__dict__`, or a `_stepcache` slot: see
     [`cache_field()`][stepcache.cache_field]), else in a side table. A `copy.copy` of
     the owner gets a store of its own, seeded with the entries that declare
-    dependencies. No lock: of two stores made at once for one owner, the last stays.
+    dependencies. Inside a [`scope()`][stepcache.scope], an owner without a store of
+    an open scope joins the innermost one: its store is the scope's until the scope
+    closes. No lock: of two stores made at once for one owner, the last stays.
 
     Raises:
         StaleCacheError: The owner's store was closed.
@@ -294,7 +306,7 @@ def cache_of(owner: object) -> StepCache:
         True
     """
     store = _held(owner)
-    if store is NO_STORE and not _side:  # a plain owner's first use: no lookups
+    if store is NO_STORE and not _side and not OPEN[0]:  # a plain first use: no lookups
         fresh = StepCache(owner)
         try:
             object.__setattr__(owner, ATTR, fresh)
@@ -306,17 +318,24 @@ def cache_of(owner: object) -> StepCache:
             "the owner is None: a step-cached function's owner parameter (its first, "
             "or the one named by owner=) must be the step's metadata object"
         )
-    store = found(owner, store)
-    if store is not None and store.belongs_to(owner):
-        if store._closed:
-            raise closed_error(owner)
-        return store
+    own: StepCache | None = found(owner, store)
+    if own is not None and own.scope is not None:
+        if own.scope.open and own.belongs_to(owner):
+            return own  # joined (an owner of an enclosing scope stays in it)
+        own = None  # a scope that is over, or a copy's: nothing of it to see or seed
+    if own is not None and own.belongs_to(owner) and own._closed:
+        raise closed_error(owner)
+    if OPEN[0] and scopes.open:  # this thread has a scope open: join the innermost
+        joined: StepCache = attach(owner, scopes.open[-1].store)
+        return joined
+    if own is not None and own.belongs_to(owner):
+        return own
     fresh = StepCache(owner)
     _write(owner, fresh)
-    if store is not None and not store._closed:
+    if own is not None and not own._closed:
         # carried by copy.copy: share the original's kept objects and unbound entries
-        fresh._kept = store._kept
-        for fid, slot in list(store.table.items()):
+        fresh._kept = own._kept
+        for fid, slot in list(own.table.items()):
             if isinstance(slot, dict):
                 if shared := {k: e for k, e in list(slot.items()) if e.bound is None}:
                     fresh.table[fid] = shared
@@ -332,7 +351,8 @@ def attach(owner: object, cache: StepCache) -> StepCache:
     a value one builder computed serves the others while the dependencies it declares
     match on the caller. Entries without dependencies stay bound to the object that
     computed them (one entry per function and key: another owner's call replaces it).
-    Returns `cache`.
+    Attached to a scope's store, `owner` joins the scope: its own store comes back when
+    the scope closes. Returns `cache`.
 
     Raises:
         StepCacheError: `cache` is not a [`StepCache`][stepcache.StepCache].
@@ -359,9 +379,24 @@ def attach(owner: object, cache: StepCache) -> StepCache:
         raise StaleCacheError("attach(): that StepCache is closed (its step is over)")
     with _attach_lock:
         if not cache.belongs_to(owner):
+            if cache.scope is not None:
+                cache.scope.joined(owner, found(owner))
             cache._members = {**cache._members, id(owner): _weak(owner)}
         _write(owner, cache)
     return cache
+
+
+def restore(owner: object, scope_store: StepCache, store: StepCache | None) -> None:
+    """Give ``owner`` back ``store`` (``None``: no store) in place of the scope's
+    store it joined, unless it holds another one by now."""
+    if found(owner) is not scope_store:
+        return
+    if store is not None:
+        _write(owner, store)
+        return
+    _side.pop(id(owner), None)
+    with contextlib.suppress(AttributeError, TypeError):
+        object.__delattr__(owner, ATTR)
 
 
 def live_caches() -> list[StepCache]:

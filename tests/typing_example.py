@@ -18,6 +18,7 @@ class Meta:
     num_actual_tokens: int
 
     @step_cached(
+        ignore=("buffer",),
         depends_on=("query_start_loc", "num_actual_tokens"),
         expect=TensorSpec(
             device=Arg("buffer"),

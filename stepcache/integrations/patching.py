@@ -32,7 +32,7 @@ from types import ModuleType
 from typing import Any, Final
 
 import stepcache
-from stepcache._debug import first_difference
+from stepcache import first_difference
 
 __all__ = [
     "Hook",

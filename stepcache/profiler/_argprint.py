@@ -33,7 +33,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from stepcache._fingerprint import tag
+from stepcache._entry import tag
 
 __all__ = [
     "KIND_OBJECT",

@@ -315,15 +315,21 @@ def _decorator(
         parts.append(f'key="{key[0]}"')
     elif key:
         parts.append(f"key={key!r}")
+    params = list(fn.signature.parameters.values()) if fn.signature else []
     plain = [
         p.name
-        for p in (fn.signature.parameters.values() if fn.signature else ())
+        for p in params
         if p.kind not in (Parameter.VAR_POSITIONAL, Parameter.VAR_KEYWORD)
     ]
     if not plain or plain[0] != owner:
         parts.append(f'owner="{owner}"')
     if depends_on:
         parts.append(f"depends_on={depends_on!r}")
+    # step_cached refuses a parameter that no option names: the others are ignored
+    covered = {owner, *key, *depends_on}
+    ignore = tuple(p.name for p in params if p.name not in covered)
+    if ignore and bypass is None:
+        parts.append(f"ignore={ignore!r}")
     return f"@stepcache.step_cached({', '.join(parts)})"
 
 

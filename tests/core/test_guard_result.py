@@ -29,11 +29,13 @@ def _index(md: Step, buffer: torch.Tensor) -> torch.Tensor:
     return buffer[: idx.numel()]
 
 
-guarded = step_cached(owner="md", depends_on=("lens",), guard_result=True)(_index)
-unguarded = step_cached(owner="md", depends_on=("lens",))(_index)
-guarded_pair = step_cached(owner="md", guard_result=True, name="guarded_pair")(
-    lambda md, a, b: (a[:2], b[:2], "tag")
-)
+guarded = step_cached(
+    ignore=("buffer",), owner="md", depends_on=("lens",), guard_result=True
+)(_index)
+unguarded = step_cached(ignore=("buffer",), owner="md", depends_on=("lens",))(_index)
+guarded_pair = step_cached(
+    ignore=("a", "b"), owner="md", guard_result=True, name="guarded_pair"
+)(lambda md, a, b: (a[:2], b[:2], "tag"))
 
 
 Persistent = Callable[[torch.Tensor], torch.Tensor]

@@ -27,6 +27,7 @@ class Meta:
         self.dtype = torch.int32
 
     @step_cached(
+        ignore=("buffer",),
         key="rows",
         expect=TensorSpec(
             device=Arg("buffer"),
@@ -39,7 +40,8 @@ class Meta:
         return buffer[:rows]
 
     @step_cached(
-        expect=(TensorSpec(shape=(2, None)), None, TensorSpec(dtype=Attr("dtype")))
+        ignore=("a", "b", "c"),
+        expect=(TensorSpec(shape=(2, None)), None, TensorSpec(dtype=Attr("dtype"))),
     )
     def triple(self, a: torch.Tensor, b: object, c: torch.Tensor) -> tuple[object, ...]:
         return (a, b, c)

@@ -120,7 +120,9 @@ def test_expect_passes_exactly_the_values_the_model_passes(
     ]
     for value, expect, ok in cases:
 
-        @step_cached(expect=expect, owner="owner", name="build")
+        @step_cached(
+            expect=expect, owner="owner", ignore=("like", "made"), name="build"
+        )
         def build(owner: Owner, like: torch.Tensor, made: Any = value) -> Any:
             return made
 

@@ -33,6 +33,7 @@ class Meta:
     num_actual_tokens: int
 
     @step_cached(
+        ignore=("buffer",),
         depends_on=("query_start_loc", "num_actual_tokens"),
         expect=TensorSpec(
             device=Arg("buffer"),
@@ -183,7 +184,7 @@ def test_a_guarded_entry_rewritten_with_equal_rows_by_verify_stays_a_hit(
     # verify recomputes on every hit, here into the cached rows' own buffer: equal
     # rows leave the entry valid, so the cache behaves as in the other modes
     class Rows:
-        @step_cached(guard_result=True, name="test.guarded_rows")
+        @step_cached(guard_result=True, ignore=("buf",), name="test.guarded_rows")
         def rows(self, buf: torch.Tensor) -> torch.Tensor:
             buf[:2] = torch.tensor([1, 2], dtype=buf.dtype)
             return buf[:2]
@@ -224,7 +225,12 @@ def test_a_guarded_inference_result_written_in_place_is_caught(mode: str) -> Non
         def __init__(self, first: int) -> None:
             self.first = first
 
-        @step_cached(guard_result=True, depends_on=("first",), name="test.inf_rows")
+        @step_cached(
+            guard_result=True,
+            depends_on=("first",),
+            ignore=("buf",),
+            name="test.inf_rows",
+        )
         def rows(self, buf: torch.Tensor) -> torch.Tensor:
             buf[:2] = torch.tensor([self.first, self.first + 1], dtype=buf.dtype)
             return buf[:2]

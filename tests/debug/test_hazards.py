@@ -16,10 +16,11 @@ shows:
    it recomputes in every mode.
 3. A declared small CPU tensor written through a numpy view (no version bump).
    Production: a stale value. checks: ``dependency-changed`` (contents compared).
-4. A key that misses the layer kind. Production: another layer's value. verify only
-   (a fresh computation differs): ``key-too-coarse``.
-5. A key that misses the row count. Production: a value of the wrong shape. verify
-   only.
+4. A key that misses the layer kind: refused at decoration unless the kind is named
+   in ``ignore=``; ignored, production serves another layer's value. checks: a call
+   with another kind computes again and compares: ``ignored-argument``.
+5. A key that misses the row count, ignored the same way. Production: a value of the
+   wrong shape. checks: ``ignored-argument``.
 6. Use after close. Production: **not** a stale value: the value stays readable and
    nothing says its step is over. checks: the read and the next call raise.
 7. A persistent buffer overwritten by the next step. Production: a stale value (step
@@ -55,7 +56,7 @@ import pytest
 import torch
 
 import stepcache
-from stepcache import StaleCacheError, _spec, step_cached
+from stepcache import StaleCacheError, StepCacheError, _spec, step_cached
 
 # -- a small engine-free metadata object and builders with planted bugs ------------------
 
@@ -85,19 +86,23 @@ def index_ok(md: Meta) -> torch.Tensor:
     return reference_index(md.query_start_loc, md.num_actual_tokens)
 
 
-@step_cached(owner="md", depends_on=("query_start_loc", "num_actual_tokens"))
+@step_cached(
+    ignore=("buffer",), owner="md", depends_on=("query_start_loc", "num_actual_tokens")
+)
 def index_into(md: Meta, buffer: torch.Tensor) -> torch.Tensor:
     ref = reference_index(md.query_start_loc, md.num_actual_tokens)
     buffer[: ref.numel()].copy_(ref)
     return buffer[: ref.numel()]
 
 
-@step_cached(key="num_rows", owner="md")  # BUG: the key misses the layer kind
+# BUG: the layer kind changes the value, and it is ignored
+@step_cached(key="num_rows", owner="md", ignore=("kind",))
 def sparse_missing_kind(md: Meta, kind: str, num_rows: int) -> torch.Tensor:
     return torch.full((num_rows,), 128 if kind == "c128a" else 1)
 
 
-@step_cached(key="kind", owner="md")  # BUG: the key misses the row count
+# BUG: the row count changes the value, and it is ignored
+@step_cached(key="kind", owner="md", ignore=("num_rows",))
 def sparse_missing_rows(md: Meta, kind: str, num_rows: int) -> torch.Tensor:
     return torch.full((num_rows,), 128 if kind == "c128a" else 1)
 
@@ -226,15 +231,20 @@ def test_key_missing_layer_kind_is_stale_in_production() -> None:
     ]  # swa_only's value
 
 
-def test_key_missing_layer_kind_is_caught_in_verify_mode(verify: None) -> None:
+def test_key_missing_layer_kind_is_refused_unless_ignored() -> None:
+    with pytest.raises(StepCacheError, match="parameter 'kind' is in neither key="):
+        step_cached(key="num_rows", owner="md")(sparse_missing_kind.__wrapped__)  # type: ignore[attr-defined]
+
+
+def test_key_missing_layer_kind_is_caught_in_checks_mode(checks: None) -> None:
     md = step([4])
     sparse_missing_kind(md, "swa_only", 4)
     with pytest.raises(
         StaleCacheError,
-        match=r"differs from a fresh computation: tensor 'result' value mismatch at flat index 0. expected 1, actual 128.*parameter 'kind'",
+        match=r"depends on 'kind', which ignore= says it does not: tensor 'result' value mismatch at flat index 0. expected 1, actual 128",
     ):
         sparse_missing_kind(md, "c128a", 4)
-    assert _last_kind() == "key-too-coarse"
+    assert _last_kind() == "ignored-argument"
 
 
 # -- 5. a key that misses the row count ------------------------------------------------------
@@ -246,14 +256,15 @@ def test_key_missing_row_count_is_stale_in_production() -> None:
     assert sparse_missing_rows(md, "c128a", 2).shape == (4,)  # wrong row count
 
 
-def test_key_missing_row_count_is_caught_in_verify_mode(verify: None) -> None:
+def test_key_missing_row_count_is_caught_in_checks_mode(checks: None) -> None:
     md = step([4])
     sparse_missing_rows(md, "c128a", 4)
     with pytest.raises(
         StaleCacheError,
-        match=r"size mismatch at index 0. expected 4, actual 2.*parameter 'num_rows'",
+        match=r"depends on 'num_rows', which ignore= says it does not: tensor 'result' size mismatch at index 0. expected 4, actual 2",
     ):
         sparse_missing_rows(md, "c128a", 2)
+    assert _last_kind() == "ignored-argument"
 
 
 # -- 6. use after close -------------------------------------------------------------------------

@@ -37,9 +37,12 @@ def total(m):
     return int(m.qsl.sum())
 
 
-@stepcache.step_cached(key="kind", owner="m")  # BUG: the key misses n
-def rows(m, kind, n):
-    return n
+SCALE = [1]
+
+
+@stepcache.step_cached(key="kind", owner="m")  # BUG: nothing declares SCALE
+def rows(m, kind):
+    return SCALE[0]
 
 
 def stale():
@@ -141,15 +144,16 @@ def test_verify_mode(suite: pytest.Pytester) -> None:
     suite.makepyfile(
         """
         import torch, stepcache
-        from helpers import Meta, rows
+        from helpers import SCALE, Meta, rows
 
         def test_mode():
             assert stepcache.get_debug() == "verify"
 
         def test_coarse_key():
             m = Meta(torch.zeros(1))
-            assert rows(m, "a", 1) == 1
-            rows(m, "a", 2)  # a hit: verify recomputes, gets 2, raises
+            assert rows(m, "a") == 1
+            SCALE[0] = 2
+            rows(m, "a")  # a hit: verify recomputes, gets 2, raises
         """
     )
     result = suite.runpytest("--stepcache-debug=verify")

@@ -35,7 +35,8 @@ def test_owner_is_the_step_object_not_the_builder(report: ProfileReport) -> None
     assert (s.owner, s.key, s.ignored) == ("step", (), ("self",))
     assert set(s.depends_on) == {"query_lens", "num_tokens"}
     assert s.decorator == (
-        "@stepcache.step_cached(owner=\"step\", depends_on=('num_tokens', 'query_lens'))"
+        "@stepcache.step_cached(owner=\"step\", depends_on=('num_tokens', 'query_lens'), "
+        "ignore=('self',))"
     )
 
 

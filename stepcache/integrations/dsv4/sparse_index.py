@@ -38,6 +38,7 @@ Two forms, one cache policy:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, Final, ParamSpec
 
@@ -132,16 +133,26 @@ def sparse_index_builder(
                 f"{' (or be None: no row count)' if what == 'num_rows' else ''}"
                 f" (got {value!r})"
             )
-    return stepcache.step_cached(
-        key=(kind,) if num_rows is None else (kind, num_rows),
-        # C4A layers (and any kind this module does not know) read per-layer top-k
-        # indices: building once for all of them would hand every layer the first
-        # layer's indices, so their calls bypass the cache
-        only={kind: CACHED_KINDS},
-        owner=owner,
-        expect=PAIR_SPEC,
-        name=name,
-    )
+
+    def decorate(
+        builder: Callable[_P, SparseIndexPair],
+    ) -> Callable[_P, SparseIndexPair]:
+        # the builder's other parameters (a layer, the build to call) are not part of
+        # the key, by this decorator's contract: ignored explicitly
+        params = inspect.signature(builder).parameters
+        return stepcache.step_cached(
+            key=(kind,) if num_rows is None else (kind, num_rows),
+            # C4A layers (and any kind this module does not know) read per-layer
+            # top-k indices: building once for all of them would hand every layer the
+            # first layer's indices, so their calls bypass the cache
+            only={kind: CACHED_KINDS},
+            owner=owner,
+            expect=PAIR_SPEC,
+            ignore=tuple(n for n in params if n not in names.values()),
+            name=name,
+        )(builder)
+
+    return decorate
 
 
 # the same policy as a decorated builder: this function is one, whose build is passed in

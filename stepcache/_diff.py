@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Where two values first differ (`first_difference`), and short descriptions of
+values for messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any
+
+import numpy as np
+import torch
+
+from stepcache._entry import strided
+
+_MISSING = object()
+
+
+def describe(x: Any) -> str:
+    """A short description of a value, for messages."""
+    if isinstance(x, torch.Tensor):
+        state = "inference tensor" if x.is_inference() else f"version={x._version}"
+        shape = "nested" if x.is_nested else list(x.shape)
+        text = f"tensor(shape={shape}, dtype={x.dtype}, device={x.device}, "
+        text, small = text + state, strided(x) and x.is_cpu and x.numel() <= 16
+    elif isinstance(x, np.ndarray):
+        text, small = f"ndarray(shape={list(x.shape)}, dtype={x.dtype}", x.size <= 16
+    else:
+        return r if len(r := repr(x)) <= 80 else r[:77] + "..."
+    return f"{text}, id=0x{id(x):x}" + (f", values={x.tolist()}" if small else "") + ")"
+
+
+def first_difference(
+    expected: Any,
+    actual: Any,
+    path: str = "result",
+    seen: frozenset[tuple[int, int]] = frozenset(),
+) -> str | None:
+    """Return where `actual` first differs from `expected`, or `None` if equal.
+
+    The comparison verify mode makes between a cached value and a fresh one, and the
+    vLLM plugin's parity mode between its value and stock vLLM's.
+
+    Tensors are compared by device, dtype, layout, shape and values (NaN equals NaN);
+    tuples, lists and dicts item by item; dataclass and attrs objects by the fields
+    their `==` compares; objects that compare by identity attribute by attribute;
+    anything else by type and `==`. `path` names the value in the message.
+
+    Examples:
+        >>> import stepcache, torch
+        >>> stepcache.first_difference((1, torch.tensor([1, 2])), (1, torch.tensor([1, 3])))
+        "tensor 'result[1]' value mismatch at flat index 1. expected 2, actual 3"
+        >>> stepcache.first_difference([1.0], (1.0,))
+        "'result': expected [1.0], actual (1.0,)"
+        >>> stepcache.first_difference({"n": float("nan")}, {"n": float("nan")}) is None
+        True
+    """
+    if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
+        with torch._C.DisableTorchFunctionSubclass():
+            for what in ("device", "dtype", "layout", "is_nested", "ndim"):
+                if (e := getattr(expected, what)) != (a := getattr(actual, what)):
+                    return f"tensor '{path}' {what} mismatch. expected {e}, actual {a}"
+            if expected.is_nested:  # compared component by component
+                return first_difference(expected.unbind(), actual.unbind(), path, seen)
+            for i, (n, m) in enumerate(zip(expected.shape, actual.shape, strict=True)):
+                if n != m:
+                    return f"tensor '{path}' size mismatch at index {i}. expected {n}, actual {m}"
+            if expected.is_meta:  # no data: equal place and shape is all there is
+                return None
+            e, a = (t.detach().cpu().to_dense().reshape(-1) for t in (expected, actual))
+            same = (e == a) | ((e != e) & (a != a))
+            if bool(same.all()):
+                return None
+            i = int((~same).nonzero()[0])
+            return f"tensor '{path}' value mismatch at flat index {i}. expected {e[i].item()}, actual {a[i].item()}"
+    mismatch = f"'{path}': expected {describe(expected)}, actual {describe(actual)}"
+    if type(expected) is not type(actual):
+        return mismatch
+    if isinstance(expected, dict) and expected.keys() != actual.keys():
+        keys = [sorted(map(repr, d)) for d in (expected, actual)]
+        return f"'{path}' keys mismatch. expected {keys[0]}, actual {keys[1]}"
+    if isinstance(expected, (tuple, list, dict)):
+        if len(expected) != len(actual):
+            return f"'{path}' length mismatch. expected {len(expected)}, actual {len(actual)}"
+        for k in expected if isinstance(expected, dict) else range(len(expected)):
+            found = first_difference(expected[k], actual[k], f"{path}[{k!r}]", seen)
+            if found:
+                return found
+        return None
+    pair = (id(expected), id(actual))
+    if pair in seen:  # a cycle: these two are compared further up
+        return None
+    if (fields := _fields(expected)) is not None:  # field by field, as a tuple is
+        if (other := _fields(actual)) is None or other.keys() != fields.keys():
+            names = [sorted(f or ()) for f in (fields, other)]
+            return f"'{path}' fields mismatch. expected {names[0]}, actual {names[1]}"
+        for k, e in fields.items():
+            if found := first_difference(e, other[k], f"{path}.{k}", seen | {pair}):
+                return found
+        return None
+    try:
+        if isinstance(expected, np.ndarray):
+            nan = expected.dtype.kind in "fc"  # equal_nan raises for other dtypes
+            return None if np.array_equal(expected, actual, equal_nan=nan) else mismatch
+        if isinstance(expected, float) and expected != expected:
+            return None if actual != actual else mismatch  # NaN equals NaN, as above
+        return None if bool(expected == actual) else mismatch
+    except Exception:  # an == that does not give a bool
+        return None if expected is actual else mismatch
+
+
+def _fields(x: Any) -> dict[str, Any] | None:
+    """The fields of a dataclass or attrs object, or the attributes of an object
+    compared by identity (a fresh one never equals the cached one); else ``None``."""
+    cls: Any = type(x)
+    if dataclasses.is_dataclass(x):  # the fields its == compares
+        names = [f.name for f in dataclasses.fields(x) if f.compare]
+    elif hasattr(cls, "__attrs_attrs__"):
+        names = [a.name for a in cls.__attrs_attrs__ if a.eq]
+    elif cls.__eq__ is object.__eq__ and _plain_object(x):
+        names = list(vars(x))
+    else:
+        return None
+    return {n: getattr(x, n, _MISSING) for n in names if n != "_stepcache"}
+
+
+def _plain_object(x: Any) -> bool:
+    """An instance with a ``__dict__`` that is data: not a class, module or function."""
+    data = not callable(x) and not isinstance(x, types.ModuleType)
+    return data and isinstance(getattr(x, "__dict__", None), dict)

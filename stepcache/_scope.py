@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A lifetime the engine names (`scope`): one metadata build, or one draft step."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from stepcache import _state
+from stepcache._errors import StepCacheError
+from stepcache._store import StepCache, restore
+
+
+class Scope:
+    """A [`scope()`][stepcache.scope]: the store its owners share while it is open.
+
+    It keeps the stores its owners had before they joined it, and gives them back when
+    it closes.
+
+    Examples:
+        >>> import stepcache
+        >>> with stepcache.scope() as s:
+        ...     s.open, stepcache.active_scope() is s
+        (True, True)
+        >>> s.open, stepcache.active_scope()
+        (False, None)
+    """
+
+    def __init__(self) -> None:
+        self.store = StepCache(scope=self)
+        self.thread = threading.get_ident()
+        #: whether the scope is open (a closed one is never reopened)
+        self.open = False
+        #: (weak reference to each joined owner, the store it had, or ``None``)
+        self._joined: list[tuple[weakref.ref[Any], StepCache | None]] = []
+
+    def __repr__(self) -> str:
+        return f"<stepcache scope {'open' if self.open else 'closed'}>"
+
+    def joined(self, owner: object, before: StepCache | None) -> None:
+        """Remember the store ``owner`` had before it joined (called by `attach`)."""
+        self._joined.append((weakref.ref(owner), before))
+
+    def __enter__(self) -> Scope:
+        if self.open or self._joined:
+            raise StepCacheError("a scope is entered once (make a new scope())")
+        with _state._lock:
+            _state.OPEN[0] += 1
+        _state.scopes.open.append(self)
+        self.open = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stack = _state.scopes.open
+        if threading.get_ident() != self.thread or self not in stack:
+            raise StepCacheError(
+                "a scope is closed in the thread that opened it, innermost first"
+            )
+        while stack[-1] is not self:  # an inner one left open: closed with it
+            stack[-1].__exit__()
+        stack.pop()
+        self.open = False
+        with _state._lock:
+            _state.OPEN[0] -= 1
+        for ref, before in reversed(self._joined):
+            if (owner := ref()) is not None:
+                restore(owner, self.store, before)
+        self._joined.clear()
+        self.store.clear()
+
+
+def scope() -> Scope:
+    """Open a lifetime in which declared inputs are not written in place: one build.
+
+    An engine opens it around one metadata build, or one draft step: work in which the
+    inputs that cached functions declare are promised not to be written in place.
+    While it is open in this thread:
+
+    * an owner used by a decorated call (or [`cache_of()`][stepcache.cache_of]) joins
+      it: the scope's store is its store, so a value one owner computed serves every
+      other owner whose key and declared dependencies are the same objects (the
+      metadata objects vLLM builds per KV-cache group from one batch layout);
+    * an inference tensor in `depends_on` is matched by identity alone (the scope is
+      the promise that nothing writes it in place), so a hit on such a layout costs
+      what a hit on tensors with version counters does;
+    * an owner joined to an enclosing scope stays in it; a new one joins the innermost.
+
+    When it closes (an exception too), everything it made is dropped and each owner
+    gets its own store back: the next call recomputes. Values already handed out stay
+    what they are. A scope belongs to its thread: only that thread's calls join
+    owners to it, and an owner joined to it must not be used from another thread
+    while it is open. Debug mode keeps checking contents inside a scope, which is how
+    a broken promise is found (see [limits](../limits.md#scopes)).
+
+    Examples:
+        >>> import dataclasses, torch, stepcache
+        >>> @dataclasses.dataclass
+        ... class Group:
+        ...     query_start_loc: torch.Tensor
+        ...     @stepcache.step_cached(depends_on=("query_start_loc",), name="ex.scope")
+        ...     def lens(self):
+        ...         print("computing")
+        ...         return self.query_start_loc.diff()
+        >>> with torch.inference_mode():
+        ...     qsl = torch.tensor([0, 2, 5])
+        >>> with stepcache.scope():  # one metadata build: a Group per KV-cache group
+        ...     a, b = Group(qsl), Group(qsl)
+        ...     a.lens() is b.lens()
+        computing
+        True
+        >>> _ = a.lens()  # the scope is over: computed again
+        computing
+    """
+    return Scope()
+
+
+def active_scope() -> Scope | None:
+    """Return the innermost scope open in this thread, or `None`.
+
+    Examples:
+        >>> import stepcache
+        >>> stepcache.active_scope() is None
+        True
+    """
+    stack = _state.scopes.open
+    return stack[-1] if stack else None
