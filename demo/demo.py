@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``python -m stepcache demo``: a simulated DeepSeek V4 serving workload, uncached vs stepcache.
+"""``python -m demo``: a simulated DeepSeek V4 serving workload, uncached vs stepcache.
 
 It runs on the CPU with no download. A few hundred steps of mixed prefill, decode and
 speculative-decode batches go through :mod:`stepcache.integrations.dsv4.sim` (the three
@@ -668,7 +668,7 @@ def _print_engine(en: dict[str, Any], p: Any, note: Any) -> None:
 # -- the command --------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m stepcache demo",
+        prog="python -m demo",
         description="A simulated DeepSeek V4 serving workload on CPU: uncached, "
         "hand-written and stepcache metadata builds side by side.",
     )

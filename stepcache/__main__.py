@@ -9,7 +9,7 @@ import sys
 USAGE = """usage: python -m stepcache {demo,profile} [options]
   demo     simulated DSv4 serving steps, uncached vs stepcache
   profile  find per-step computations worth caching (docs/profiler.md)"""
-COMMANDS = {"demo": "demo.demo", "profile": "stepcache.profiler"}
+COMMANDS = {"demo": "stepcache.integrations.dsv4.sim", "profile": "stepcache.profiler"}
 
 
 def main(argv: list[str] | None = None) -> int:

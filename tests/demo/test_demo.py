@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Smoke tests of ``python -m stepcache demo`` with tiny sizes (no timing assertions)."""
+"""Smoke tests of ``python -m demo`` (the repository's demo) with tiny sizes (no timing assertions)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import torch
 
 import stepcache
 from demo import demo
-from stepcache.__main__ import main as cli
 
 
 def test_the_demo_runs_and_writes_json(
@@ -50,11 +49,6 @@ def test_the_planted_bug_is_stale_in_production_and_caught_in_checks_mode() -> N
     assert bug["checks"]["raised"] == "StaleCacheError"
     assert "add 'query_start_loc' to depends_on" in bug["checks"]["message"]
     assert stepcache.get_debug() == "off"
-
-
-def test_the_cli_dispatches_to_the_demo(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli(["demo", "--steps", "2", "--layers", "2", "--no-vllm"]) == 0
-    assert "stepcache demo" in capsys.readouterr().out
 
 
 def test_bad_sizes_are_refused() -> None:
@@ -111,13 +105,3 @@ def test_the_vllm_section_on_real_metadata() -> None:
     row = res["stats"]["vllm.CommonAttentionMetadata.token_to_req_indices"]
     assert row["misses"] == 6 + 2 and row["invalidations"] == 2
     assert plugin.status() == before  # the demo leaves the plugin as it found it
-
-
-def test_an_unknown_command_is_named_and_a_usage_error(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert cli(["bogus"]) == 2
-    out, err = capsys.readouterr()
-    assert "unknown command 'bogus'" in err and "usage:" in out
-    assert cli(["--help"]) == 0
-    assert "unknown" not in capsys.readouterr().err
