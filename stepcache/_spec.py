@@ -129,21 +129,24 @@ class TensorSpec:
     _device: Any = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # checked here, so a wrong argument fails at decoration with its field named,
+        # not on the first miss with a raw TypeError
         for name in ("shape", "min_shape"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, tuple(getattr(self, name)))
-            for d in getattr(self, name) or ():
-                if type(d) is bool or not isinstance(d, Dim):
-                    raise StepCacheError(
-                        f"TensorSpec {name} entries must be int, None, Arg or Attr (got {d!r})"
-                    )
-        # a malformed device string raises here, not on the first miss
-        d = self.device
-        fixed = torch.device(d) if isinstance(d, (str, torch.device)) else d
-        object.__setattr__(self, "_device", fixed)
+            if (dims := getattr(self, name)) is not None:
+                object.__setattr__(self, name, _dims(name, dims))
+        if self.ndim is not None and (
+            self.ndim.__class__ is bool
+            or not isinstance(self.ndim, int)
+            or self.ndim < 0
+        ):
+            raise _bad("ndim", "an int >= 0 or None", self.ndim, "ndim=2")
+        object.__setattr__(self, "_device", _fixed_device(self.device))
         if not isinstance(self.dtype, torch.dtype | None | Arg | Attr):
-            raise StepCacheError(
-                f"TensorSpec dtype must be a torch.dtype (got {self.dtype!r})"
+            raise _bad(
+                "dtype",
+                "a torch.dtype, Arg, Attr or None",
+                self.dtype,
+                _dtype_fix(self.dtype),
             )
 
     def refs(self) -> list[Arg | Attr]:
@@ -165,8 +168,9 @@ class TensorSpec:
                 and x.device != want
                 and not _same_device(x.device, want)
             ):
+                label = _device_label(self.device, scope, want)
                 want = normalize_device(want)
-                text = f"expected {want}{_label(self.device)}, actual {x.device}. Fix: "
+                text = f"expected {want}{label}, actual {x.device}. Fix: "
                 text += f"compute into a buffer on {want}, or key the cache by device."
                 raise _fail(item, f"device mismatch. {text}")
         if (want := self.dtype) is not None:
@@ -188,9 +192,85 @@ class TensorSpec:
         return f"TensorSpec({', '.join(items)})"
 
 
-def _label(item: Any) -> str:
+def _label(item: Any, note: str = "") -> str:
     kind = _REFS.get(item.__class__)
-    return f" (from {kind} '{item.name}')" if kind else ""
+    return f" (from {kind} '{item.name}'{note})" if kind else ""
+
+
+def _device_label(item: Any, scope: Scope, want: torch.device) -> str:
+    """``item``'s label in a device mismatch; an int it resolved to is named, since
+    torch reads an int as an accelerator's device index. Only on a failure: the
+    reference is read again."""
+    if item.__class__ not in _REFS:
+        return ""
+    args, index, owner = scope
+    try:
+        raw = args[index[item.name]] if type(item) is Arg else getattr(owner, item.name)
+    except Exception:
+        return _label(item)
+    if isinstance(raw, int) and raw.__class__ is not bool:
+        type_ = want.type.upper()
+        return _label(item, f", the int {raw} read as a {type_} device index")
+    return _label(item)
+
+
+def _bad(field: str, expected: str, got: Any, fix: str) -> StepCacheError:
+    return StepCacheError(
+        f"TensorSpec {field} must be {expected} (got {got!r:.60} that is a "
+        f"{type(got)!r}). Fix: {fix}"
+    )
+
+
+def _dims(name: str, dims: Any) -> tuple[Dim, ...]:
+    """``dims`` (the ``shape`` or ``min_shape`` argument) as a tuple, or a
+    `StepCacheError` that says what is wrong with it."""
+    if isinstance(dims, (str, bytes)) or not hasattr(dims, "__iter__"):
+        one = f"Attr({dims!r})" if isinstance(dims, str) else repr(dims)
+        fix = f"a tuple with one entry per leading dim, e.g. {name}=({one},)"
+        raise _bad(name, "a tuple of int, None, Arg or Attr", dims, fix)
+    out = tuple(dims)
+    for i, d in enumerate(out):
+        if d.__class__ is bool or not isinstance(d, Dim):
+            if isinstance(d, str):
+                fix = (
+                    f"Attr({d!r}) for the owner's attribute, Arg({d!r}) for an argument"
+                )
+            else:
+                fix = "an int size, None to skip the dim, or Arg/Attr to read it"
+            raise _bad(f"{name}[{i}]", "an int, None, Arg or Attr", d, fix)
+        if isinstance(d, int) and d < 0:
+            raise _bad(f"{name}[{i}]", "a size >= 0", d, "None skips a dim")
+    return out
+
+
+def _fixed_device(device: Any) -> Any:
+    """``device`` as a `torch.device` if it is fixed (a reference as it is), or a
+    `StepCacheError` that says what is wrong with it."""
+    if device is None or device.__class__ in _REFS:
+        return device
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        fix = (
+            "a device such as 'cpu', 'cuda:1' or torch.device('cuda'), or Arg('buffer')"
+        )
+        if isinstance(device, int) and device.__class__ is not bool:
+            fix = f"device='cuda:{device}' (an int is not taken as a device here)"
+        raise _bad("device", "a str, torch.device, Arg, Attr or None", device, fix)
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StepCacheError(
+            f"TensorSpec device {device!r} is not a device torch knows ({why}). "
+            "Fix: a device string such as 'cpu', 'cuda' or 'cuda:1'"
+        ) from None
+
+
+def _dtype_fix(dtype: Any) -> str:
+    if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
+        return f"dtype=torch.{dtype}"
+    return "a dtype such as torch.int32, or Arg('buffer') for an argument's dtype"
 
 
 def _fail(item: int | None, text: str) -> CacheValidationError:
