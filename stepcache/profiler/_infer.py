@@ -14,7 +14,8 @@ pick different indices per layer) may be kept with those values sent to
 ``stepcache.BYPASS``. Parameters that vary but never change the result (the builder's
 own output buffer, the layer number of an SWA layer) are left out of the key and named
 in the notes. Results compare by contents (see ``_argprint.digest``); a result that
-cannot be digested only counts as equal for calls whose arguments were identical.
+cannot be digested, and ``None`` (which says nothing of what a call did through its
+arguments), only counts as equal for calls whose arguments were identical.
 
 Suggestions come from what was observed; confirm them with stepcache's ``verify``
 debug mode, which recomputes every hit and compares.
@@ -239,6 +240,12 @@ def _describe(
         notes.append(
             f"calls with {bypass[0]} in {list(bypass[1])!r} returned different results "
             "each time: they are computed, not cached (stepcache.BYPASS)"
+        )
+    if fn.returned_none:
+        notes.append(
+            f"{fn.returned_none} call(s) returned None, which is not compared: only "
+            "calls with identical arguments count, and a cache would skip what the "
+            "function does besides returning"
         )
     if fn.impure:
         notes.append(

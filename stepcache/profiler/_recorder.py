@@ -136,6 +136,8 @@ class FnState:
         self.repeats = 0
         #: identical arguments, different result
         self.impure = 0
+        #: calls that returned None, whose results are not compared
+        self.returned_none = 0
         self.steps: set[int] = set()
         self.max_per_step = 0
         self.read_budget = READ_CALLS
@@ -340,10 +342,15 @@ class Recorder:
         with self.lock:
             self._finish(call, t1, t2)
             if self.results and not call.fn.is_step:
-                try:
-                    call.result = _argprint.digest(result, self.digests)
-                except Exception:
-                    call.result = None
+                if result is None:
+                    # None says nothing of what the call did (it may write into an
+                    # argument): left undigested, so only identical arguments count
+                    call.fn.returned_none += 1
+                else:
+                    try:
+                        call.result = _argprint.digest(result, self.digests)
+                    except Exception:
+                        call.result = None
             self._account(call, t0, t1, t2, clock())
 
     def fail(self, call: Call, t0: int, t1: int, t2: int) -> None:
