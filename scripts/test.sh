@@ -18,4 +18,5 @@ if [ -f mkdocs.yml ]; then
   NO_MKDOCS_2_WARNING=1 $PY -m mkdocs build --strict --quiet --site-dir .venv/site
 fi
 echo "== pytest"
-$PY -m pytest -q "$@"
+# -rs: the reason of every skip
+$PY -m pytest -q -rs "$@"
