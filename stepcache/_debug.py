@@ -9,6 +9,7 @@ recording the attributes a function reads patches the owner's class for the call
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 import threading
 import weakref
@@ -30,6 +31,7 @@ from stepcache._state import BYPASS
 Args = tuple[Any, ...]
 _MAX_REPORT = 10_000
 _MISSING = object()
+_NO_VIEWS = (None, None)
 #: CPU tensors and numpy arrays up to this many elements have their contents compared
 DEEP_CONTENT_LIMIT = 4096
 #: the integer dtype of each size, to read a tensor's bits through numpy
@@ -220,15 +222,22 @@ def detect(
 class _Info:
     """What debug mode records of an entry when it is stored (``Entry.info``)."""
 
-    deps: tuple[tuple[Any, Any], ...]  # (`_view`, `_deep`) of each dependency
-    versions: list[tuple[torch.Tensor, Any]]  # each tensor of the value, its `_tag`
+    deps: tuple[Any, ...]  # each dependency's `_record`
+    #: (object, address, view, contents) of each tensor or array dependency, the
+    #: common case of `deps` that a hit tests inline
+    probes: list[tuple[Any, Any, Any, Any]]
+    versions: list[
+        tuple[torch.Tensor, Any, Any]
+    ]  # each tensor of the value: `_versioned`
     watched: dict[str, tuple[Any, Any]]  # fingerprints of undeclared owner attributes
     ignored: dict[str, tuple[Any, Any]]  # fingerprints of the ignored arguments
+    refs: tuple[Any, ...]  # what `expect`'s references held when it was validated
+    #: nothing to check on a hit in checks mode (the slow path serves it at once)
+    quiet: bool
     value: Any
-    #: what calls through each store hand out: the value, its tensors guarded
-    handed: weakref.WeakKeyDictionary[Any, Any] = dataclasses.field(
-        default_factory=weakref.WeakKeyDictionary
-    )
+    #: what calls through each store hand out (by the store's id: its weak reference
+    #: and the value, its tensors guarded)
+    handed: dict[int, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
 
 
 def _view(x: Any) -> Any:
@@ -260,9 +269,27 @@ def _deep(x: Any, view: Any) -> tuple[Any, ...]:
     return (fp.snapshot(x),)
 
 
+def _record(x: Any) -> tuple[Any, Any, Any] | None:
+    """What a dependency's deep check compares later: its `_view`, its address (a
+    strided tensor's; else ``None``) and its `_deep` state; ``None`` for an
+    immutable value, which nothing can change behind the cache."""
+    if x.__class__ in fp.IMMUTABLE:
+        return None
+    view = _view(x)
+    before = _deep(x, view)
+    return view, before[2] if len(before) == 4 else None, before
+
+
 def _check_deps(kind: str, fn: Any, key: Any, deps: Args, recorded: Any) -> None:
-    """Raise ``kind`` for the first dependency whose `_deep` state is not ``recorded``."""
-    for dep, x, (view, before) in zip(fn.dep_names, deps, recorded, strict=True):
+    """Raise ``kind`` for the first dependency whose `_deep` state is not ``recorded``
+    (a tensor at its recorded address with its recorded contents is not read again)."""
+    for dep, x, item in zip(fn.dep_names, deps, recorded, strict=True):
+        if item is None:
+            continue
+        view, address, before = item
+        same = address is not None and x.data_ptr() == address
+        if same and (view is None or view.tobytes() == before[3]):
+            continue
         if (after := _deep(x, view)) != before:
             diff, now = _deep_difference(before, after), describe(x)
             why = _UNSEEN[isinstance(x, torch.Tensor) and x.is_inference()]
@@ -290,9 +317,18 @@ def _tag(t: torch.Tensor) -> Any:
     """Debug mode's tag of a cached tensor: its tag, and for an inference tensor
     (written in place without a trace) its contents, where `_view` reads them."""
     if not t.is_inference():
-        return fp.tag(t)
+        return t._version
     view = _view(t)
     return fp.tag(t), None if view is None else view.tobytes()
+
+
+def _address(t: torch.Tensor) -> int | None:
+    return t.data_ptr() if fp.strided(t) else None
+
+
+def _versioned(t: torch.Tensor) -> tuple[torch.Tensor, Any, int | None]:
+    """A cached tensor, its `_tag` and its address, as a debug hit checks them."""
+    return t, _tag(t), _address(t)
 
 
 def _shown(v: Any) -> Any:
@@ -300,9 +336,11 @@ def _shown(v: Any) -> Any:
     return fp.unsnapshot(v) if v.__class__ is tuple and len(v) == 2 else v
 
 
-def _check_tags(fn: Any, key: Any, tagged: Iterable[tuple[torch.Tensor, Any]]) -> None:
+def _check_tags(
+    fn: Any, key: Any, tagged: Iterable[tuple[torch.Tensor, Any, Any]]
+) -> None:
     """Raise buffer-overwritten for the first tensor whose `_tag` is not the one paired."""
-    for t, old in tagged:
+    for t, old, _ in tagged:
         if (new := _tag(t)) != old:
             if old.__class__ is int:
                 change = f"version {old} -> {new}"
@@ -314,9 +352,31 @@ def _check_tags(fn: Any, key: Any, tagged: Iterable[tuple[torch.Tensor, Any]]) -
             raise detect("buffer-overwritten", fn, key, tensor=tensor, change=change)
 
 
-def _changed(fingerprints: dict[str, tuple[Any, Any]], read: Any) -> list[str]:
-    """The names whose value (``read(name)``) no longer matches its fingerprint."""
-    return [n for n, (o, v) in fingerprints.items() if not fp.match(read(n), o, v)]
+#: what else a difference inside a scope may mean
+_IN_SCOPE = (
+    " Inside a scope it may also be a broken promise: an input written in place "
+    "while the scope is open (the scope matches inference tensors by identity)."
+)
+
+
+def _recheck(
+    kind: str,
+    fn: Any,
+    a: Args,
+    key: Any,
+    entry: Any,
+    fingerprints: dict[str, tuple[Any, Any]],
+    read: Any,
+) -> None:
+    """Where an input nothing declares (an owner attribute the function read, an
+    ignored argument: ``read(name)``) no longer matches its fingerprint, compute
+    again: raise ``kind`` if the value differs, else remember the new input."""
+    changed = [n for n, (o, v) in fingerprints.items() if not fp.match(read(n), o, v)]
+    if not changed:
+        return
+    if diff := _recompute(fn, a, entry):
+        raise detect(kind, fn, key, names=_names(changed), diff=diff)
+    fingerprints.update((n, fp.fingerprint(read(n))) for n in changed)
 
 
 def _recompute(fn: Any, a: Args, entry: Any) -> str | None:
@@ -327,7 +387,7 @@ def _recompute(fn: Any, a: Args, entry: Any) -> str | None:
         before = fp.walk(entry.value, lambda t: t.detach().clone())
     difference = first_difference(before, fn.run(a))
     if difference is None and entry.info is not None:
-        entry.info.versions[:] = [(t, _tag(t)) for t, _ in entry.info.versions]
+        entry.info.versions[:] = [_versioned(t) for t, _, _ in entry.info.versions]
     if difference is None and entry.guard is not None:
         entry.gtag = entry.guard._version
     return difference
@@ -362,7 +422,7 @@ class _Miss:
 
     def __init__(self, owner: object, deps: Args, store: Any) -> None:
         self.owner, self.deps, self.store = owner, deps, store
-        self.recorded = tuple((v := _view(x), _deep(x, v)) for x in deps)
+        self.recorded = tuple(map(_record, deps))
         self.reads = Recording(owner)
 
     def stop(self) -> None:
@@ -409,32 +469,57 @@ class Checks:
         deps: Args,
         entry: Any,
     ) -> Any:
-        """Check a hit; what it hands out."""
-        if store.scope is not None and store.scope.thread != threading.get_ident():
+        """Check a hit; what it hands out. The common case (each input as it was
+        recorded) is tested inline; a difference goes to the check that explains it."""
+        scope = None if store is None else store.scope
+        if scope is not None and scope.thread != threading.get_ident():
             raise detect("scope-thread", fn, key)
         info = entry.info  # None if stored in production
         if info is not None:
-            _check_deps("dependency-changed", fn, key, deps, info.deps)
-            _check_tags(fn, key, info.versions)
-            changed = _changed(info.watched, lambda n: getattr(owner, n, _MISSING))
-            if changed and (diff := _recompute(fn, a, entry)):
-                raise detect(
-                    "undeclared-input", fn, key, names=_names(changed), diff=diff
-                )
-            info.watched.update((n, fp.fingerprint(getattr(owner, n))) for n in changed)
-        if (wrong := fn.violation(entry.value, a)) is not None:
+            for x, address, view, contents in info.probes:
+                if (address is not None and x.data_ptr() != address) or (
+                    view is not None and view.tobytes() != contents
+                ):
+                    deps = fn.deps_of(a, owner)
+                    _check_deps("dependency-changed", fn, key, deps, info.deps)
+            for t, tag, address in info.versions:
+                if tag.__class__ is not int or t._version != tag:
+                    _check_tags(fn, key, [(t, tag, address)])
+            if info.watched:
+                read = lambda n: getattr(owner, n, _MISSING)  # noqa: E731
+                _recheck("undeclared-input", fn, a, key, entry, info.watched, read)
+        # validated when stored: again where it may fail now (a reference holds another
+        # object, the value's storage was swapped behind its version: `.data =`)
+        recheck = fn.expect is not None and (
+            info is None
+            or (info.refs and any(map(operator.is_not, fn.refs_of(owner), info.refs)))
+            or any(address != _address(t) for t, _, address in info.versions)
+        )
+        if recheck and (wrong := fn.violation(entry.value, a)):
             raise detect("validation", fn, key, error=wrong)
-        if info is not None and (
-            ignored := _changed(info.ignored, lambda n: a[fn.index[n]])
-        ):
-            if diff := _recompute(fn, a, entry):
-                raise detect(
-                    "ignored-argument", fn, key, names=_names(ignored), diff=diff
-                )
-            info.ignored.update((n, fp.fingerprint(a[fn.index[n]])) for n in ignored)
+        if info is not None and info.ignored:
+            for name, (o, v) in info.ignored.items():
+                x = a[fn.index[name]]
+                if x is not o or (v.__class__ is int and x._version != v):
+                    # another argument (a buffer on another device): expect first
+                    if fn.expect is not None and (
+                        wrong := fn.violation(entry.value, a)
+                    ):
+                        raise detect("validation", fn, key, error=wrong)
+                    read = lambda n: a[fn.index[n]]  # noqa: E731
+                    _recheck("ignored-argument", fn, a, key, entry, info.ignored, read)
+                    break
         if _state.switches[1] == "verify" and (diff := _recompute(fn, a, entry)):
-            raise detect("key-too-coarse", fn, key, diff=diff, fix=_fix(fn, info))
-        return self.hand_out(fn, key, entry, store)
+            fix = _fix(fn, info) + ("" if scope is None else _IN_SCOPE)
+            raise detect("key-too-coarse", fn, key, diff=diff, fix=fix)
+        if not info or not info.versions or not _state.STEPCACHE_DEBUG_GUARD:
+            return entry.value
+        ref, handed = info.handed.get(id(store), _NO_VIEWS)
+        return (
+            handed
+            if ref is not None and ref() is store
+            else self.hand_out(fn, key, entry, store)
+        )
 
     def before_miss(self, fn: Any, a: Args, key: Any, store: Any, deps: Args) -> _Miss:
         """Check a miss before it computes, and start recording what it reads."""
@@ -459,8 +544,20 @@ class Checks:
         read = data_read(owner, miss.reads.names, {*fn.dep_names, "_stepcache"})
         watched = {name: fp.fingerprint(getattr(owner, name)) for name in read}
         ignored = {n: fp.fingerprint(a[fn.index[n]]) for n in fn.ignored}
-        versions = [(t, _tag(t)) for t in fp.tensors(value)]
-        return _Info(miss.recorded, versions, watched, ignored, value)
+        versions = [_versioned(t) for t in fp.tensors(value)]
+        refs = fn.refs_of(owner) if fn.expect is not None else ()
+        deps = miss.recorded
+        # tensors and arrays are the objects recorded (a hit matches them by identity);
+        # a list or dict is matched by its contents in every mode
+        probes, seen = [], set()
+        for x, item in zip(miss.deps, deps, strict=True):
+            if item is not None and id(x) not in seen and len(item[2]) == 4:
+                seen.add(id(x))
+                view, address, before = item
+                probes.append((x, address, view, before[3]))
+        quiet = not (probes or versions or watched or ignored or refs)
+        quiet = quiet and miss.store.scope is None
+        return _Info(deps, probes, versions, watched, ignored, refs, quiet, value)
 
     def hand_out(self, fn: Any, key: Any, entry: Any, store: Any) -> Any:
         """What a call through ``store`` hands out: the value, its tensors as guarded
@@ -469,9 +566,10 @@ class Checks:
         info = entry.info
         if info is None or not info.versions or not _state.STEPCACHE_DEBUG_GUARD:
             return entry.value
-        if (handed := info.handed.get(store)) is not None:
+        ref, handed = info.handed.get(id(store), (None, None))
+        if ref is not None and ref() is store:
             return handed
-        index = {id(t): i for i, (t, _) in enumerate(info.versions)}
+        index = {id(t): i for i, (t, _, _) in enumerate(info.versions)}
         ref = weakref.ref(store)
 
         def guard_of(t: torch.Tensor) -> Any:
@@ -480,11 +578,12 @@ class Checks:
             def guard(view: torch.Tensor) -> None:
                 if (held := ref()) is not None and held.closed:
                     raise detect("use-after-close", fn, key)
-                _check_tags(fn, key, [(view, info.versions[i][1])])
+                _check_tags(fn, key, [(view, *info.versions[i][1:])])
 
             return guard
 
-        handed = info.handed[store] = guarded(info.value, guard_of)
+        handed = guarded(info.value, guard_of)
+        info.handed[id(store)] = (ref, handed)
         return handed
 
 

@@ -63,7 +63,6 @@ def source(fn: Any, fname: str) -> str:
     call = ", ".join(_PASS.get(p.kind, "{}").format(p.name) for p in params)
     e, k = local("e"), local("k")
     out = [f"def {fname}({_signature(params)}):"]
-    out += ["    if _sc_SLOW[0]:", f"        return _sc_CALL({packed})"]
     key = k
     if fn.key_fn is not None:
         # a key function that raises gets its typed error from the slow path
@@ -113,17 +112,23 @@ def source(fn: Any, fname: str) -> str:
         tests.append(f"{e}.guard._version == {e}.gtag")
     out += ["        if (", *(f"            {t}" for t in tests[:1])]
     out += [f"            and {t}" for t in tests[1:]]
+    # a hit in debug mode (or with caching off) goes to the slow path with its entry
     out += [
         "        ):",
-        "            _sc_COUNTS.hits += 1",
-        f"            return {e}.value",
+        "            if not _sc_SLOW[0]:",
+        "                _sc_COUNTS.hits += 1",
     ]
-    out += ["    except _sc_Exception:", "        pass"]  # the slow path judges it
-    out.append(
-        f"    return _sc_CALL({packed}, {key})"
-        if fn.keyed
-        else f"    return _sc_CALL({packed})"
-    )
+    out += [
+        f"                return {e}.value",
+        "        else:",
+        f"            {e} = None",
+    ]
+    out += [
+        "    except _sc_Exception:",
+        f"        {e} = None",
+    ]  # the slow path judges it
+    key = key if fn.keyed else "None"
+    out.append(f"    return _sc_CALL({packed}, {key}, {e})")
     body = [*out, f"return {fname}"]
     cells = ", ".join(cells_of(fn))
     return f"def _sc_make({cells}):\n" + "".join(f"    {x}\n" for x in body)

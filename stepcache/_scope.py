@@ -32,6 +32,7 @@ class Scope:
         self.thread = threading.get_ident()
         #: whether the scope is open (a closed one is never reopened)
         self.open = False
+        self._entered = False
         #: (weak reference to each joined owner, the store it had, or ``None``)
         self._joined: list[tuple[weakref.ref[Any], StepCache | None]] = []
 
@@ -43,8 +44,9 @@ class Scope:
         self._joined.append((weakref.ref(owner), before))
 
     def __enter__(self) -> Scope:
-        if self.open or self._joined:
+        if self._entered:
             raise StepCacheError("a scope is entered once (make a new scope())")
+        self._entered = True
         with _state._lock:
             _state.OPEN[0] += 1
         _state.scopes.open.append(self)

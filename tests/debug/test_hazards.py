@@ -39,8 +39,11 @@ shows:
     CUDA is present); verify catches both, by computing again.
 11. An in-place write to a declared inference tensor (made under
     ``torch.inference_mode()``, no version counter). Production: a stale value. checks:
-    caught (small CPU tensor). Skipped while the core cannot take inference tensors as
-    dependencies (before the core of issue 19).
+    caught (small CPU tensor).
+12. An in-place write inside a ``stepcache.scope()`` (a broken promise: the scope
+    matches inference tensors by identity alone), to a layout of 5,000 tokens.
+    Production: a stale value. checks: not caught (too large to compare); verify:
+    caught, by computing again.
 
 Every case plants its bug on CPU tensors of a few elements unless it says otherwise.
 """
@@ -539,26 +542,6 @@ class InferenceStep:
         return self.query_start_loc.diff().tolist()  # type: ignore[no-any-return]
 
 
-def _core_takes_inference_tensors() -> bool:
-    """Whether this core matches inference tensors as dependencies (issue 19); the
-    core before it reads their version counter, which raises."""
-    try:
-        step = InferenceStep()
-        step.lens()
-        step.lens()
-    except RuntimeError as error:
-        if "version counter" in str(error):
-            return False
-        raise
-    return True
-
-
-inference_deps = pytest.mark.skipif(
-    not _core_takes_inference_tensors(),
-    reason="this core cannot take inference tensors as dependencies (issue 19)",
-)
-
-
 def _inference_written_in_place() -> InferenceStep:
     step = InferenceStep()
     assert step.lens() == [2, 2]
@@ -567,12 +550,10 @@ def _inference_written_in_place() -> InferenceStep:
     return step
 
 
-@inference_deps
 def test_an_inference_tensor_written_in_place_is_stale_in_production() -> None:
     assert _inference_written_in_place().lens() == [2, 2]  # correct is [1, 3]
 
 
-@inference_deps
 def test_an_inference_tensor_written_in_place_is_caught_in_checks_mode(
     checks: None,
 ) -> None:
@@ -583,10 +564,50 @@ def test_an_inference_tensor_written_in_place_is_caught_in_checks_mode(
         step.lens()
 
 
-@inference_deps
 def test_a_reassigned_inference_tensor_recomputes_in_production() -> None:
     step = InferenceStep()
     assert step.lens() == [2, 2]
     with torch.inference_mode():
         step.query_start_loc = torch.tensor([0, 1, 4], dtype=torch.int32)
     assert step.lens() == [1, 3]
+
+
+# -- 12. an in-place write inside a scope ------------------------------------------------
+
+
+@dataclasses.dataclass
+class BigGroup:
+    query_start_loc: torch.Tensor
+
+    @step_cached(depends_on=("query_start_loc",), name="hazards.BigGroup.total")
+    def total(self) -> int:
+        return int(self.query_start_loc[-1])
+
+
+def _written_inside_a_scope() -> int:
+    """The second owner's value, after the first's call and a write in place."""
+    with torch.inference_mode():
+        qsl = torch.arange(5_000)
+    with stepcache.scope():
+        assert BigGroup(qsl).total() == 4_999
+        with torch.inference_mode():
+            qsl[-1] = 7  # breaks the scope's promise
+        return BigGroup(qsl).total()
+
+
+def test_a_write_inside_a_scope_is_stale_in_production() -> None:
+    assert _written_inside_a_scope() == 4_999  # correct is 7
+
+
+def test_a_write_inside_a_scope_is_not_seen_in_checks_mode(checks: None) -> None:
+    assert _written_inside_a_scope() == 4_999  # 5,000 elements: contents not compared
+    assert len(stepcache.debug_report()) == 0
+
+
+def test_a_write_inside_a_scope_is_caught_in_verify_mode(verify: None) -> None:
+    with pytest.raises(
+        StaleCacheError,
+        match=r"differs from a fresh computation: 'result': expected 4999, actual 7",
+    ):
+        _written_inside_a_scope()
+    assert _last_kind() == "key-too-coarse"
