@@ -42,6 +42,7 @@ __all__ = [
     "Memo",
     "argprint",
     "digest",
+    "fieldprint",
     "kind_of",
 ]
 
@@ -98,6 +99,55 @@ def argprint(x: Any, keep: dict[int, object]) -> Hashable:
         return ("A", x.dtype.str, x.shape, x.tobytes())
     keep[id(x)] = x
     return ("O", id(x))
+
+
+#: objects with more attributes than this are compared by identity even in fields mode
+FIELDS_PRINT_MAX: Final = 1024
+
+
+def fieldprint(x: Any, keep: dict[int, object]) -> dict[str, Hashable] | None:
+    """The fingerprints (:func:`argprint`) of an object's attributes, by name, as they
+    are at the call: ``fields=True`` compares an object argument by those of the
+    attributes the function read, so two copies of one step's metadata (``copy()``,
+    or two objects made from the same tensors) count as one input. ``None`` where
+    there are no attributes to compare (values, tensors, modules, classes, functions,
+    objects with more than ``FIELDS_PRINT_MAX`` attributes).
+
+    >>> import dataclasses
+    >>> @dataclasses.dataclass
+    ... class Meta:
+    ...     lens: torch.Tensor
+    ...     n: int
+    >>> keep: dict[int, object] = {}
+    >>> m = Meta(torch.zeros(2), 2)
+    >>> fieldprint(m, keep) == fieldprint(dataclasses.replace(m), keep)
+    True
+    >>> fieldprint(m, keep) == fieldprint(Meta(m.lens.clone(), 2), keep)
+    False
+    """
+    if kind_of(x) != KIND_OBJECT or isinstance(x, (ModuleType, FunctionType, type)):
+        return None
+    if type(x) in (tuple, list, frozenset):
+        return None
+    out: dict[str, Hashable] = {}
+    d = getattr(x, "__dict__", None)
+    if isinstance(d, dict):
+        if len(d) > FIELDS_PRINT_MAX:
+            return None
+        for name, value in list(d.items()):
+            out[name] = argprint(value, keep)
+    for c in type(x).__mro__[:-1]:
+        slots = c.__dict__.get("__slots__", ())
+        for s in (slots,) if isinstance(slots, str) else slots:
+            if s in ("__dict__", "__weakref__") or s in out:
+                continue
+            if s.startswith("__") and not s.endswith("__"):
+                s = f"_{c.__name__.lstrip('_')}{s}"  # name mangling
+            try:
+                out[s] = argprint(object.__getattribute__(x, s), keep)
+            except AttributeError:
+                continue  # an unset slot
+    return out or None
 
 
 #: tensor digests by ``id``: a weak reference (to tell a reused id), version, digest

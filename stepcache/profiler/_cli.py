@@ -62,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare arguments only, not result contents (cheaper)",
     )
+    p.add_argument(
+        "--fields",
+        action="store_true",
+        help="also compare object arguments by the attributes each function read "
+        "(copies of the step's metadata count as one input)",
+    )
     return p
 
 
@@ -129,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             step=args.step,
             step_by=args.step_by,
             results=not args.no_results,
+            fields=args.fields,
         ) as report:
             # A workload that exits (sys.exit() ends many entry points) or is
             # interrupted still gets its report: the calls made so far.

@@ -42,6 +42,7 @@ def profile(
     step: str | Callable[..., Any] | None = None,
     step_by: str | Sequence[str] = (),
     results: bool = True,
+    fields: bool = False,
 ) -> Profile:
     """Find the calls a per-step cache would save.
 
@@ -68,6 +69,12 @@ def profile(
         results: Digest each result's contents, so that calls with different
             arguments but equal results (a parameter the result does not depend on)
             are found too. `False` compares arguments only, which costs less.
+        fields: Also compare each object argument by the attributes the function
+            read from it (fingerprinted at the call), so calls that got two copies
+            of one step's metadata, or two objects made from the same tensors,
+            count as equal inputs (each row's `equal_inputs`, `equal_copies` and
+            `needed`). Costs a fingerprint of every attribute of each object
+            argument per call.
 
     Returns:
         A context manager; `with` gives the report (a
@@ -99,7 +106,7 @@ def profile(
     if not specs:
         raise TargetError("profile() needs at least one target")
     names = (step_by,) if isinstance(step_by, str) else tuple(step_by)
-    return Profile(specs, step, names, results)
+    return Profile(specs, step, names, results, fields)
 
 
 class Profile:
@@ -111,11 +118,12 @@ class Profile:
         step: str | Callable[..., Any] | None,
         step_by: tuple[str, ...],
         results: bool,
+        fields: bool = False,
     ) -> None:
         self._specs = specs
         self._step = step
         self._step_by = step_by
-        self._recorder = Recorder(results=results)
+        self._recorder = Recorder(results=results, fields=fields)
         self._installed: list[tuple[Site, Any, str]] = []
         self._report: ProfileReport | None = None
         self._t0 = 0

@@ -52,6 +52,8 @@ class Call:
         "child_oh",
         "codes",
         "error",
+        "fcodes",
+        "fields",
         "fn",
         "fp",
         "kwfp",
@@ -84,6 +86,11 @@ class Call:
         self.reads: dict[int, set[str]] | None = None
         #: per parameter of ``fn.params``: a value fingerprint, or a step-local code
         self.codes: tuple[Hashable, ...] = ()
+        #: fields mode: object arguments' attribute fingerprints, by ``id``
+        self.fields: dict[int, dict[str, Hashable]] | None = None
+        #: fields mode: ``codes`` with each object argument replaced by the
+        #: fingerprints of the attributes the function read from it
+        self.fcodes: tuple[Hashable, ...] = ()
         #: its arguments equal an earlier call's of the same step
         self.repeat = False
         #: a cache with the suggested key would have served it (set by the analysis)
@@ -138,6 +145,13 @@ class FnState:
         self.impure = 0
         #: calls that returned None, whose results are not compared
         self.returned_none = 0
+        #: calls whose inputs equal an earlier call's of the same step (object
+        #: arguments by identity, or in fields mode by the attributes the function
+        #: read) and whose result is equal too: the same computation again
+        self.equal_inputs = 0
+        #: of those, calls whose arguments were other objects than the earlier
+        #: call's (copies of the step's metadata, in fields mode)
+        self.equal_copies = 0
         self.steps: set[int] = set()
         self.max_per_step = 0
         self.read_budget = READ_CALLS
@@ -230,8 +244,10 @@ def _ids_in(fp: Hashable) -> list[int]:
 class Recorder:
     """The calls of one profile run, grouped into steps."""
 
-    def __init__(self, *, results: bool) -> None:
+    def __init__(self, *, results: bool, fields: bool = False) -> None:
         self.results = results
+        #: also compare object arguments by the attributes the function read
+        self.fields = fields
         self.lock = threading.RLock()
         self.local = threading.local()
         self.reads = ReadRecorder()
@@ -315,6 +331,9 @@ class Recorder:
             if stack is None:
                 stack = self.local.stack = []
             call = Call(fn, fp, kwfp, stack[-1] if stack else None, self.step_index)
+            if self.fields and not fn.is_step:
+                # at the call: the attributes may change before the step closes
+                call.fields = _fieldprints(args, kwargs, keep)
             if fn.read_budget > 0 and not fn.is_step:
                 # Objects of the previous step live longer than a step: not owners.
                 fn.read_budget -= 1
@@ -433,6 +452,9 @@ class Recorder:
         fn.max_per_step = max(fn.max_per_step, len(calls))
         codes: dict[str, dict[Hashable, int]] = {}
         first_result: dict[tuple[Hashable, ...], Hashable | None] = {}
+        #: fields mode: each analysed call's object arguments (position in its row,
+        #: parameter, the object's id)
+        objects: list[tuple[Call, list[tuple[int, str, int]]]] = []
         for call in calls:
             named = self._bind(fn, call, keep)
             if named is None:
@@ -442,6 +464,7 @@ class Recorder:
                 call.fp, call.kwfp, call.reads = None, (), None
                 continue
             row: list[Hashable] = []
+            held: list[tuple[int, str, int]] = []
             for name, fp in named:
                 kind = _kind_of_print(fp)
                 fn.kinds.setdefault(name, set()).add(kind)
@@ -458,9 +481,13 @@ class Recorder:
                             fn.reads.setdefault(name, set()).update(
                                 _data_attributes(keep.get(i), names)
                             )
+                if call.fields is not None and isinstance(fp, tuple) and fp[0] == "O":
+                    held.append((len(row), name, fp[1]))
                 table = codes.setdefault(name, {})
                 row.append(table.setdefault(fp, len(table)))
             call.codes = tuple(row)
+            if call.fields is not None:
+                objects.append((call, held))
             call.fp = None
             call.kwfp = ()
             call.reads = None
@@ -483,6 +510,35 @@ class Recorder:
                 self.kept_calls += 1
             else:
                 fn.dropped += 1
+        # after the loop: the reads of this step's first calls are merged now
+        for call, held in objects:
+            call.fcodes = _field_codes(fn, call, held)
+            call.fields = None
+        self._count_equal_inputs(fn, calls)
+
+    def _count_equal_inputs(self, fn: FnState, calls: list[Call]) -> None:
+        """Count the step's calls that computed again what an earlier call computed:
+        equal inputs (``fcodes`` in fields mode), and an equal result, which guards
+        against inputs the comparison does not see (an attribute read by a call
+        whose reads were not recorded, a nested object)."""
+        first: dict[tuple[Hashable, ...], Call] = {}
+        for call in calls:
+            if call.error or not (call.codes or call.fcodes):
+                continue  # raised, or did not bind: not analysed
+            key = call.fcodes if self.fields else call.codes
+            earlier = first.setdefault(key, call)
+            if earlier is call:
+                continue
+            same_objects = earlier.codes == call.codes
+            if not self.results:
+                agree = True  # nothing to check the inputs with
+            elif earlier.result is None or call.result is None:
+                agree = same_objects  # no digest: identical arguments only
+            else:
+                agree = earlier.result == call.result
+            if agree:
+                fn.equal_inputs += 1
+                fn.equal_copies += not same_objects
 
     def _bind(
         self, fn: FnState, call: Call, keep: dict[int, object]
@@ -545,3 +601,36 @@ def _data_attributes(obj: object, names: set[str]) -> set[str]:
             continue
         out.add(name)
     return out
+
+
+def _fieldprints(
+    args: tuple[Any, ...], kwargs: dict[str, Any], keep: dict[int, object]
+) -> dict[int, dict[str, Hashable]]:
+    """Fields mode: the attribute fingerprints of each object argument, by ``id``."""
+    out: dict[int, dict[str, Hashable]] = {}
+    for value in (*args, *kwargs.values()):
+        if id(value) not in out:
+            prints = _argprint.fieldprint(value, keep)
+            if prints is not None:
+                out[id(value)] = prints
+    return out
+
+
+#: an attribute the function read that the object did not have at the call
+_ABSENT: Final = ("absent",)
+
+
+def _field_codes(
+    fn: FnState, call: Call, held: list[tuple[int, str, int]]
+) -> tuple[Hashable, ...]:
+    """``call.codes`` with each object argument whose reads are known replaced by the
+    fingerprints of the attributes read (kept by identity otherwise). Identity codes
+    are tagged apart, so a code never equals a fingerprint by accident."""
+    row: list[Hashable] = [("I", c) for c in call.codes]
+    fields = call.fields or {}
+    for pos, name, oid in held:
+        names = fn.reads.get(name)
+        prints = fields.get(oid)
+        if names and prints is not None:
+            row[pos] = ("F", tuple((a, prints.get(a, _ABSENT)) for a in sorted(names)))
+    return tuple(row)

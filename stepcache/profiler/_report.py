@@ -61,11 +61,27 @@ class FunctionReport:
     across_steps: int = 0
     #: what limits this row's analysis (calls left out of it, why no suggestion)
     notes: tuple[str, ...] = ()
+    #: calls whose inputs and result equal an earlier call's of the same step: the
+    #: same computation again. Object arguments compare by identity, or with
+    #: ``fields=True`` by the attributes the function read from them (so copies of
+    #: the step's metadata, such as vLLM's one per KV-cache group, are equal)
+    equal_inputs: int = 0
+    #: their time (``equal_inputs`` times the median call time)
+    equal_inputs_ns: int = 0
+    #: of ``equal_inputs``, the calls that got other objects than the earlier call
+    #: (equal copies; 0 without ``fields``)
+    equal_copies: int = 0
 
     @property
     def calls_per_step(self) -> float:
         """Mean calls per step in which it was called."""
         return self.calls / self.steps if self.steps else 0.0
+
+    @property
+    def needed(self) -> int:
+        """The calls that computed something their step had not computed yet (from
+        inputs it had not seen): all calls less ``equal_inputs``."""
+        return self.calls - self.equal_inputs
 
     @property
     def uncovered_ns(self) -> int:
@@ -77,6 +93,7 @@ class FunctionReport:
         """Plain data, for JSON."""
         out = attrs.asdict(self, recurse=True)
         out["calls_per_step"] = round(self.calls_per_step, 3)
+        out["needed"] = self.needed
         out["uncovered_ns"] = self.uncovered_ns
         return out
 
@@ -106,6 +123,8 @@ class ProfileReport:
 
     def __init__(self, recorder: Recorder, states: list[FnState]) -> None:
         self._recorder = recorder
+        #: whether object arguments were also compared by their attributes
+        self.fields = recorder.fields
         self._states = states
         self._functions: tuple[FunctionReport, ...] | None = None
         #: wall time of the profiled block
@@ -207,6 +226,9 @@ class ProfileReport:
                     dropped=fn.dropped,
                     across_steps=fn.across_steps,
                     notes=tuple(notes),
+                    equal_inputs=fn.equal_inputs,
+                    equal_inputs_ns=fn.equal_inputs * fn.median_ns,
+                    equal_copies=fn.equal_copies,
                 )
             )
         rows.sort(key=lambda r: (-r.uncovered_ns, -r.redundant_ns, -r.total_ns, r.name))
@@ -285,6 +307,7 @@ class ProfileReport:
             "setup_ns": self.setup_ns,
             "analysis_ns": self.analysis_ns,
             "not_restored": list(self.not_restored),
+            "fields": self.fields,
             "functions": [r.to_dict() for r in self.functions],
         }
 
@@ -302,7 +325,7 @@ class ProfileReport:
             lines.append("no wrapped function was called")
             return "\n".join(lines)
         shown = rows if top is None else rows[:top]
-        header = (
+        header: tuple[str, ...] = (
             "#",
             "function",
             "calls/step",
@@ -313,26 +336,36 @@ class ProfileReport:
             "of its calls",
             "inside",
         )
+        if self.fields:  # before "inside": repeats of equal inputs, copies included
+            header = (
+                *header[:8],
+                "equal inputs",
+                "of them copies",
+                "needed",
+                header[8],
+            )
         body = []
         for i, r in enumerate(shown, 1):
             share = f"{100 * r.redundant / r.calls:.0f}%" if r.calls else "-"
-            body.append(
-                (
-                    str(i),
-                    r.name + (" *" if r.notes else ""),
-                    f"{r.calls_per_step:.1f}" if r.steps else "-",
-                    str(r.calls),
-                    str(r.identical),
-                    str(r.redundant),
-                    format_ns(r.redundant_ns) if r.redundant else "-",
-                    share if r.redundant else "-",
-                    _short(r.inside) if r.inside and r.uncovered_ns == 0 else "",
-                )
+            row: tuple[str, ...] = (
+                str(i),
+                r.name + (" *" if r.notes else ""),
+                f"{r.calls_per_step:.1f}" if r.steps else "-",
+                str(r.calls),
+                str(r.identical),
+                str(r.redundant),
+                format_ns(r.redundant_ns) if r.redundant else "-",
+                share if r.redundant else "-",
+                _short(r.inside) if r.inside and r.uncovered_ns == 0 else "",
             )
+            if self.fields:
+                equal = (str(r.equal_inputs), str(r.equal_copies), str(r.needed))
+                row = (*row[:8], *equal, row[8])
+            body.append(row)
         widths = [
             max([len(h), *(len(b[i]) for b in body)]) for i, h in enumerate(header)
         ]
-        left = {1, 8}
+        left = {1, len(header) - 1}
         fmt = [
             "  ".join(
                 c.ljust(w) if i in left else c.rjust(w)
