@@ -34,6 +34,7 @@ import torch
 from benchmarks import (
     _engine_page,
     _plots,
+    _profile_page,
     _readme,
     bench_dsv4,
     bench_floor,
@@ -106,6 +107,7 @@ def page(
     instructions_section: str = "",
     engine_section: str = "",
     imports: bench_import.ImportResults | None = None,
+    profile_section: str = "",
 ) -> str:
     worst: GoalResult = max(dsv4.goals, key=lambda g: g.ratio)
     worst_point = dsv4.points[dsv4.goals.index(worst)]
@@ -316,6 +318,10 @@ def page(
         "",
         _import_section(imports),
         "",
+        "## 7. What repeats per step in a real vLLM engine (the profiler)",
+        "",
+        profile_section or _profile_page.section(None),
+        "",
         "## Reproduce",
         "",
         "From the repository root, in the environment `bash scripts/setup_env.sh --full`",
@@ -337,6 +343,7 @@ def page(
         "docs/benchmarks/instructions.md",
         "    python scripts/gpu_bench.py             # on a machine with one GPU",
         "    python -m benchmarks.bench_engine       # the plugin; needs .venv-engine",
+        "    python -m benchmarks.profile_engine     # the profiler on vLLM; .venv-engine",
         "    python -m benchmarks._readme            # figures from the results files",
         "",
     ]
@@ -481,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         instructions_section=_instructions(figures / "instructions.md"),
         engine_section=_engine_page.section(engine),
         imports=imports,
+        profile_section=_profile_page.section(_profile_page.load(out)),
     )
     (out / "benchmarks.md").write_text(text)
     pages = _pages(out)

