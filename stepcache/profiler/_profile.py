@@ -72,9 +72,9 @@ def profile(
         fields: Also compare each object argument by the attributes the function
             read from it (fingerprinted at the call), so calls that got two copies
             of one step's metadata, or two objects made from the same tensors,
-            count as equal inputs (each row's `equal_inputs`, `equal_copies` and
-            `needed`). Costs a fingerprint of every attribute of each object
-            argument per call.
+            count as equal inputs (each row's `equal_inputs`, `equal_copies`,
+            `other_result` and `needed`). Costs a fingerprint of every attribute of
+            each object argument per call.
 
     Returns:
         A context manager; `with` gives the report (a

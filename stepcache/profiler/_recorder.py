@@ -147,11 +147,14 @@ class FnState:
         self.returned_none = 0
         #: calls whose inputs equal an earlier call's of the same step (object
         #: arguments by identity, or in fields mode by the attributes the function
-        #: read) and whose result is equal too: the same computation again
+        #: read): the same computation again, unless its result differs
         self.equal_inputs = 0
         #: of those, calls whose arguments were other objects than the earlier
         #: call's (copies of the step's metadata, in fields mode)
         self.equal_copies = 0
+        #: of those, calls whose result differed from the earlier call's (it reads
+        #: something its arguments do not show, or its result's bytes differ)
+        self.other_result = 0
         self.steps: set[int] = set()
         self.max_per_step = 0
         self.read_budget = READ_CALLS
@@ -517,10 +520,10 @@ class Recorder:
         self._count_equal_inputs(fn, calls)
 
     def _count_equal_inputs(self, fn: FnState, calls: list[Call]) -> None:
-        """Count the step's calls that computed again what an earlier call computed:
-        equal inputs (``fcodes`` in fields mode), and an equal result, which guards
-        against inputs the comparison does not see (an attribute read by a call
-        whose reads were not recorded, a nested object)."""
+        """Count the step's calls whose inputs equal an earlier call's (``fcodes``
+        in fields mode), and of them those whose result differed: the comparison
+        missed an input (an attribute read by a call whose reads were not
+        recorded, a nested object, a global) or the result's bytes vary."""
         first: dict[tuple[Hashable, ...], Call] = {}
         for call in calls:
             if call.error or not (call.codes or call.fcodes):
@@ -529,16 +532,10 @@ class Recorder:
             earlier = first.setdefault(key, call)
             if earlier is call:
                 continue
-            same_objects = earlier.codes == call.codes
-            if not self.results:
-                agree = True  # nothing to check the inputs with
-            elif earlier.result is None or call.result is None:
-                agree = same_objects  # no digest: identical arguments only
-            else:
-                agree = earlier.result == call.result
-            if agree:
-                fn.equal_inputs += 1
-                fn.equal_copies += not same_objects
+            fn.equal_inputs += 1
+            fn.equal_copies += earlier.codes != call.codes
+            results = (earlier.result, call.result)
+            fn.other_result += None not in results and results[0] != results[1]
 
     def _bind(
         self, fn: FnState, call: Call, keep: dict[int, object]

@@ -61,8 +61,8 @@ class FunctionReport:
     across_steps: int = 0
     #: what limits this row's analysis (calls left out of it, why no suggestion)
     notes: tuple[str, ...] = ()
-    #: calls whose inputs and result equal an earlier call's of the same step: the
-    #: same computation again. Object arguments compare by identity, or with
+    #: calls whose inputs equal an earlier call's of the same step: the same
+    #: computation again. Object arguments compare by identity, or with
     #: ``fields=True`` by the attributes the function read from them (so copies of
     #: the step's metadata, such as vLLM's one per KV-cache group, are equal)
     equal_inputs: int = 0
@@ -71,6 +71,9 @@ class FunctionReport:
     #: of ``equal_inputs``, the calls that got other objects than the earlier call
     #: (equal copies; 0 without ``fields``)
     equal_copies: int = 0
+    #: of ``equal_inputs``, the calls whose result differed from the earlier
+    #: call's: an input the comparison missed, or bytes that vary (check them)
+    other_result: int = 0
 
     @property
     def calls_per_step(self) -> float:
@@ -79,8 +82,8 @@ class FunctionReport:
 
     @property
     def needed(self) -> int:
-        """The calls that computed something their step had not computed yet (from
-        inputs it had not seen): all calls less ``equal_inputs``."""
+        """The calls with inputs their step had not seen (distinct inputs): all
+        calls less ``equal_inputs``."""
         return self.calls - self.equal_inputs
 
     @property
@@ -229,6 +232,7 @@ class ProfileReport:
                     equal_inputs=fn.equal_inputs,
                     equal_inputs_ns=fn.equal_inputs * fn.median_ns,
                     equal_copies=fn.equal_copies,
+                    other_result=fn.other_result,
                 )
             )
         rows.sort(key=lambda r: (-r.uncovered_ns, -r.redundant_ns, -r.total_ns, r.name))
@@ -337,13 +341,8 @@ class ProfileReport:
             "inside",
         )
         if self.fields:  # before "inside": repeats of equal inputs, copies included
-            header = (
-                *header[:8],
-                "equal inputs",
-                "of them copies",
-                "needed",
-                header[8],
-            )
+            extra = ("equal inputs", "copies", "other result", "needed")
+            header = (*header[:8], *extra, header[8])
         body = []
         for i, r in enumerate(shown, 1):
             share = f"{100 * r.redundant / r.calls:.0f}%" if r.calls else "-"
@@ -359,8 +358,8 @@ class ProfileReport:
                 _short(r.inside) if r.inside and r.uncovered_ns == 0 else "",
             )
             if self.fields:
-                equal = (str(r.equal_inputs), str(r.equal_copies), str(r.needed))
-                row = (*row[:8], *equal, row[8])
+                counts = (r.equal_inputs, r.equal_copies, r.other_result, r.needed)
+                row = (*row[:8], *map(str, counts), row[8])
             body.append(row)
         widths = [
             max([len(h), *(len(b[i]) for b in body)]) for i, h in enumerate(header)
