@@ -50,9 +50,9 @@ def _us(ns: float) -> str:
 
 
 def _repeated(fn: dict[str, Any]) -> bool:
-    """Called again in a step with equal inputs, or with arguments a cache would
-    serve, or with identical arguments and another result."""
-    return bool(fn["equal_inputs"] or fn["redundant"] or fn["impure"])
+    """Called again in a step with equal inputs, or with arguments the profiler's
+    suggested cache would serve."""
+    return bool(fn["equal_inputs"] or fn["redundant"])
 
 
 def run_summary(run: dict[str, Any]) -> str:
@@ -146,21 +146,21 @@ def section(data: dict[str, Any] | None) -> str:
     lines += [
         "",
         "The functions called more than once per step with equal inputs, per step "
-        "(over the steps in which the function ran). *Needed*: the calls that "
-        "computed from inputs their step had not seen (the others had equal inputs "
-        "and returned an equal result); *repeats on one object*: calls with the same "
-        "objects and arguments as an earlier call of the step; *repeats across "
-        "objects*: calls on another metadata object of the same step whose "
-        "attributes the function read hold the same tensors and values (the copy "
-        "V1 makes per KV-cache group, the object V2 builds per group); *a suggested "
-        "cache serves*: the calls the profiler's suggested `@stepcache.step_cached` "
-        "(its owner and key, bound to one object) would have served, counting "
-        "arguments that did not change the result as equal; *identical arguments, "
-        "other result*: calls the profiler could not count, as their result differed "
-        "(the function reads something else, or its result holds bytes that differ "
-        "each call); *time*: the repeats with equal inputs times the function's "
-        "median call time, on a shared 2-core machine, with Triton's interpreter on "
-        "V2 (a range, not a GPU's figure).",
+        "(over the steps in which the function ran). *Needed*: the calls with "
+        "inputs their step had not seen (the computations needed); *repeats on one "
+        "object*: calls with the same objects and arguments as an earlier call of "
+        "the step; *repeats across objects*: calls on another metadata object of "
+        "the same step whose attributes the function read hold the same tensors and "
+        "values (the copy V1 makes per KV-cache group, the object V2 builds per "
+        "group); *of the repeats, other result*: repeats whose result differed in "
+        "its bytes from the earlier call's (an input the comparison missed, or a "
+        "result holding addresses or uninitialised bytes: to check before caching); "
+        "*a suggested cache serves*: the calls the profiler's suggested "
+        "`@stepcache.step_cached` (its owner and key, bound to one object) would "
+        "have served, where equal results showed that an argument did not matter; "
+        "*time*: the repeats times the function's median call time, on a shared "
+        "2-core machine, with Triton's interpreter on V2 (a range, not a GPU's "
+        "figure).",
         "",
     ]
     rows = []
@@ -181,8 +181,8 @@ def section(data: dict[str, Any] | None) -> str:
                     _per_step(fn["needed"], steps),
                     _per_step(fn["equal_inputs"] - copies, steps),
                     _per_step(copies, steps),
+                    _per_step(fn["other_result"], steps),
                     _per_step(fn["redundant"], steps),
-                    _per_step(fn["impure"], steps),
                     _us(fn["equal_inputs_ns"] / steps) if steps else "-",
                 ]
             )
@@ -193,11 +193,11 @@ def section(data: dict[str, Any] | None) -> str:
                 "runner",
                 "function",
                 "calls per step",
-                "needed",
+                "needed (distinct inputs)",
                 "repeats on one object",
                 "repeats across objects",
+                "of the repeats, other result",
                 "a suggested cache serves",
-                "identical arguments, other result",
                 "repeat time per step (us)",
             ],
             rows,

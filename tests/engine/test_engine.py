@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 import pytest
-from engine_runs import DSV4_PAIRS, PAIRS, Runs, has_amx, uses_spec
+from engine_runs import DSV4_PAIRS, PAIRS, PROFILED, Runs, has_amx, uses_spec
 
 pytestmark = pytest.mark.engine
 
@@ -128,6 +128,28 @@ def test_the_demos_engine_part(engine: Runs) -> None:
         res["worker"]["counters"]["vllm.CommonAttentionMetadata.__copy__"]["copies"]
         == res["worker"]["steps"]
     )
+
+
+def test_the_profiler_counts_what_the_groups_repeat(engine: Runs) -> None:
+    """``engine_run.py --profile`` (the run of ``python -m benchmarks.profile_engine``)
+    on Qwen3-Next, V1: its three GDN layers are three KV-cache groups, and each
+    group's builder splits the batch of its own copy of the step's metadata."""
+    model, runner = PROFILED
+    run = engine.get(model, runner, "profile")
+    assert run["tokens"] == engine.get(model, runner, "0")["tokens"]
+    profile = run["profile"]
+    assert profile["fields"] is True and profile["runner"] == runner
+    assert profile["kv_cache_groups"] == 4  # 3 GDN layers, 1 attention layer
+    steps = profile["steps"]
+    assert steps == 24  # one generate(): 24 tokens, no speculation
+    rows = {r["name"].rpartition(":")[2]: r for r in profile["functions"]}
+    assert rows["GPUModelRunner._build_attention_metadata"]["calls"] == steps
+    split = rows["split_decodes_and_prefills"]
+    assert split["calls"] == 3 * steps and split["steps"] == steps
+    # one split per step is needed; the other two are on the other groups' copies
+    assert (split["needed"], split["equal_copies"]) == (steps, 2 * steps)
+    assert split["other_result"] == 0 and split["errors"] == 0
+    assert profile["not_restored"] == []
 
 
 #: a hardware condition, not an install: ``tests/require_vllm.py`` lets it skip
