@@ -22,6 +22,7 @@ original's; :data:`counters` counts events of patches whose cache is the engine'
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.abc
 import importlib.machinery
 import inspect
@@ -47,10 +48,14 @@ __all__ = [
     "settings",
     "verify_against_stock",
     "expect_dataclass_fields",
+    "argument",
     "expect_function",
+    "expect_parameters",
     "marked",
     "pending",
     "replace_attribute",
+    "replace_everywhere",
+    "scoped",
     "when_imported",
 ]
 
@@ -114,6 +119,23 @@ def expect_function(
     return fn
 
 
+def expect_parameters(
+    owner: object, attr: str, names: Sequence[str]
+) -> Callable[..., Any]:
+    """``owner.attr``, which must be a plain function (not one of ours) that has the
+    parameters ``names`` (others may come and go between releases). Raises
+    :class:`SkipPatch` naming what is missing."""
+    fn = getattr(owner, attr, None)
+    where = f"{getattr(owner, '__name__', owner)}.{attr}"
+    if fn is None or getattr(fn, MARK, None) is not None or not inspect.isfunction(fn):
+        what = "absent" if fn is None else f"not vLLM's function ({fn!r})"
+        raise SkipPatch(f"{where} is {what}")
+    have = inspect.signature(fn).parameters
+    if missing := [n for n in names if n not in have]:
+        raise SkipPatch(f"{where} has no parameter {', '.join(missing)}")
+    return fn
+
+
 def _show(params: Sequence[tuple[str, object]]) -> str:
     parts = [n if d is REQUIRED else f"{n}={d!r}" for n, d in params]
     return "(" + ", ".join(parts) + ")"
@@ -147,6 +169,59 @@ def replace_attribute(target: Any, name: str, value: object) -> Undo:
             delattr(target, name)
 
     return undo
+
+
+def replace_everywhere(module: ModuleType, name: str, value: object) -> Undo:
+    """Set ``module.name = value`` and rebind it in every imported module that bound
+    the original by ``from module import name``; the returned function puts every
+    binding back. (A module imported later binds the new value: the patch runs as
+    ``module`` is imported, before any importer can bind its attribute.)"""
+    original = getattr(module, name)
+    bound = [
+        m
+        for m in list(sys.modules.values())
+        if isinstance(m, ModuleType) and m.__dict__.get(name) is original
+    ]
+    undos = [replace_attribute(m, name, value) for m in bound]
+
+    def undo() -> None:
+        for each in reversed(undos):
+            each()
+
+    return undo
+
+
+def scoped(
+    original: Callable[..., Any], name: str, skip: Callable[..., bool] | None = None
+) -> Callable[..., Any]:
+    """``original`` run inside a :func:`stepcache.scope` (the lifetime it names: one
+    metadata build, one draft step), unless ``skip(args, kwargs)``; each scope
+    opened is counted as ``scopes``, each call left out as ``unscoped``."""
+
+    @functools.wraps(original)
+    def in_scope(*args: Any, **kwargs: Any) -> Any:
+        if skip is not None and skip(args, kwargs):
+            counters.count(name, "unscoped")
+            return original(*args, **kwargs)
+        counters.count(name, "scopes")
+        with stepcache.scope():
+            return original(*args, **kwargs)
+
+    return marked(in_scope, name)
+
+
+def argument(fn: Callable[..., Any], param: str) -> Callable[..., Any]:
+    """A reader of parameter ``param`` of ``fn`` from a call's ``(args, kwargs)``
+    (its default where the call does not pass it)."""
+    parameter = inspect.signature(fn).parameters[param]
+    index = list(inspect.signature(fn).parameters).index(param)
+
+    def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if param in kwargs:
+            return kwargs[param]
+        return args[index] if index < len(args) else parameter.default
+
+    return read
 
 
 # -- verify mode -----------------------------------------------------------------------

@@ -76,7 +76,13 @@ def import_patched_modules() -> None:
     import vllm.models.deepseek_v4.nvidia.flashinfer_sparse
     import vllm.models.deepseek_v41.nvidia.flashinfer_sparse
     import vllm.v1.attention.backend
-    import vllm.v1.attention.backends.mla.sparse_swa  # noqa: F401
+    import vllm.v1.attention.backends.mla.sparse_swa
+    import vllm.v1.spec_decode.gemma4
+    import vllm.v1.spec_decode.llm_base_proposer
+    import vllm.v1.spec_decode.step3p5
+    import vllm.v1.worker.gpu.attn_utils
+    import vllm.v1.worker.gpu.spec_decode.speculator
+    import vllm.v1.worker.gpu_model_runner  # noqa: F401
 
 
 def registered(

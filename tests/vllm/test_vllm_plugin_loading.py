@@ -86,16 +86,32 @@ def _vllm_targets() -> dict[str, object]:
     import vllm.models.deepseek_v4.compressor as compressor
     import vllm.models.deepseek_v4.nvidia.flashinfer_sparse as v4
     import vllm.models.deepseek_v41.nvidia.flashinfer_sparse as v41
+    import vllm.v1.spec_decode.gemma4 as gemma4
+    import vllm.v1.spec_decode.llm_base_proposer as proposer
+    import vllm.v1.spec_decode.step3p5 as step3p5
+    import vllm.v1.worker.gpu.attn_utils as attn_utils
+    import vllm.v1.worker.gpu.model_states.default as default_state
+    import vllm.v1.worker.gpu.spec_decode.speculator as speculator
+    import vllm.v1.worker.gpu_model_runner as runner
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
+    draft = "build_per_group_and_layer_attn_metadata"
     return {
         "token_to_req_indices": CommonAttentionMetadata.token_to_req_indices,
-        "__copy__": vars(CommonAttentionMetadata).get("__copy__"),
         "v4": vars(v4.DeepseekV4FlashInferMLAAttention)["_build_sparse_index_metadata"],
         "v41": vars(v41.DeepseekV4FlashInferMLAAttention)[
             "_build_sparse_index_metadata"
         ],
         "c128": compressor._get_c128_boundary,
+        "v2 build": attn_utils.build_attn_metadata,
+        "v2 build, bound by name": default_state.build_attn_metadata,
+        "v2 draft": vars(speculator.DraftModelSpeculator)[
+            "_update_draft_decode_metadata"
+        ],
+        "v1 build": vars(runner.GPUModelRunner)["_build_attention_metadata"],
+        "v1 draft": vars(proposer.SpecDecodeBaseProposer)[draft],
+        "v1 draft, step3p5": vars(step3p5.Step3p5MTPProposer)[draft],
+        "v1 draft, gemma4": vars(gemma4.Gemma4Proposer)[draft],
     }
 
 

@@ -240,62 +240,34 @@ def test_the_three_dsv4_builders_share_one_computation(
     assert int(compressor_buffer.abs().sum()) == int(swa_buffer.abs().sum()) == 0
 
 
-def test_a_group_seeded_by_the_v2_runner_reuses_the_index(
-    plugin: ModuleType,
-    make_metadata: Callable[..., Metadata],
-    count_index_computations: list[int],
-) -> None:
-    """vLLM's V2 runner builds each KV-cache group's metadata with the previous
-    group's ``_token_to_req_indices_cache``; dataclasses.replace carries it too."""
-    from vllm.v1.attention.backend import CommonAttentionMetadata
-
-    group0 = make_metadata([2, 3])
-    buffer0 = torch.zeros(16, dtype=torch.int32)
-    rows0 = group0.token_to_req_indices(buffer0)
-    fields = {
-        f.name: getattr(group0, f.name) for f in dataclasses.fields(group0) if f.init
-    }
-    fields["block_table_tensor"] = group0.block_table_tensor + 100
-    group1 = CommonAttentionMetadata(**fields)
-    assert group1._token_to_req_indices_cache is group0._token_to_req_indices_cache
-    rows1 = group1.token_to_req_indices(torch.zeros(16, dtype=torch.int32))
-    assert count_index_computations == [1]
-    assert rows1.data_ptr() == buffer0.data_ptr()
-    assert rows1.tolist() == rows0.tolist() == [0, 0, 1, 1, 1]
-    # a seed whose layout is not the object's is not reused
-    fields["query_start_loc"] = torch.tensor([0, 4, 5], dtype=torch.int32)
-    fields["query_start_loc_cpu"] = fields["query_start_loc"].clone()
-    moved = CommonAttentionMetadata(**fields)
-    assert moved.token_to_req_indices(torch.zeros(16, dtype=torch.int32)).tolist() == [
-        0,
-        0,
-        0,
-        0,
-        1,
-    ]
-    assert count_index_computations == [1, 1]
-
-
-def test_v1_group_copies_share_one_computation(
+def test_v1_group_copies_in_a_build_share_one_computation(
     plugin: ModuleType,
     make_metadata: Callable[..., Metadata],
     count_index_computations: list[int],
 ) -> None:
     """vLLM's V1 runner makes ``copy(cm_base)`` per KV-cache group and changes only
-    the block table and slot mapping."""
+    the block table and slot mapping, inside the build's scope (the plugin opens it:
+    tests/vllm/test_vllm_scopes.py); outside one, each copy computes its own."""
     cm_base = make_metadata([1, 1, 4], pad_to=8)
-    groups = []
-    for gid in range(3):
-        cm = copy.copy(cm_base)
-        cm.block_table_tensor = cm_base.block_table_tensor + gid
-        cm.slot_mapping = cm_base.slot_mapping + gid
-        groups.append(cm)
-    rows = [g.token_to_req_indices(torch.zeros(16, dtype=torch.int32)) for g in groups]
+
+    def build() -> list[torch.Tensor]:
+        groups = []
+        for gid in range(3):
+            cm = copy.copy(cm_base)
+            cm.block_table_tensor = cm_base.block_table_tensor + gid
+            cm.slot_mapping = cm_base.slot_mapping + gid
+            groups.append(cm)
+        return [
+            g.token_to_req_indices(torch.zeros(16, dtype=torch.int32)) for g in groups
+        ]
+
+    with stepcache.scope():
+        rows = build()
     assert count_index_computations == [1]
     assert all(r is rows[0] for r in rows)
     assert rows[0].tolist() == [0, 1, 2, 2, 2, 2, 0, 0]
-    counts = stepcache.cache_of(cm_base).stats()
-    assert counts[_vllm_metadata.INDEX_NAME]["misses"] == 1
+    build()
+    assert count_index_computations == [1, 1, 1, 1]
 
 
 def test_vllms_kernel_computes_where_the_buffer_is_not_on_the_cpu(
@@ -416,37 +388,6 @@ def test_verify_mode_checks_the_index_against_vllms_kernel(
         "gave another value than stock vLLM: tensor 'result' value mismatch at flat "
         "index 1. expected 1, actual 0."
     )
-
-
-def test_the_origin_of_an_index_lives_on_the_index_no_lock_no_callback(
-    plugin_on: ModuleType, make_metadata: Callable[..., Metadata]
-) -> None:
-    """Lock safety: a collection while the plugin records where an index comes from
-    (the moment the old ``_origins`` table held a lock that its weakref callbacks
-    also took) finishes; nothing global is left to lock."""
-    import gc
-    import threading
-
-    assert not hasattr(_vllm_metadata, "_origins")
-    assert not hasattr(_vllm_metadata, "_origins_lock")
-    real_origin = _vllm_metadata._Origin
-
-    def collecting(*args: Any) -> Any:
-        gc.collect()  # runs the weakref callbacks of every index that died
-        return real_origin(*args)
-
-    def run() -> None:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(_vllm_metadata, "_Origin", collecting)
-            for i in range(50):
-                cam = make_metadata([1 + i % 3, 2])
-                cam.token_to_req_indices(torch.zeros(16, dtype=torch.int32))
-                del cam  # the index dies with its metadata
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(timeout=60)
-    assert not worker.is_alive(), "a collection while remembering an origin hung"
 
 
 def test_every_patch_runs_on_inference_tensors_as_a_step_makes_them(

@@ -3,8 +3,9 @@
 own (tests/kernels/attention/test_flashmla_sparse.py): vLLM's real
 ``_build_sparse_index_metadata`` on real DSv4 metadata, with a counting fake index
 builder (put on the module before or after the plugin loads) in place of the
-FlashInfer one, which needs a GPU. vLLM's dict stays the cache: its ``clear()`` in
-draft steps rebuilds, and nothing is shared across steps or objects."""
+FlashInfer one, which needs a GPU. The pairs are a stepcache cache on the SWA
+metadata, keyed as vLLM keys its dict: vLLM's ``clear()`` in draft steps rebuilds,
+and nothing is shared across steps or objects."""
 
 from __future__ import annotations
 
@@ -202,7 +203,11 @@ def test_vllms_own_draft_update_clears_the_dict_the_plugin_keeps(
     cache = swa_metadata.flashinfer_sparse_index_cache
     assert len(cache) == 1
     cache.clear()  # what that method does on the same object
-    assert swa_metadata.flashinfer_sparse_index_cache is cache and len(cache) == 0
+    assert len(cache) == 0
+    fresh = swa_metadata.flashinfer_sparse_index_cache  # a new dict: new pairs
+    assert fresh is not cache and len(fresh) == 0
+    build(attn, swa_metadata, "swa_only")
+    assert fake_build.calls == 2
 
 
 def test_nothing_is_kept_in_a_global(fake_build: FakeBuild) -> None:
@@ -279,19 +284,18 @@ def test_stock_vllm_hands_a_replaced_swa_metadata_the_earlier_pair(
     assert fake.calls == 1
 
 
-def test_a_plain_dict_vllm_puts_on_the_field_is_used_as_is(
+def test_a_plain_dict_vllm_puts_on_the_field_becomes_the_objects_own(
     fake_build: FakeBuild,
 ) -> None:
     attn = make_attn(1, 0)
     swa_metadata = make_swa_metadata()
-    pair = (
-        torch.tensor([[42]], dtype=torch.int32),
-        torch.tensor([42], dtype=torch.int32),
-    )
-    swa_metadata.flashinfer_sparse_index_cache = {"swa_only": pair}
-    _, _, indices, lens = build(attn, swa_metadata, "swa_only")
-    assert indices is pair[0] and lens is pair[1]
-    assert fake_build.calls == 0
+    swa_metadata.flashinfer_sparse_index_cache = {}
+    _, _, indices, _ = build(attn, swa_metadata, "swa_only")
+    assert build(attn, swa_metadata, "swa_only")[2] is indices
+    assert fake_build.calls == 1
+    assert dict(swa_metadata.flashinfer_sparse_index_cache) == {
+        "swa_only": (indices, swa_metadata.flashinfer_sparse_index_cache["swa_only"][1])
+    }
 
 
 # -- DeepSeek V4.1's copy of the cache -------------------------------------------------
@@ -310,9 +314,10 @@ def test_v41_swa_only_layers_build_once_per_step_and_honour_clear(
 ) -> None:
     from vllm.models.deepseek_v41.nvidia import flashinfer_sparse
 
-    from stepcache.integrations import vllm as plugin
+    import stepcache
 
     register_plugin()
+    stepcache.reset_stats()
     fake = FakeBuild()
     monkeypatch.setattr(
         flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", fake
@@ -339,8 +344,8 @@ def test_v41_swa_only_layers_build_once_per_step_and_honour_clear(
     other = dataclasses.replace(swa_metadata)
     call(attn, other)
     assert fake.calls == 3
-    counts = plugin.counters()["vllm.dsv41.flashinfer_sparse_index"]
-    assert counts == {"misses": 3, "hits": 1}
+    row = stepcache.stats()["vllm.dsv41.flashinfer_sparse_index"]
+    assert (row.misses, row.hits) == (3, 1)
 
 
 # -- parity mode -----------------------------------------------------------------------
@@ -374,6 +379,7 @@ def test_verify_mode_passes_when_the_cache_is_right(
 ) -> None:
     from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
 
+    import stepcache
     from stepcache.integrations import vllm as plugin
 
     register_plugin("verify")
@@ -387,9 +393,11 @@ def test_verify_mode_passes_when_the_cache_is_right(
         flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", pure_build
     )
     plugin.reset_counters()
+    stepcache.reset_stats()
     attn = make_attn(128, 2)
     swa_metadata = make_swa_metadata()
     for _ in range(3):
         build(attn, swa_metadata, "c128a")
-    counts = plugin.counters()["vllm.dsv4.flashinfer_sparse_index"]
-    assert counts == {"misses": 1, "hits": 2, "verified": 3}
+    assert plugin.counters()["vllm.dsv4.flashinfer_sparse_index"] == {"verified": 3}
+    row = stepcache.stats()["vllm.dsv4.flashinfer_sparse_index"]
+    assert (row.misses, row.hits) == (1, 2)

