@@ -222,10 +222,7 @@ def detect(
 class _Info:
     """What debug mode records of an entry when it is stored (``Entry.info``)."""
 
-    deps: tuple[Any, ...]  # each dependency's `_record`
-    #: (object, address, view, contents) of each tensor or array dependency, the
-    #: common case of `deps` that a hit tests inline
-    probes: list[tuple[Any, Any, Any, Any]]
+    deps: list[tuple[Any, ...]]  # its tensor and array dependencies: `_record`
     versions: list[
         tuple[torch.Tensor, Any, Any]
     ]  # each tensor of the value: `_versioned`
@@ -257,43 +254,44 @@ def _view(x: Any) -> Any:
 
 
 def _deep(x: Any, view: Any) -> tuple[Any, ...]:
-    """What a write behind the version counter changes in dependency ``x``: shape,
-    dtype, address and contents (read through ``view``), or a container's snapshot."""
-    contents = None if view is None else view.tobytes()
-    if isinstance(x, torch.Tensor):
-        if not fp.strided(x):  # no data pointer, no contents to read: its tag
-            return (fp.tag(x),)
-        return x.shape, x.dtype, x.data_ptr(), contents
-    if isinstance(x, np.ndarray):
-        return x.shape, x.dtype, None, contents
-    return (fp.snapshot(x),)
+    """What a write behind the version counter changes in tensor or array ``x``:
+    shape, dtype, address and contents (read through ``view``); a tensor with no
+    plain memory (sparse, nested): its tag; a list, dict or set: its snapshot."""
+    if not isinstance(x, (torch.Tensor, np.ndarray)):
+        return (fp.snapshot(x),)
+    if isinstance(x, torch.Tensor) and not fp.strided(x):
+        return (fp.tag(x),)
+    address = x.data_ptr() if isinstance(x, torch.Tensor) else None
+    return x.shape, x.dtype, address, None if view is None else view.tobytes()
 
 
-def _record(x: Any) -> tuple[Any, Any, Any] | None:
-    """What a dependency's deep check compares later: its `_view`, its address (a
-    strided tensor's; else ``None``) and its `_deep` state; ``None`` for an
-    immutable value, which nothing can change behind the cache."""
-    if x.__class__ in fp.IMMUTABLE:
-        return None
-    view = _view(x)
-    before = _deep(x, view)
-    return view, before[2] if len(before) == 4 else None, before
+def _record(names: Sequence[str], deps: Args) -> list[tuple[Any, ...]]:
+    """(name, object, view, address, `_deep` state) of each tensor, numpy array, list,
+    dict or set dependency, once per object: what a write behind the cache changes
+    (a scalar cannot change)."""
+    found: dict[int, tuple[Any, ...]] = {}
+    for name, x in zip(names, deps, strict=True):
+        mutable = (
+            isinstance(x, (torch.Tensor, np.ndarray)) or fp.snapshot(x) is not None
+        )
+        if mutable and x.__class__ is not tuple and id(x) not in found:
+            before = _deep(x, view := _view(x))
+            address = before[2] if len(before) == 4 else None
+            found[id(x)] = (name, x, view, address, before)
+    return list(found.values())
 
 
-def _check_deps(kind: str, fn: Any, key: Any, deps: Args, recorded: Any) -> None:
-    """Raise ``kind`` for the first dependency whose `_deep` state is not ``recorded``
-    (a tensor at its recorded address with its recorded contents is not read again)."""
-    for dep, x, item in zip(fn.dep_names, deps, recorded, strict=True):
-        if item is None:
-            continue
-        view, address, before = item
+def _check_deps(kind: str, fn: Any, key: Any, records: Any) -> None:
+    """Raise ``kind`` for the first recorded dependency no longer in its state (at
+    its address with its contents: not read further)."""
+    for name, x, view, address, before in records:
         same = address is not None and x.data_ptr() == address
         if same and (view is None or view.tobytes() == before[3]):
             continue
         if (after := _deep(x, view)) != before:
             diff, now = _deep_difference(before, after), describe(x)
             why = _UNSEEN[isinstance(x, torch.Tensor) and x.is_inference()]
-            raise detect(kind, fn, key, dep=dep, diff=diff, now=now, why=why)
+            raise detect(kind, fn, key, dep=name, diff=diff, now=now, why=why)
 
 
 def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
@@ -313,6 +311,11 @@ def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
     return f"contents mismatch at flat index {j}. expected {b[j].item()}, actual {a[j].item()}"
 
 
+def _shown(v: Any) -> Any:
+    """A snapshot (a pair) as the value it was taken of; a tag as it is."""
+    return fp.unsnapshot(v) if v.__class__ is tuple and len(v) == 2 else v
+
+
 def _tag(t: torch.Tensor) -> Any:
     """Debug mode's tag of a cached tensor: its tag, and for an inference tensor
     (written in place without a trace) its contents, where `_view` reads them."""
@@ -329,11 +332,6 @@ def _address(t: torch.Tensor) -> int | None:
 def _versioned(t: torch.Tensor) -> tuple[torch.Tensor, Any, int | None]:
     """A cached tensor, its `_tag` and its address, as a debug hit checks them."""
     return t, _tag(t), _address(t)
-
-
-def _shown(v: Any) -> Any:
-    """A snapshot (a pair) as the value it was taken of; a tag as it is."""
-    return fp.unsnapshot(v) if v.__class__ is tuple and len(v) == 2 else v
 
 
 def _check_tags(
@@ -420,9 +418,9 @@ def _canonical(key: Any) -> Any:
 class _Miss:
     """What `Checks.before_miss` records of a miss while the function runs."""
 
-    def __init__(self, owner: object, deps: Args, store: Any) -> None:
-        self.owner, self.deps, self.store = owner, deps, store
-        self.recorded = tuple(map(_record, deps))
+    def __init__(self, owner: object, names: Any, deps: Args, store: Any) -> None:
+        self.owner, self.store = owner, store
+        self.recorded = _record(names, deps)
         self.reads = Recording(owner)
 
     def stop(self) -> None:
@@ -475,16 +473,18 @@ class Checks:
         if scope is not None and scope.thread != threading.get_ident():
             raise detect("scope-thread", fn, key)
         info = entry.info  # None if stored in production
+        swapped = False  # a value's storage swapped behind its version (`.data =`)
         if info is not None:
-            for x, address, view, contents in info.probes:
+            for _, x, view, address, before in info.deps:  # `_check_deps`, inline
                 if (address is not None and x.data_ptr() != address) or (
-                    view is not None and view.tobytes() != contents
+                    view is not None and view.tobytes() != before[3]
                 ):
-                    deps = fn.deps_of(a, owner)
-                    _check_deps("dependency-changed", fn, key, deps, info.deps)
+                    _check_deps("dependency-changed", fn, key, info.deps)
             for t, tag, address in info.versions:
-                if tag.__class__ is not int or t._version != tag:
+                # guard_result: the hit tested a version counter already
+                if tag.__class__ is not int or (not fn.guard and t._version != tag):
                     _check_tags(fn, key, [(t, tag, address)])
+                swapped = swapped or (address is not None and t.data_ptr() != address)
             if info.watched:
                 read = lambda n: getattr(owner, n, _MISSING)  # noqa: E731
                 _recheck("undeclared-input", fn, a, key, entry, info.watched, read)
@@ -492,8 +492,8 @@ class Checks:
         # object, the value's storage was swapped behind its version: `.data =`)
         recheck = fn.expect is not None and (
             info is None
+            or swapped
             or (info.refs and any(map(operator.is_not, fn.refs_of(owner), info.refs)))
-            or any(address != _address(t) for t, _, address in info.versions)
         )
         if recheck and (wrong := fn.violation(entry.value, a)):
             raise detect("validation", fn, key, error=wrong)
@@ -527,7 +527,7 @@ class Checks:
         for cached in store.keys(fn.fid) if fn.keyed else ():
             if cached != key and _canonical(cached) == canonical:
                 raise detect("device-alias", fn, key, cached=cached)
-        return _Miss(a[fn.owner_index], deps, store)
+        return _Miss(a[fn.owner_index], fn.dep_names, deps, store)
 
     def after_miss(self, fn: Any, miss: _Miss, a: Args, key: Any, value: Any) -> _Info:
         """Check a computed value; what the entry's ``info`` keeps for later hits."""
@@ -540,24 +540,19 @@ class Checks:
                 names = data_read(owner, reads.stop(), {*fn.dep_names, "_stepcache"})
             if names:
                 raise detect("key-reads-undeclared", fn, key, names=names)
-        _check_deps("builder-mutates-dependency", fn, key, miss.deps, miss.recorded)
+        _check_deps("builder-mutates-dependency", fn, key, miss.recorded)
         read = data_read(owner, miss.reads.names, {*fn.dep_names, "_stepcache"})
         watched = {name: fp.fingerprint(getattr(owner, name)) for name in read}
         ignored = {n: fp.fingerprint(a[fn.index[n]]) for n in fn.ignored}
         versions = [_versioned(t) for t in fp.tensors(value)]
         refs = fn.refs_of(owner) if fn.expect is not None else ()
-        deps = miss.recorded
-        # tensors and arrays are the objects recorded (a hit matches them by identity);
-        # a list or dict is matched by its contents in every mode
-        probes, seen = [], set()
-        for x, item in zip(miss.deps, deps, strict=True):
-            if item is not None and id(x) not in seen and len(item[2]) == 4:
-                seen.add(id(x))
-                view, address, before = item
-                probes.append((x, address, view, before[3]))
-        quiet = not (probes or versions or watched or ignored or refs)
+        # a hit matches tensors and arrays by identity: they are checked on hits; a list
+        # or dict is matched by its contents in every mode
+        arrays = (torch.Tensor, np.ndarray)
+        deps = [record for record in miss.recorded if isinstance(record[1], arrays)]
+        quiet = not (deps or versions or watched or ignored or refs)
         quiet = quiet and miss.store.scope is None
-        return _Info(deps, probes, versions, watched, ignored, refs, quiet, value)
+        return _Info(deps, versions, watched, ignored, refs, quiet, value)
 
     def hand_out(self, fn: Any, key: Any, entry: Any, store: Any) -> Any:
         """What a call through ``store`` hands out: the value, its tensors as guarded

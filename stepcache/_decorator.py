@@ -308,10 +308,12 @@ class CachedFunction:
         if info is not None and info.quiet and mode == "checks":
             self.counts.hits += 1  # debug mode recorded nothing to check
             return entry.value  # type: ignore[union-attr]
-        try:
-            store = _store.cache_of(owner)
-        except StaleCacheError as exc:
-            raise exc if watch is None else watch.closed(self, key, exc) from None
+        store = _store.found(owner) if entry is not None else None
+        if store is None or not store.belongs_to(owner):  # (a hit: its store, at once)
+            try:
+                store = _store.cache_of(owner)
+            except StaleCacheError as exc:
+                raise exc if watch is None else watch.closed(self, key, exc) from None
         deps: Args = ()  # a hit found matched them: debug mode reads them if it doubts
         if entry is None:
             deps = self.deps_of(a, owner)

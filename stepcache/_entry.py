@@ -78,8 +78,6 @@ _VALUE_CLASSES: Final[frozenset[type]] = frozenset(
     {int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device}
 )
 _SCALARS = (*_VALUE_CLASSES, enum.Enum, np.generic, slice)
-#: classes whose objects nothing can change in place (debug mode skips their contents)
-IMMUTABLE: Final = _VALUE_CLASSES | {tuple, frozenset}
 _VALUE_TUPLES: Final = (tuple, frozenset)  # exact classes: a named tuple is an object
 # read on every miss: a module global is one lookup, ``torch.Tensor`` two
 _Tensor = torch.Tensor

@@ -64,6 +64,7 @@ class StepCache:
         "__weakref__",
         "_closed",
         "_counts",
+        "_first",
         "_kept",
         "_members",
         "scope",
@@ -75,6 +76,8 @@ class StepCache:
         self.table: dict[int, Any] = {}
         #: id -> weak reference of each owner; replaced, never changed (no lock to read)
         self._members = {} if owner is None else {id(owner): _weak(owner)}
+        #: the owner that made it (the usual one to ask), as a weak reference
+        self._first = None if owner is None else self._members[id(owner)]
         self._closed = False
         self._counts: dict[int, Counts] = {}  # function id -> its misses, invalidations
         self._kept: list[Any] | None = None  # made by keep_alive()
@@ -131,6 +134,8 @@ class StepCache:
 
     def belongs_to(self, owner: object) -> bool:
         """Whether ``owner`` made this store or was attached to it."""
+        if self._first is not None and self._first() is owner:
+            return True
         member = self._members.get(id(owner))
         return member is not None and member() is owner
 
@@ -319,17 +324,18 @@ def cache_of(owner: object) -> StepCache:
             "or the one named by owner=) must be the step's metadata object"
         )
     own: StepCache | None = found(owner, store)
+    mine = own is not None and own.belongs_to(owner)
     if own is not None and own.scope is not None:
-        if own.scope.open and own.belongs_to(owner):
+        if mine and own.scope.open:
             return own  # joined (an owner of an enclosing scope stays in it)
-        own = None  # a scope that is over, or a copy's: nothing of it to see or seed
-    if own is not None and own.belongs_to(owner) and own._closed:
+        own, mine = None, False  # a scope that is over, or a copy's: nothing to seed
+    if mine and own._closed:  # type: ignore[union-attr]
         raise closed_error(owner)
     if OPEN[0] and scopes.open:  # this thread has a scope open: join the innermost
         joined: StepCache = attach(owner, scopes.open[-1].store)
         return joined
-    if own is not None and own.belongs_to(owner):
-        return own
+    if mine:
+        return own  # type: ignore[return-value]
     fresh = StepCache(owner)
     _write(owner, fresh)
     if own is not None and not own._closed:
