@@ -121,6 +121,10 @@ RIX_INFERENCE = (
     "(re-checks 2 tensors' data pointer, shape, strides, dtype, device; 1 int; "
     "its result's version)"
 )
+RIX_SCOPE = (
+    "request index: stepcache hit, layout of inference tensors, inside a scope "
+    "(re-checks 2 tensors' identity, 1 int and its result's version)"
+)
 RIX_CHECKS = "request index: stepcache hit, checks mode"
 RIX_SEED = (
     "request index: stock vLLM's method "
@@ -145,6 +149,10 @@ def _checks() -> Any:
     return stepcache.debug("checks")
 
 
+def _scope() -> Any:
+    return stepcache.scope()
+
+
 def _disabled() -> Any:
     return stepcache.disabled()
 
@@ -155,6 +163,8 @@ def cases(number: int) -> list[Case]:
     return [
         Case(RIX, "rix(step, buf)", number),
         Case(RIX_INFERENCE, "rix(step_inference, buf)", number),
+        # each run opens a scope: its first call joins the owner (a miss), then hits
+        Case(RIX_SCOPE, "rix(step_scoped, buf)", number, _scope),
         Case(RIX_CHECKS, "rix(step_checks, buf)", slow, _checks),
         Case(RIX_SEED, "seed.token_to_req_indices(buf)", number),
         Case(RIX_KEPT, "kept.token_to_req_indices(buf)", number),
@@ -187,6 +197,7 @@ def namespace() -> dict[str, Any]:
     kept = KeptSliceMetadata(step.query_start_loc, step.query_start_loc_cpu, 16)
     with torch.inference_mode():
         inference_step = dsv4_sim.make_step(lens, pad_to=16)
+        scoped_step = dsv4_sim.make_step(lens, pad_to=16)
     return {
         "m": Meta(),
         "m_checks": Meta(),
@@ -194,6 +205,7 @@ def namespace() -> dict[str, Any]:
         "kept": kept,
         "step_checks": dsv4_sim.make_step(lens, pad_to=16),
         "step_inference": inference_step,
+        "step_scoped": scoped_step,
         "rix": request_index.token_to_req_indices,
         "step": step,
         "seed": seed,
@@ -203,6 +215,7 @@ def namespace() -> dict[str, Any]:
 
 GOALS = [
     Goal(RIX, RIX_SEED, 0.25, "issue 5"),
+    Goal(RIX_SCOPE, RIX, 1.2, "issue 38"),
     Goal(KEY, LRU, 2.0, "issues 2, 5"),
     Goal(RIX_CHECKS, RIX, 5.0, "issues 3, 5"),
     Goal(KEY_CHECKS, KEY, 5.0, "issues 3, 5"),
@@ -213,6 +226,7 @@ GOALS = [
 #: ratios reported with no limit (measured, baseline): what a reader needs to weigh
 #: the goals against the cheapest alternatives and against switching caching off
 COMPARISONS = [
+    (RIX_SCOPE, RIX_SEED),
     (RIX_INFERENCE, RIX_SEED),
     (RIX_INFERENCE, RIX),
     (RIX, RIX_KEPT),
