@@ -56,13 +56,17 @@ def metadata(lens: list[int], rows: int) -> Any:
 
 
 @pytest.fixture
-def plugin() -> Iterator[ModuleType]:
+def plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     pytest.importorskip("vllm")
-    import vllm.v1.attention.backend  # noqa: F401
+    # the modules whose import applies the patches used here
+    import vllm.v1.attention.backends.mla.sparse_swa
+    import vllm.v1.worker.gpu.attn_utils
+    import vllm.v1.worker.gpu.model_states.default  # noqa: F401
 
     from stepcache.integrations import vllm as plugin_module
 
     plugin_module.unregister()
+    monkeypatch.setenv(plugin_module.ENV, "1")
     plugin_module.register()
     assert plugin_module.status()[
         "vllm.CommonAttentionMetadata.token_to_req_indices"
@@ -129,3 +133,77 @@ def test_a_captured_graph_reads_the_index_vllms_kernel_wrote(
         graph.replay()
         torch.cuda.synchronize()
         assert out.tolist() == [2 * r for r in reference(lens, 16)]
+
+
+def _v2_build(builders: list[Any], lens: list[int], capture: bool) -> None:
+    """One V2 build (vLLM's ``build_attn_metadata``, as the default model state binds
+    it) with a builder per KV-cache group that asks for the request index."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu import model_states
+
+    groups = [
+        [
+            SimpleNamespace(
+                get_metadata_builder=lambda ubatch_idx=0, b=b: b,
+                kv_cache_spec=object(),
+                layer_names=[f"layer.{i}"],
+                build_metadata=lambda cm, ubatch_idx=0, b=b, **kw: b(cm),
+                build_metadata_for_cudagraph_capture=lambda cm, ubatch_idx=0, b=b: b(
+                    cm
+                ),
+            )
+        ]
+        for i, b in enumerate(builders)
+    ]
+    cam = metadata(lens, sum(lens))
+    n = len(builders)
+    with torch.inference_mode():
+        model_states.default.build_attn_metadata(
+            groups,
+            num_reqs=len(lens),
+            num_tokens=sum(lens),
+            query_start_loc_gpu=cam.query_start_loc,
+            query_start_loc_cpu=cam.query_start_loc_cpu,
+            max_query_len=max(lens),
+            seq_lens=cam.seq_lens,
+            max_seq_len=cam.max_seq_len,
+            block_tables=[cam.block_table_tensor] * n,
+            slot_mappings=torch.zeros((n, sum(lens)), dtype=torch.int64).cuda(),
+            kv_cache_config=SimpleNamespace(kv_cache_groups=[None] * n),
+            for_cudagraph_capture=capture,
+        )
+
+
+def test_capture_builds_share_nothing_and_a_step_build_shares(
+    plugin: ModuleType,
+) -> None:
+    """During CUDA-graph capture each group's index is its own builder's, in its own
+    buffer (a value shared from another build would bake that build's tensor into the
+    graph); in a step's build, one computation serves every group."""
+    import vllm.v1.worker.gpu.model_states.default  # noqa: F401
+
+    assert plugin.status()["vllm.v2.build_attn_metadata"] == "applied"
+
+    class Builder:
+        supports_update_block_table = False
+
+        def __init__(self) -> None:
+            self.buffer = torch.zeros(64, dtype=torch.int32, device="cuda")
+            self.rows: list[torch.Tensor] = []
+
+        def __call__(self, cm: Any) -> None:
+            self.rows.append(cm.token_to_req_indices(self.buffer))
+
+    builders = [Builder() for _ in range(3)]
+    _v2_build(builders, [3, 5], capture=True)
+    _v2_build(builders, [3, 5], capture=True)  # V2 builds each FULL graph twice
+    for b in builders:
+        assert [r.data_ptr() for r in b.rows] == [b.buffer.data_ptr()] * 2
+        assert all(r.tolist() == reference([3, 5], 8) for r in b.rows)
+    for b in builders:
+        b.rows.clear()
+    _v2_build(builders, [1, 2], capture=False)
+    first = builders[0].rows[0]
+    assert all(b.rows[0] is first for b in builders)  # computed once, in group 0's
+    assert first.tolist() == reference([1, 2], 3)
