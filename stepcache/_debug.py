@@ -470,8 +470,8 @@ class Checks:
         """Check a hit; what it hands out. The common case (each input as it was
         recorded) is tested inline; a difference goes to the check that explains it."""
         scope = None if store is None else store.scope
-        if scope is not None and scope.thread != threading.get_ident():
-            raise detect("scope-thread", fn, key)
+        if scope is not None and scope.open and scope not in _state.scopes.open:
+            raise detect("scope-thread", fn, key)  # another thread's scope
         info = entry.info  # None if stored in production
         swapped = False  # a value's storage swapped behind its version (`.data =`)
         if info is not None:

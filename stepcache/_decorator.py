@@ -8,7 +8,6 @@ import inspect
 import keyword
 import linecache
 import operator
-import threading
 import types
 import weakref
 from collections.abc import Callable, Container, Hashable, Iterator, Mapping, Sequence
@@ -86,7 +85,6 @@ class CachedFunction:
         self.name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
         self.fid = _state.new_id()
         self.label = f"<stepcache generated hit {self.name} #{self.fid}>"
-        self.lock = threading.Lock()
         self.counts = Counts()
         try:
             self.signature = inspect.signature(fn)
@@ -113,7 +111,6 @@ class CachedFunction:
         self.owner_index = self.index[self.owner_name]
         self.key_names: tuple[str, ...] = tuple(names)
         specs = (expect,) if isinstance(expect, TensorSpec) else expect or ()
-        #: (argument index, or -1 for an owner attribute; name) of each reference
         # what a hit's value is validated against can change only through these:
         # every parameter is keyed, a dependency or ignored (checked on hits), and a
         # declared attribute is matched; an owner attribute only `expect` reads is not

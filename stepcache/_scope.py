@@ -3,13 +3,21 @@
 
 from __future__ import annotations
 
-import threading
 import weakref
 from typing import Any
 
 from stepcache import _state
 from stepcache._errors import StepCacheError
 from stepcache._store import StepCache, restore
+
+
+class _Ended:
+    """What a closed scope's store names as its scope."""
+
+    open = False
+
+
+_ENDED = _Ended()
 
 
 class Scope:
@@ -27,9 +35,13 @@ class Scope:
         (False, None)
     """
 
+    # Opened and closed once per metadata build, between long stretches of the
+    # engine's own code: kept to a few attribute writes (the store is made when an
+    # owner first joins; a build with nothing cached makes none).
+    __slots__ = ("_entered", "_joined", "_store", "open")
+
     def __init__(self) -> None:
-        self.store = StepCache(scope=self)
-        self.thread = threading.get_ident()
+        self._store: StepCache | None = None
         #: whether the scope is open (a closed one is never reopened)
         self.open = False
         self._entered = False
@@ -39,6 +51,14 @@ class Scope:
     def __repr__(self) -> str:
         return f"<stepcache scope {'open' if self.open else 'closed'}>"
 
+    @property
+    def store(self) -> StepCache:
+        """The store the owners of the scope share."""
+        if self._store is None:
+            self._store = StepCache()
+            self._store.scope = self if self.open else _ENDED
+        return self._store
+
     def joined(self, owner: object, before: StepCache | None) -> None:
         """Remember the store ``owner`` had before it joined (called by `attach`)."""
         self._joined.append((weakref.ref(owner), before))
@@ -46,30 +66,29 @@ class Scope:
     def __enter__(self) -> Scope:
         if self._entered:
             raise StepCacheError("a scope is entered once (make a new scope())")
-        self._entered = True
-        with _state._lock:
-            _state.OPEN[0] += 1
+        self._entered = self.open = True
         _state.scopes.open.append(self)
-        self.open = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        stack = _state.scopes.open
-        if threading.get_ident() != self.thread or self not in stack:
-            raise StepCacheError(
-                "a scope is closed in the thread that opened it, innermost first"
-            )
-        while stack[-1] is not self:  # an inner one left open: closed with it
-            stack[-1].__exit__()
+        stack = _state.scopes.open  # this thread's
+        if not stack or stack[-1] is not self:
+            if self not in stack:
+                raise StepCacheError(
+                    "a scope is closed in the thread that opened it, innermost first"
+                )
+            while stack[-1] is not self:  # an inner one left open: closed with it
+                stack[-1].__exit__()
         stack.pop()
         self.open = False
-        with _state._lock:
-            _state.OPEN[0] -= 1
-        for ref, before in reversed(self._joined):
-            if (owner := ref()) is not None:
-                restore(owner, self.store, before)
-        self._joined.clear()
-        self.store.clear()
+        if (store := self._store) is not None:
+            for ref, before in reversed(self._joined):
+                if (owner := ref()) is not None:
+                    restore(owner, store, before)
+            self._joined.clear()
+            store.clear()
+            # the store no longer names the scope: no cycle left to the collector
+            store.scope = _ENDED
 
 
 def scope() -> Scope:

@@ -209,9 +209,6 @@ class _Scopes(threading.local):
 
 
 scopes = _Scopes()
-#: ``OPEN[0]``: how many scopes are open, in every thread (a miss reads the
-#: thread-local stack only when some are)
-OPEN: list[int] = [0]
 
 
 def register(fn: Any) -> None:

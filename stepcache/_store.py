@@ -18,7 +18,7 @@ import torch
 
 from stepcache._entry import Entry, strided, walk
 from stepcache._errors import StaleCacheError, StepCacheError
-from stepcache._state import OPEN, Counts, by_name, scopes
+from stepcache._state import Counts, by_name, scopes
 
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
@@ -311,7 +311,7 @@ def cache_of(owner: object) -> StepCache:
         True
     """
     store = _held(owner)
-    if store is NO_STORE and not _side and not OPEN[0]:  # a plain first use: no lookups
+    if store is NO_STORE and not _side and not scopes.open:  # a plain first use
         fresh = StepCache(owner)
         try:
             object.__setattr__(owner, ATTR, fresh)
@@ -331,7 +331,7 @@ def cache_of(owner: object) -> StepCache:
         own, mine = None, False  # a scope that is over, or a copy's: nothing to seed
     if mine and own._closed:  # type: ignore[union-attr]
         raise closed_error(owner)
-    if OPEN[0] and scopes.open:  # this thread has a scope open: join the innermost
+    if scopes.open:  # this thread has a scope open: join the innermost
         joined: StepCache = attach(owner, scopes.open[-1].store)
         return joined
     if mine:

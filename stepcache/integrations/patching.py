@@ -48,7 +48,6 @@ __all__ = [
     "settings",
     "verify_against_stock",
     "expect_dataclass_fields",
-    "argument",
     "expect_function",
     "expect_parameters",
     "marked",
@@ -192,15 +191,21 @@ def replace_everywhere(module: ModuleType, name: str, value: object) -> Undo:
 
 
 def scoped(
-    original: Callable[..., Any], name: str, skip: Callable[..., bool] | None = None
+    original: Callable[..., Any], name: str, unless: str | None = None
 ) -> Callable[..., Any]:
     """``original`` run inside a :func:`stepcache.scope` (the lifetime it names: one
-    metadata build, one draft step), unless ``skip(args, kwargs)``; each scope
-    opened is counted as ``scopes``, each call left out as ``unscoped``."""
+    metadata build, one draft step), unless its parameter ``unless`` is true in the
+    call; each scope opened is counted as ``scopes``, each call left out as
+    ``unscoped``."""
+    params = list(inspect.signature(original).parameters.values())
+    index = [p.name for p in params].index(unless) if unless else len(params)
+    default = params[index].default if unless else None
 
     @functools.wraps(original)
     def in_scope(*args: Any, **kwargs: Any) -> Any:
-        if skip is not None and skip(args, kwargs):
+        if unless is not None and (
+            kwargs.get(unless, default) if index >= len(args) else args[index]
+        ):
             counters.count(name, "unscoped")
             return original(*args, **kwargs)
         counters.count(name, "scopes")
@@ -208,20 +213,6 @@ def scoped(
             return original(*args, **kwargs)
 
     return marked(in_scope, name)
-
-
-def argument(fn: Callable[..., Any], param: str) -> Callable[..., Any]:
-    """A reader of parameter ``param`` of ``fn`` from a call's ``(args, kwargs)``
-    (its default where the call does not pass it)."""
-    parameter = inspect.signature(fn).parameters[param]
-    index = list(inspect.signature(fn).parameters).index(param)
-
-    def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if param in kwargs:
-            return kwargs[param]
-        return args[index] if index < len(args) else parameter.default
-
-    return read
 
 
 # -- verify mode -----------------------------------------------------------------------

@@ -276,6 +276,13 @@ def main(argv: list[str] | None = None) -> int:
         "switched in the same process (one process: no between-process spread)",
     )
     parser.add_argument(
+        "--build-time",
+        type=int,
+        default=0,
+        help="like --ab, and record the CPU time of each metadata build "
+        "(tests/engine/engine_timing.py) on each side",
+    )
+    parser.add_argument(
         "--cuda-graphs",
         action="store_true",
         help="let vLLM capture CUDA graphs (enforce_eager off; for a GPU run)",
@@ -390,17 +397,28 @@ def main(argv: list[str] | None = None) -> int:
         if [list(o.outputs[0].token_ids) for o in again] != tokens:
             raise SystemExit("engine_run: a timed generate() gave other tokens")
     ab: dict[str, list[float]] = {"off": [], "on": []}
-    for i in range(args.ab + 1 if args.ab else 0):  # round 0 warms up, unrecorded
+    builds: dict[str, list[list[int]]] = {"off": [], "on": []}
+    rounds = args.ab or args.build_time
+    if args.build_time:
+        from engine_timing import install_build_timer, take_build_times
+
+        llm.collective_rpc(install_build_timer)
+    for i in range(rounds + 1 if rounds else 0):  # round 0 warms up, unrecorded
         for side in ("off", "on") if i % 2 == 0 else ("on", "off"):
             llm.collective_rpc(set_plugin, args=(side == "on",))
+            if args.build_time:
+                llm.collective_rpc(take_build_times)
             start = time.perf_counter()
             again = llm.generate(prompts, params, use_tqdm=False)
             if i > 0:
                 ab[side].append(time.perf_counter() - start)
+                if args.build_time:
+                    builds[side].append(llm.collective_rpc(take_build_times)[0])
             if [list(o.outputs[0].token_ids) for o in again] != tokens:
                 raise SystemExit(f"engine_run: plugin {side} gave other tokens")
     result = {
-        "ab_s": ab if args.ab else None,
+        "ab_s": ab if rounds else None,
+        "build_ns": builds if args.build_time else None,
         "model": args.model,
         "architecture": config["architectures"][0],
         "spec": args.spec,

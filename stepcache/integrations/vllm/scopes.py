@@ -31,7 +31,6 @@ from typing import Any
 from ..patching import (
     SkipPatch,
     Undo,
-    argument,
     expect_parameters,
     replace_attribute,
     replace_everywhere,
@@ -71,8 +70,7 @@ def _class(module: ModuleType, name: str) -> type:
 def apply_build_v2(module: ModuleType) -> Undo:
     """Open a scope around V2's ``build_attn_metadata``, wherever it is bound."""
     original = expect_parameters(module, "build_attn_metadata", (_CAPTURE,))
-    capture = argument(original, _CAPTURE)
-    wrapper = scoped(original, BUILD_V2_NAME, lambda a, k: bool(capture(a, k)))
+    wrapper = scoped(original, BUILD_V2_NAME, unless=_CAPTURE)
     return replace_everywhere(module, "build_attn_metadata", wrapper)
 
 
@@ -89,9 +87,9 @@ def apply_build_v1(module: ModuleType) -> Undo:
     cls = _class(module, "GPUModelRunner")
     attr = "_build_attention_metadata"
     original = expect_parameters(cls, attr, ("self", _CAPTURE))
-    capture = argument(original, _CAPTURE)
-    wrapper = scoped(original, BUILD_V1_NAME, lambda a, k: bool(capture(a, k)))
-    return replace_attribute(cls, attr, wrapper)
+    return replace_attribute(
+        cls, attr, scoped(original, BUILD_V1_NAME, unless=_CAPTURE)
+    )
 
 
 # one name per patch (the plugin keeps each patch's undo by name), one counter for all
