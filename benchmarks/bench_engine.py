@@ -15,6 +15,10 @@ Three sections, written to ``docs/benchmarks/engine.json``:
 * ``tokens_per_s``: the engine's generate() throughput with the plugin off and on,
   switched back and forth within one engine process (processes differ by up to 20x on
   a shared machine; calls in one process much less), in several fresh processes.
+* ``build_time``: the CPU time of each per-step metadata build (what the plugin's
+  scope wraps: V1's ``_build_attention_metadata``, V2's ``prepare_attn``), plugin off
+  and on switched in one engine process, per model and model runner, several fresh
+  processes; beside it, what the worker's ``stepcache.stats()`` counted per step.
 
 Run from the repository root with the main venv::
 
@@ -40,8 +44,18 @@ from benchmarks._timing import machine, source_state, time_stmt
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "tests" / "engine" / "engine_run.py"
 OUT = ROOT / "docs" / "benchmarks" / "engine.json"
-MODELS = {"llama": True, "mamba2": False, "qwen3_next": False, "deepseek_v2": False}
+MODELS = {
+    "llama": True,
+    "mamba2": False,
+    "qwen3_next": False,
+    "deepseek_v2": False,
+    "gemma3": False,
+    "granite_hybrid": False,
+}
 THROUGHPUT_MODELS = ("llama", "qwen3_next")
+#: the build-time runs: a model with nothing cached, and the models with a cache
+BUILD_MODELS = ("llama", "qwen3_next", "granite_hybrid")
+RUNNERS = ("v1", "v2")
 
 
 def _engine_python() -> str:
@@ -54,11 +68,13 @@ def _engine_python() -> str:
     return python
 
 
-def _engine_run(model: str, mode: str, *extra: str) -> dict[str, Any]:
+def _engine_run(
+    model: str, mode: str, *extra: str, spec: bool | None = None
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         cmd = [_engine_python(), str(RUNNER), "--model", model, "--out", str(out)]
-        cmd += ["--spec"] if MODELS[model] else []
+        cmd += ["--spec"] if (MODELS[model] if spec is None else spec) else []
         env = {**os.environ, "STEPCACHE_VLLM": mode}
         for var in ("TRITON_INTERPRET", "VIRTUAL_ENV"):
             env.pop(var, None)
@@ -196,7 +212,6 @@ def per_call(number: int = 20_000, repeats: int = 9) -> dict[str, Any]:
                 "compressor._get_c128_boundary(cam)"
             ),
             "token_to_req_indices hit": "cam.token_to_req_indices(buffer)",
-            "copy.copy(CommonAttentionMetadata)": "copy.copy(cam)",
         }
         return {
             name: time_stmt(
@@ -267,6 +282,62 @@ def tokens_per_s(processes: int, rounds: int) -> dict[str, Any]:
     return out
 
 
+def build_time(processes: int, rounds: int) -> dict[str, Any]:
+    """CPU time per metadata build, plugin off and on in one process (``rounds`` of
+    each, alternating which goes first), for each model of :data:`BUILD_MODELS` on
+    each runner, in ``processes`` fresh processes: the ratio of each process's
+    medians, and the median of those ratios; and the worker's stats per step."""
+    out: dict[str, Any] = {}
+    for model in BUILD_MODELS:
+        for runner in RUNNERS:
+            per_process = []
+            for i in range(processes):
+                print(
+                    f"bench_engine: build time, {model} on {runner} "
+                    f"({i + 1}/{processes})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                run = _engine_run(
+                    model,
+                    "1",
+                    "--runner",
+                    runner,
+                    "--build-time",
+                    str(rounds),
+                    spec=False,
+                )
+                sides = {
+                    side: statistics.median(ns for r in runs for ns in r)
+                    for side, runs in run["build_ns"].items()
+                }
+                per_process.append(
+                    {
+                        "median_ns_off": sides["off"],
+                        "median_ns_on": sides["on"],
+                        "on_over_off": sides["on"] / sides["off"],
+                        "builds_per_round": len(run["build_ns"]["on"][0]),
+                    }
+                )
+            ratios = [p["on_over_off"] for p in per_process]
+            stats = run["timed_workers"] or run["workers"]
+            out[f"{model}@{runner}"] = {
+                "rounds": rounds,
+                "processes": per_process,
+                "median_on_over_off": statistics.median(ratios),
+                "min_on_over_off": min(ratios),
+                "max_on_over_off": max(ratios),
+                "stats_per_step": {
+                    name: {
+                        k: row[k] / run["workers"][0]["steps"]
+                        for k in ("hits", "misses")
+                    }
+                    for name, row in stats[0]["stats"].items()
+                },
+            }
+    return out
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The measurements as the Markdown section of docs/integrations.md."""
     src = results["source"]
@@ -294,15 +365,6 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {model} | {row['steps']} | `{name}` | {per['calls']:.3g} | "
                 f"{per['repeats']:.3g} |"
             )
-        copies = (
-            row["plugin_counters"]
-            .get("vllm.CommonAttentionMetadata.__copy__", {})
-            .get("copies", 0)
-        )
-        lines.append(
-            f"| {model} | {row['steps']} | `copy.copy(CommonAttentionMetadata)` "
-            f"(patched `__copy__`) | {copies / row['steps']:.3g} | - |"
-        )
     lines += [
         "",
         "**Cost per call, stock vLLM against the plugin** (vLLM "
@@ -351,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument(
         "--sections",
-        default="repeats,per_call,tokens_per_s",
+        default="repeats,per_call,tokens_per_s,build_time",
         help="which sections to run (the others are kept from --out, if there)",
     )
     parser.add_argument(
@@ -391,10 +453,14 @@ def main(argv: list[str] | None = None) -> int:
     def throughput() -> dict[str, Any]:
         return tokens_per_s(args.processes, args.rounds)
 
+    def builds() -> dict[str, Any]:
+        return build_time(args.processes, args.rounds)
+
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "repeats": repeats,
         "per_call": per_call,
         "tokens_per_s": throughput,
+        "build_time": builds,
     }
     for name, section in runners.items():
         if name in sections:
