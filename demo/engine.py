@@ -164,8 +164,8 @@ def engine_section(progress: TextIO) -> dict[str, Any]:
         return result
 
     say(
-        f"{MODEL} on the {RUNNER.upper()} model runner: vLLM imported once, then "
-        "three engine processes forked from it, two at a time (~1 min) ..."
+        f"{MODEL}, {RUNNER.upper()} runner: vLLM imported once, 3 engine processes "
+        "forked from it, 2 at a time (~1 min)"
     )
     with tempfile.TemporaryDirectory(prefix="stepcache-demo-") as tmp:
         server = _Server(python, here, Path(tmp))
