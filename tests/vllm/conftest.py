@@ -76,6 +76,8 @@ def import_patched_modules() -> None:
     import vllm.models.deepseek_v4.nvidia.flashinfer_sparse
     import vllm.models.deepseek_v41.nvidia.flashinfer_sparse
     import vllm.v1.attention.backend
+    import vllm.v1.attention.backends.gdn_attn
+    import vllm.v1.attention.backends.mamba2_attn
     import vllm.v1.attention.backends.mla.sparse_swa
     import vllm.v1.spec_decode.gemma4
     import vllm.v1.spec_decode.llm_base_proposer

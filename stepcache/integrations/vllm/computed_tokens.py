@@ -1,0 +1,94 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``CommonAttentionMetadata.compute_num_computed_tokens``, once per build.
+
+vLLM 0.32 and 0.33 keep the value (``seq_lens - query_lens``, on the device) in a
+field of the object, ``_num_computed_tokens_cache``, so one object computes it once.
+But every KV-cache group gets an object of its own (V1 a ``copy()`` of the step's base
+object, whose field is empty; V2 a new object per group), all made from the same
+``query_start_loc`` and ``seq_lens``, and the GDN builder of each group asks its own:
+Qwen3-Next computes it three times per prefill step. The replacement keeps the field
+as vLLM does (a filled field is returned as is); an empty one is filled from a value
+shared, within one build's :func:`stepcache.scope`, by every object with the same two
+tensors. Its callers read it (compare, index, copy it into their own buffers);
+none writes it in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from types import ModuleType
+from typing import Any
+
+import torch
+
+import stepcache
+
+from ..patching import (
+    REQUIRED,
+    SkipPatch,
+    Undo,
+    expect_dataclass_fields,
+    expect_function,
+    marked,
+    replace_attribute,
+    settings,
+    verify_against_stock,
+)
+from .in_scope import key_in_scope
+
+__all__ = ["COMPUTED_NAME", "apply_num_computed_tokens", "compute_num_computed_tokens"]
+
+COMPUTED_NAME = "vllm.CommonAttentionMetadata.compute_num_computed_tokens"
+
+_FIELD = "_num_computed_tokens_cache"
+
+#: vLLM's method, kept by the patch that calls it
+_original: dict[str, Any] = {}
+
+
+@stepcache.step_cached(
+    key=lambda self: key_in_scope(None),
+    depends_on=("query_start_loc", "seq_lens"),
+    name=COMPUTED_NAME,
+)
+def _shared(self: Any) -> torch.Tensor:
+    # vLLM's method, on an object whose field is empty: it computes (and fills it)
+    result: torch.Tensor = _original[COMPUTED_NAME](self)
+    return result
+
+
+def compute_num_computed_tokens(self: Any) -> torch.Tensor:
+    """vLLM's method, its empty field filled from the build's shared value."""
+    result: torch.Tensor | None = getattr(self, _FIELD)
+    if result is not None:  # vLLM's own cache, as vLLM reads it
+        return result
+    result = _shared(self)
+    if settings.verify:
+        # vLLM's method on a copy of the object with an empty field: it computes
+        stock = _original[COMPUTED_NAME](dataclasses.replace(self, **{_FIELD: None}))
+        verify_against_stock(COMPUTED_NAME, result, stock)
+    setattr(self, _FIELD, result)
+    return result
+
+
+def apply_num_computed_tokens(module: ModuleType) -> Undo:
+    """Replace ``CommonAttentionMetadata.compute_num_computed_tokens`` (the class as
+    the GDN builder's module binds it)."""
+    cls = getattr(module, "CommonAttentionMetadata", None)
+    expect_dataclass_fields(cls, ("query_start_loc", "seq_lens", _FIELD))
+    assert isinstance(cls, type)
+    original = expect_function(
+        cls, "compute_num_computed_tokens", (("self", REQUIRED),)
+    )
+    # the method must still read and fill its field
+    if _FIELD not in inspect.unwrap(original).__code__.co_names:
+        raise SkipPatch(
+            f"{cls.__qualname__}.compute_num_computed_tokens no longer uses {_FIELD}"
+        )
+    _original[COMPUTED_NAME] = original
+    return replace_attribute(
+        cls,
+        "compute_num_computed_tokens",
+        marked(compute_num_computed_tokens, COMPUTED_NAME),
+    )

