@@ -168,48 +168,85 @@ def count_steps(worker: Any) -> int:
     return os.getpid()
 
 
-#: What the probe counts: functions vLLM's builders call, cached by the plugin or not.
+#: What the probe counts: vLLM's functions that its builders call, cached by the
+#: plugin or not (``Class.method`` or a module's function, in the module named).
 PROBED = {
     "split_decodes_and_prefills": "vllm.v1.attention.backends.utils",
     "CommonAttentionMetadata.compute_num_computed_tokens": "vllm.v1.attention.backend",
     "CommonAttentionMetadata.token_to_req_indices": "vllm.v1.attention.backend",
+    "GDNAttentionMetadataBuilder._build_chunk_metadata": (
+        "vllm.v1.attention.backends.gdn_attn"
+    ),
+    "BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata": (
+        "vllm.v1.attention.backends.mamba_attn"
+    ),
     "_get_c128_boundary": "vllm.models.deepseek_v4.compressor",
 }
 
 
+def _ident(value: Any) -> Any:
+    """A scalar argument as itself, any other object by its identity (a metadata
+    dataclass is unhashable)."""
+    if value is None or isinstance(value, int | float | str):
+        return value
+    return id(value)
+
+
 def install_probe(worker: Any) -> int:
-    """Count, per engine step, the calls of each :data:`PROBED` function and how many
-    repeat one made earlier in the step with the same metadata object and arguments
-    (what a per-step cache could at best have answered). Wraps whatever is installed
-    (stock vLLM's function or the plugin's) in every vLLM module that bound it."""
+    """Count, per engine step, the computations of each :data:`PROBED` function:
+    calls of vLLM's own function, in whichever vLLM module bound it, whether a
+    builder or the plugin (on a miss, or in verify mode) calls it; the steps in
+    which it ran; and the calls that repeat one made earlier in the step with the
+    same object and arguments. The plugin, if registered here, is taken off while
+    the probe goes in and put back on top of it (it keeps the function it finds),
+    so a run with the plugin on counts what it still computes. Its counters and
+    ``stepcache.stats()`` start from zero."""
+    import functools
     import sys
     from types import ModuleType
 
-    probe: dict[str, dict[str, int]] = {n: {"calls": 0, "repeats": 0} for n in PROBED}
+    import stepcache
+    from stepcache.integrations import vllm as plugin
+
+    probe: dict[str, dict[str, int]] = {
+        n: {"calls": 0, "repeats": 0, "steps": 0} for n in PROBED
+    }
     seen: set[tuple[Any, ...]] = set()
+    held: list[Any] = []  # the step's arguments, alive: no id() of them is reused
+    last_step: dict[str, int] = {}
     worker._stepcache_probe = probe
+    worker._stepcache_steps = 0
     runner = worker.model_runner
     inner_step = runner.execute_model
 
     def execute_model(*args: Any, **kwargs: Any) -> Any:
         seen.clear()  # a new step
-        worker._stepcache_steps = getattr(worker, "_stepcache_steps", 0) + 1
+        held.clear()
+        worker._stepcache_steps += 1
         return inner_step(*args, **kwargs)
 
     runner.execute_model = execute_model
 
     def wrap(name: str, fn: Any) -> Any:
+        @functools.wraps(fn)  # the plugin checks the signature it replaces
         def probed(obj: Any, *args: Any, **kwargs: Any) -> Any:
             row = probe[name]
             row["calls"] += 1
-            key = (name, id(obj), args, tuple(sorted(kwargs.items())))
+            if last_step.get(name) != worker._stepcache_steps:
+                last_step[name] = worker._stepcache_steps
+                row["steps"] += 1
+            named = tuple(sorted((k, _ident(v)) for k, v in kwargs.items()))
+            key = (name, id(obj), tuple(map(_ident, args)), named)
             if key in seen:
                 row["repeats"] += 1
             seen.add(key)
+            held.append((obj, args, kwargs))
             return fn(obj, *args, **kwargs)
 
         return probed
 
+    mode = plugin.active_mode()
+    plugin.unregister()  # vLLM's own functions in place, to wrap
     for name, module_name in PROBED.items():
         module = sys.modules.get(module_name)
         if module is None:
@@ -224,6 +261,10 @@ def install_probe(worker: Any) -> int:
         for mod in list(sys.modules.values()):
             if isinstance(mod, ModuleType) and mod.__dict__.get(attr) is original:
                 setattr(mod, attr, wrapped)
+    if mode != "off":
+        plugin.register()  # STEPCACHE_VLLM is still this process's mode
+    plugin.reset_counters()
+    stepcache.reset_stats()
     return os.getpid()
 
 

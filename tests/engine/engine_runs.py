@@ -174,7 +174,8 @@ class Runs:
         argv = ["--model", model, "--out", str(out), "--runner", runner]
         argv += ["--spec"] if uses_spec(model, runner) else []
         argv += ["--multiprocess"] if multiprocess else []
-        argv += ["--profile"] if mode == "profile" else []
+        # every other run counts vLLM's computations (engine_run.install_probe)
+        argv += ["--profile"] if mode == "profile" else ["--probe"]
         plugin = "0" if mode == "profile" else mode  # profile stock vLLM
         env = _clean({**os.environ, "STEPCACHE_VLLM": plugin})
         if self.fork and not multiprocess:
