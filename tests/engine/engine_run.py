@@ -181,6 +181,9 @@ PROBED = {
         "vllm.v1.attention.backends.mamba_attn"
     ),
     "_get_c128_boundary": "vllm.models.deepseek_v4.compressor",
+    # what token_to_req_indices computes with (stock's and, on a miss, the plugin's);
+    # imported inside that method, so the module may not be loaded yet
+    "compute_token_to_req_indices": "vllm.v1.attention.ops.metadata",
 }
 
 
@@ -202,6 +205,7 @@ def install_probe(worker: Any) -> int:
     so a run with the plugin on counts what it still computes. Its counters and
     ``stepcache.stats()`` start from zero."""
     import functools
+    import importlib
     import sys
     from types import ModuleType
 
@@ -247,6 +251,7 @@ def install_probe(worker: Any) -> int:
 
     mode = plugin.active_mode()
     plugin.unregister()  # vLLM's own functions in place, to wrap
+    importlib.import_module(PROBED["compute_token_to_req_indices"])
     for name, module_name in PROBED.items():
         module = sys.modules.get(module_name)
         if module is None:

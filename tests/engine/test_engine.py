@@ -236,3 +236,33 @@ def test_deepseek_v4_request_index_is_computed_once_per_build(
     assert row["misses"] == worker["counters"][BUILD[runner]]["scopes"], row
     off = _only_worker(engine.get(model, runner, "0"))
     assert off["stats"] == {} and off["counters"] == {}
+
+
+@NEEDS_AMX
+@pytest.mark.parametrize(("model", "runner"), DSV4_PAIRS)
+def test_deepseek_v4_computes_each_value_once_per_build_and_no_more_than_stock(
+    engine: Runs, model: str, runner: str
+) -> None:
+    """vLLM's own computations, counted beneath the plugin (engine_run's probe):
+    the request index's kernel call and ``_get_c128_boundary`` run once in each
+    step they run in with the plugin on (one metadata build per step here), and
+    never more often than stock vLLM in the same steps: on V1 stock computes the
+    index once per KV-cache group's copy, on V2 once per build (hand-threaded), and
+    ``_get_c128_boundary`` once per compressor builder on both."""
+    off, on = engine.get(model, runner, "0"), engine.get(model, runner, "1")
+    assert on["tokens"] == off["tokens"]
+    worker = _only_worker(on)
+    builds = worker["counters"][BUILD[runner]]["scopes"]
+    for probed, name in (
+        (
+            "compute_token_to_req_indices",
+            "vllm.CommonAttentionMetadata.token_to_req_indices",
+        ),
+        ("_get_c128_boundary", "vllm.dsv4._get_c128_boundary"),
+    ):
+        stock, plugin = off["probe"][0][probed], on["probe"][0][probed]
+        assert plugin["steps"] == stock["steps"] >= 1, (probed, stock, plugin)
+        assert plugin["calls"] == plugin["steps"] <= builds, (probed, plugin, builds)
+        assert plugin["calls"] <= stock["calls"], (probed, stock, plugin)
+        row = worker["stats"][name]
+        assert row["misses"] == plugin["calls"] and row["bypasses"] == 0, row
