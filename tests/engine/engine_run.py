@@ -187,6 +187,14 @@ PROBED = {
 }
 
 
+#: vLLM's own memo on the metadata object, for the probed methods that keep one: a
+#: call computes only while it is ``None`` (the probe's ``computed``)
+MEMO = {
+    "CommonAttentionMetadata.compute_num_computed_tokens": "_num_computed_tokens_cache",
+    "CommonAttentionMetadata.token_to_req_indices": "_token_to_req_indices_cache",
+}
+
+
 def _ident(value: Any) -> Any:
     """A scalar argument as itself, any other object by its identity (a metadata
     dataclass is unhashable)."""
@@ -213,7 +221,7 @@ def install_probe(worker: Any) -> int:
     from stepcache.integrations import vllm as plugin
 
     probe: dict[str, dict[str, int]] = {
-        n: {"calls": 0, "repeats": 0, "steps": 0} for n in PROBED
+        n: {"calls": 0, "computed": 0, "repeats": 0, "steps": 0} for n in PROBED
     }
     seen: set[tuple[Any, ...]] = set()
     held: list[Any] = []  # the step's arguments, alive: no id() of them is reused
@@ -236,6 +244,8 @@ def install_probe(worker: Any) -> int:
         def probed(obj: Any, *args: Any, **kwargs: Any) -> Any:
             row = probe[name]
             row["calls"] += 1
+            memo = MEMO.get(name)
+            row["computed"] += memo is None or getattr(obj, memo, None) is None
             if last_step.get(name) != worker._stepcache_steps:
                 last_step[name] = worker._stepcache_steps
                 row["steps"] += 1

@@ -140,6 +140,8 @@ def test_each_cache_computes_less_per_step_than_stock(
     plugin = on["probe"][0][PROBE_NAME[name]]
     assert plugin["steps"] == stock["steps"] >= 1, (stock, plugin)
     assert stock["calls"] == factor * plugin["calls"], (stock, plugin)
+    # each call computed: no object carried vLLM's own memo of it (engine_run.MEMO)
+    assert (stock["computed"], plugin["computed"]) == (stock["calls"], plugin["calls"])
     row = _only_worker(on)["stats"][name]
     assert row["misses"] == plugin["calls"], row  # a miss computes, once
     assert row["hits"] == stock["calls"] - plugin["calls"], row
