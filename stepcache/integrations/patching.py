@@ -239,6 +239,25 @@ def verify_against_stock(name: str, ours: object, stock: object) -> None:
         )
 
 
+def verified(
+    name: str, cached: Callable[..., Any], original: Callable[..., Any]
+) -> Callable[..., Any]:
+    """What the patch ``name`` installs in place of ``original``: ``cached``, its
+    step-cached stand-in, and with ``STEPCACHE_VLLM=verify`` also ``original`` on
+    the same arguments, compared (:func:`verify_against_stock`). It has
+    ``original``'s signature, and the module of ``cached``."""
+
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        result = cached(*args, **kwargs)
+        if settings.verify:
+            verify_against_stock(name, result, original(*args, **kwargs))
+        return result
+
+    functools.update_wrapper(patched, original)
+    patched.__module__ = cached.__module__
+    return marked(patched, name)
+
+
 # -- counters --------------------------------------------------------------------------
 class Counters:
     """Per-patch event counts of this process (hits, misses, verified calls...), for

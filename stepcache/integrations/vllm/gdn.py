@@ -48,10 +48,8 @@ from ..patching import (
     Undo,
     expect_dataclass_fields,
     expect_function,
-    marked,
     replace_attribute,
-    settings,
-    verify_against_stock,
+    verified,
 )
 from .in_scope import cpu_values, key_in_scope
 
@@ -61,8 +59,6 @@ __all__ = [
     "SPLIT_NAME",
     "apply_chunk_metadata",
     "apply_split",
-    "build_chunk_metadata",
-    "split_decodes_and_prefills",
 ]
 
 SPLIT_NAME = "vllm.gdn.split_decodes_and_prefills"
@@ -115,30 +111,6 @@ def _cached_split(
     return result
 
 
-def split_decodes_and_prefills(
-    common_attn_metadata: Any,
-    decode_threshold: int = 1,
-    require_uniform: bool = False,
-    treat_short_extends_as_decodes: bool = True,
-) -> Split:
-    """vLLM's ``split_decodes_and_prefills``, once per build and layout."""
-    result = _cached_split(
-        common_attn_metadata,
-        decode_threshold,
-        require_uniform,
-        treat_short_extends_as_decodes,
-    )
-    if settings.verify:
-        stock = _original[SPLIT_NAME](
-            common_attn_metadata,
-            decode_threshold=decode_threshold,
-            require_uniform=require_uniform,
-            treat_short_extends_as_decodes=treat_short_extends_as_decodes,
-        )
-        verify_against_stock(SPLIT_NAME, result, stock)
-    return result
-
-
 _SPLIT_PARAMS = (
     ("common_attn_metadata", REQUIRED),
     ("decode_threshold", 1),
@@ -156,7 +128,7 @@ def apply_split(module: ModuleType) -> Undo:
     return replace_attribute(
         module,
         "split_decodes_and_prefills",
-        marked(split_decodes_and_prefills, SPLIT_NAME),
+        verified(SPLIT_NAME, _cached_split, original),
     )
 
 
@@ -192,24 +164,6 @@ def _cached_chunks(
     return result
 
 
-def build_chunk_metadata(
-    self: Any,
-    prefill_query_start_loc: torch.Tensor,
-    prefill_query_start_loc_cpu: torch.Tensor,
-    device: torch.device,
-) -> Chunks:
-    """vLLM's ``_build_chunk_metadata``, once per build and prefill layout."""
-    result = _cached_chunks(
-        self, prefill_query_start_loc, prefill_query_start_loc_cpu, device
-    )
-    if settings.verify:
-        stock = _original[CHUNK_NAME](
-            self, prefill_query_start_loc, prefill_query_start_loc_cpu, device
-        )
-        verify_against_stock(CHUNK_NAME, result, stock)
-    return result
-
-
 _CHUNK_PARAMS = (
     ("self", REQUIRED),
     ("prefill_query_start_loc", REQUIRED),
@@ -232,5 +186,5 @@ def apply_chunk_metadata(module: ModuleType) -> Undo:
         )
     _original[CHUNK_NAME] = original
     return replace_attribute(
-        cls, "_build_chunk_metadata", marked(build_chunk_metadata, CHUNK_NAME)
+        cls, "_build_chunk_metadata", verified(CHUNK_NAME, _cached_chunks, original)
     )

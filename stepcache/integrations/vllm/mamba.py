@@ -29,10 +29,8 @@ from ..patching import (
     Undo,
     expect_dataclass_fields,
     expect_function,
-    marked,
     replace_attribute,
-    settings,
-    verify_against_stock,
+    verified,
 )
 from .in_scope import key_in_scope
 
@@ -79,25 +77,6 @@ def _cached_prefill(
     return result
 
 
-def prefill_cpu_metadata(
-    self: Any,
-    common_attn_metadata: Any,
-    num_reqs: int,
-    num_prefills: int,
-    num_decode_tokens: int,
-) -> Prefill:
-    """vLLM's ``_prefill_cpu_metadata``, once per build and arguments."""
-    result = _cached_prefill(
-        self, common_attn_metadata, num_reqs, num_prefills, num_decode_tokens
-    )
-    if settings.verify:
-        stock = _original[PREFILL_NAME](
-            self, common_attn_metadata, num_reqs, num_prefills, num_decode_tokens
-        )
-        verify_against_stock(PREFILL_NAME, result, stock)
-    return result
-
-
 _PARAMS = (
     ("self", REQUIRED),
     ("common_attn_metadata", REQUIRED),
@@ -120,5 +99,5 @@ def apply_prefill_cpu_metadata(module: ModuleType) -> Undo:
     expect_dataclass_fields(metadata, PREFILL_DEPENDS_ON)
     _original[PREFILL_NAME] = original
     return replace_attribute(
-        cls, "_prefill_cpu_metadata", marked(prefill_cpu_metadata, PREFILL_NAME)
+        cls, "_prefill_cpu_metadata", verified(PREFILL_NAME, _cached_prefill, original)
     )
