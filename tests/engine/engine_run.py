@@ -151,6 +151,9 @@ def worker_report(worker: Any = None) -> dict[str, Any]:
         "stats": stepcache.stats().to_dict(),
         "counters": plugin.counters(),
         "steps": getattr(worker, "_stepcache_steps", None),
+        # STEPCACHE_DEBUG's mode, and what it detected (a detection also raises)
+        "debug": stepcache.get_debug(),
+        "detections": [d.kind for d in stepcache.debug_report()],
     }
 
 
@@ -172,6 +175,8 @@ def count_steps(worker: Any) -> int:
 #: plugin or not (``Class.method`` or a module's function, in the module named).
 PROBED = {
     "split_decodes_and_prefills": "vllm.v1.attention.backends.utils",
+    # not cached by the plugin: the how-to's example of a cache of one's own
+    "compute_causal_conv1d_metadata": "vllm.v1.attention.backends.utils",
     "CommonAttentionMetadata.compute_num_computed_tokens": "vllm.v1.attention.backend",
     "CommonAttentionMetadata.token_to_req_indices": "vllm.v1.attention.backend",
     "GDNAttentionMetadataBuilder._build_chunk_metadata": (

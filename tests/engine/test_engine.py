@@ -14,7 +14,16 @@ import re
 from typing import Any
 
 import pytest
-from engine_runs import DSV4_PAIRS, PAIRS, PROFILED, RUNNERS, Runs, has_amx, uses_spec
+from engine_runs import (
+    CHECKED,
+    DSV4_PAIRS,
+    PAIRS,
+    PROFILED,
+    RUNNERS,
+    Runs,
+    has_amx,
+    uses_spec,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -146,6 +155,22 @@ def test_each_cache_computes_less_per_step_than_stock(
     assert row["misses"] == plugin["calls"], row  # a miss computes, once
     assert row["hits"] == stock["calls"] - plugin["calls"], row
     assert row["bypasses"] == 0 and row["invalidations"] == 0, row
+
+
+@pytest.mark.parametrize(("model", "runner"), CHECKED)
+def test_debug_checks_find_nothing_in_the_layout_caches(
+    engine: Runs, model: str, runner: str
+) -> None:
+    """``STEPCACHE_DEBUG=checks`` with the plugin on: every check of debug mode runs
+    on the plugin's caches in a real engine (key functions that read what they do
+    not declare, ignored arguments, dependencies written behind the cache), finds
+    nothing, and the tokens are stock vLLM's."""
+    run = engine.get(model, runner, "checks")
+    assert run["tokens"] == engine.get(model, runner, "0")["tokens"]
+    worker = _only_worker(run)
+    assert (worker["debug"], worker["detections"]) == ("checks", [])
+    assert set(worker["stats"]) == STATS_ROWS[model]
+    assert worker["stats"] == _only_worker(engine.get(model, runner, "1"))["stats"]
 
 
 def test_the_plugin_registers_in_every_process(engine: Runs) -> None:

@@ -285,6 +285,35 @@ def test_the_mamba2_builder_computes_its_prefill_rows_once(
     assert counted["prefill"] == (2 if mode == "stock" else 1)
 
 
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_debug_checks_find_nothing_in_a_build(
+    counted: dict[str, int], register_plugin: Any, runner: str
+) -> None:
+    """Debug mode's checks on every layout cache, through vLLM's real builders: no
+    key function reads an input it does not declare (``is_prefilling`` is an argument
+    of the split cache, the backend a dependency of the chunk cache), nothing is
+    detected, and each value still serves every group of its build (checks mode
+    computes again where an input the function reads but does not declare is another
+    object: ``is_prefilling``, vLLM's own field, each group's own)."""
+    register_plugin("1")
+    stepcache.clear_debug_report()
+    stepcache.reset_stats()
+    gdn = [real_builders.gdn_builder() for _ in range(GROUPS)]
+    mamba = [real_builders.mamba2_builder()]
+    with stepcache.debug("checks"):
+        for builders in (gdn, mamba):
+            if runner == "v2":
+                real_builders.v2_build(builders, layout(*MIXED))
+            else:
+                with stepcache.scope():
+                    real_builders.v1_build(builders, layout(*MIXED))
+    assert list(stepcache.debug_report()) == []
+    stats = stepcache.stats()
+    for name in NAMES.values():
+        assert stats[name].hits >= 1 and stats[name].misses >= 1, (name, stats[name])
+    assert stats[_gdn.SPLIT_NAME].hits == GROUPS - 1  # one build, three groups
+
+
 def test_each_cache_is_named_in_stats(
     counted: dict[str, int], register_plugin: Any
 ) -> None:

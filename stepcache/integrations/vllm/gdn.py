@@ -10,18 +10,20 @@ what each group's builder computes again:
 * ``split_decodes_and_prefills``: the GDN builder asks it, every step, of
   ``m.replace(is_prefilling=no_prior_state)``, a new object and a new
   ``is_prefilling`` tensor per group that hold the same values. The cache
-  (:func:`split_decodes_and_prefills`) depends on the layout the function reads
+  depends on the layout the function reads
   (``query_start_loc_cpu``, ``num_reqs``, ``num_actual_tokens``, ``max_query_len``)
   and keys on its arguments and, where it reads it
   (``treat_short_extends_as_decodes=False``), on the values of ``is_prefilling``, a
-  CPU tensor of one flag per request. It returns four ints. Only the GDN module's
+  CPU tensor of one flag per request, which the patch passes to it as an argument
+  (a key function reading them would be undeclared to checks mode). It returns four
+  ints. Only the GDN module's
   binding is replaced: vLLM imports that module in every engine, and the other
   builders ask once per build (nothing to share, a key to pay).
 * ``GDNAttentionMetadataBuilder._build_chunk_metadata``: FLA's chunk indices and
   offsets of a prefill step, from the prefill rows' ``query_start_loc`` (host copy):
   the same rows in every group, in a new tensor per group when the batch also has
   decodes. Keyed on the backend and on the values, dtype and shape of that host copy,
-  depending on the device the result is copied to. Its two tensors are read by the
+  depending on the device the result is copied to and on the backend. Its two tensors are read by the
   FLA kernels and written by nobody (vLLM's own ``update_block_table`` shares them
   between groups on a GPU). The ``cutedsl`` backend reads the device copy instead:
   those calls are vLLM's.
@@ -79,36 +81,56 @@ Split = tuple[int, int, int, int]
 
 
 # -- split_decodes_and_prefills ----------------------------------------------------------
-def _split_key(
-    common_attn_metadata: Any,
-    decode_threshold: int = 1,
-    require_uniform: bool = False,
-    treat_short_extends_as_decodes: bool = True,
-) -> Any:
-    if treat_short_extends_as_decodes:  # is_prefilling is not read
-        return key_in_scope((decode_threshold, require_uniform, True))
-    prefilling = common_attn_metadata.is_prefilling
-    # None: vLLM's assert fails, uncached; on a device: its values would need a sync
-    values = None if prefilling is None else cpu_values(prefilling)
-    if values is None:
-        return stepcache.BYPASS
-    return key_in_scope((decode_threshold, require_uniform, False, values))
+#: ``prefilling`` when is_prefilling's values cannot be read (``None``, on a device)
+_UNREAD: Any = object()
 
 
-@stepcache.step_cached(key=_split_key, depends_on=SPLIT_DEPENDS_ON, name=SPLIT_NAME)
+@stepcache.step_cached(
+    key=lambda common_attn_metadata, threshold, uniform, short, prefilling: (
+        stepcache.BYPASS
+        if prefilling is _UNREAD
+        else key_in_scope((threshold, uniform, short, prefilling))
+    ),
+    depends_on=SPLIT_DEPENDS_ON,
+    name=SPLIT_NAME,
+)
 def _cached_split(
+    common_attn_metadata: Any,
+    threshold: int,
+    uniform: bool,
+    short: bool,
+    prefilling: Any,
+) -> Split:
+    result: Split = _original[SPLIT_NAME](
+        common_attn_metadata,
+        decode_threshold=threshold,
+        require_uniform=uniform,
+        treat_short_extends_as_decodes=short,
+    )
+    return result
+
+
+def _split(
     common_attn_metadata: Any,
     decode_threshold: int = 1,
     require_uniform: bool = False,
     treat_short_extends_as_decodes: bool = True,
 ) -> Split:
-    result: Split = _original[SPLIT_NAME](
+    # is_prefilling, where vLLM reads it, is a new tensor per group with the same
+    # values: its values are an argument, so the key is made of arguments only
+    prefilling = None
+    if not treat_short_extends_as_decodes:
+        flags = common_attn_metadata.is_prefilling
+        # None: vLLM's assert fails, uncached; on a device: reading it would sync
+        values = None if flags is None else cpu_values(flags)
+        prefilling = _UNREAD if values is None else values
+    return _cached_split(
         common_attn_metadata,
-        decode_threshold=decode_threshold,
-        require_uniform=require_uniform,
-        treat_short_extends_as_decodes=treat_short_extends_as_decodes,
+        decode_threshold,
+        require_uniform,
+        treat_short_extends_as_decodes,
+        prefilling,
     )
-    return result
 
 
 _SPLIT_PARAMS = (
@@ -128,7 +150,7 @@ def apply_split(module: ModuleType) -> Undo:
     return replace_attribute(
         module,
         "split_decodes_and_prefills",
-        verified(SPLIT_NAME, _cached_split, original),
+        verified(SPLIT_NAME, _split, original),
     )
 
 
@@ -151,7 +173,9 @@ def _chunk_key(
     return key_in_scope((backend, values))
 
 
-@stepcache.step_cached(key=_chunk_key, depends_on=("device",), name=CHUNK_NAME)
+@stepcache.step_cached(
+    key=_chunk_key, depends_on=("device", "gdn_prefill_backend"), name=CHUNK_NAME
+)
 def _cached_chunks(
     self: Any,
     prefill_query_start_loc: torch.Tensor,
