@@ -469,7 +469,7 @@ class Checks:
     ) -> Any:
         """Check a hit; what it hands out. The common case (each input as it was
         recorded) is tested inline; a difference goes to the check that explains it."""
-        scope = None if store is None else store.scope
+        scope = store.scope
         if scope is not None and scope.open and scope not in _state.scopes.open:
             raise detect("scope-thread", fn, key)  # another thread's scope
         info = entry.info  # None if stored in production

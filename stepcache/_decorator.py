@@ -305,8 +305,9 @@ class CachedFunction:
         if info is not None and info.quiet and mode == "checks":
             self.counts.hits += 1  # debug mode recorded nothing to check
             return entry.value  # type: ignore[union-attr]
-        store = _store.found(owner) if entry is not None else None
-        if store is None or not store.belongs_to(owner):  # (a hit: its store, at once)
+        # a hit found by the generated code was read from owner._stepcache, a store
+        store = owner._stepcache if entry is not None else None  # type: ignore[attr-defined]
+        if store is None or not store.belongs_to(owner):
             try:
                 store = _store.cache_of(owner)
             except StaleCacheError as exc:
