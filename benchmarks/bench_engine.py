@@ -91,10 +91,9 @@ def _engine_run(
 
 def _counted(job: tuple[str, str, str]) -> dict[str, Any]:
     model, runner, mode = job
-    print(
-        f"bench_engine: computations, {model} on {runner}, plugin {mode} ...",
-        file=sys.stderr,
-        flush=True,
+    # one write per line: two threads print
+    sys.stderr.write(
+        f"bench_engine: computations, {model} on {runner}, plugin {mode}\n"
     )
     # ngram speculation on V1 only: V2's Triton kernel for it fails in Triton's
     # interpreter on the CPU (tests/engine/engine_runs.py SPEC_RUNNERS)
