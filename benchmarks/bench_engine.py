@@ -55,7 +55,7 @@ MODELS = {
 }
 THROUGHPUT_MODELS = ("llama", "qwen3_next")
 #: the build-time runs: a model with nothing cached, and the models with a cache
-BUILD_MODELS = ("llama", "qwen3_next", "granite_hybrid")
+BUILD_MODELS = ("llama", "qwen3_next", "mamba2", "granite_hybrid")
 RUNNERS = ("v1", "v2")
 
 
