@@ -389,6 +389,26 @@ def markdown(results: dict[str, Any]) -> str:
             )
     lines += [
         "",
+        "**CPU time of each metadata build, plugin off and on** (what the plugin's "
+        "scope wraps: V1's `_build_attention_metadata`, V2's `prepare_attn`), switched "
+        "within one engine process; the median µs of process 1, and the on / off "
+        "ratio of each process's medians, median over the processes:",
+        "",
+        "| Model | Runner | µs off | µs on | On / off | Lowest-highest |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for run, row in results.get("build_time", {}).items():
+        if run.startswith("_"):
+            continue
+        model, _, runner = run.partition("@")
+        first = row["processes"][0]
+        lines.append(
+            f"| {model} | {runner} | {first['median_ns_off'] / 1000:.0f} | "
+            f"{first['median_ns_on'] / 1000:.0f} | {row['median_on_over_off']:.2f} | "
+            f"{row['min_on_over_off']:.2f}-{row['max_on_over_off']:.2f} |"
+        )
+    lines += [
+        "",
         "**Cost per call, stock vLLM against the plugin** (vLLM "
         f"{results['per_call']['vllm']}'s real classes on the CPU, median ns; the "
         "FlashInfer builder replaced by a stand-in that returns its pair at no cost):",
