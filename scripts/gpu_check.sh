@@ -8,7 +8,7 @@
 #   3. vLLM's real engine (a CUDA vLLM 0.33, CUDA graphs on) with the tiny models of
 #      tests/engine, plugin off, on and verify: the same greedy tokens, the worker's
 #      report; results in docs/benchmarks/gpu_engine.json.
-# tests/cuda runs in a process of its own: tests/vllm switches Triton's interpreter on
+# tests/cuda runs in a process of its own: tests/vllm_plugin switches Triton's interpreter on
 # for the CPU, which must not be on here.
 #   PYTHON=/path/to/python scripts/gpu_check.sh [pytest args]
 # NOT RUN YET: no GPU was available where this was written (see docs/integrations.md).

@@ -280,7 +280,7 @@ def _hit_branch(source: str) -> str:
 @pytest.mark.vllm
 def test_the_seed_hit_is_stock_vllms_hit_branch() -> None:
     # "stock vLLM's method" on the benchmarks page: the seed's hit branch is vLLM's
-    # skipped without vLLM, unless the test command requires it (as for tests/vllm)
+    # skipped without vLLM, unless the test command requires it (as for tests/vllm_plugin)
     if os.environ.get("STEPCACHE_REQUIRE_VLLM") == "1":
         backend = importlib.import_module("vllm.v1.attention.backend")
     else:

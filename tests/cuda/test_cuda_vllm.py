@@ -3,7 +3,7 @@
 interpreted), the plugin only caches it, and fixes stock vLLM's stale rows.
 
 Run by ``scripts/gpu_check.sh``; skipped where CUDA or vLLM is not available, and in a
-process where tests/vllm switched Triton's interpreter on (run this folder alone). No
+process where tests/vllm_plugin switched Triton's interpreter on (run this folder alone). No
 run on a GPU has been recorded yet (see docs/limits.md)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
     pytest.mark.skipif(
         os.environ.get("TRITON_INTERPRET") == "1",
-        reason="Triton's interpreter is on in this process (tests/vllm switches it "
+        reason="Triton's interpreter is on in this process (tests/vllm_plugin switches it "
         "on); run tests/cuda alone: scripts/gpu_check.sh",
     ),
 ]

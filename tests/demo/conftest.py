@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The demo's tests of real vLLM (its metadata in .venv, its engine in .venv-engine):
 ``STEPCACHE_REQUIRE_VLLM=1`` (the test command sets it) turns their skips into
-failures, as in tests/vllm and tests/engine."""
+failures, as in tests/vllm_plugin and tests/engine."""
 
 from __future__ import annotations
 

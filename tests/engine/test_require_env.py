@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``STEPCACHE_REQUIRE_VLLM=1`` turns the skip of a tests/vllm or tests/engine test
+"""``STEPCACHE_REQUIRE_VLLM=1`` turns the skip of a tests/vllm_plugin or tests/engine test
 into a failure: the hook both conftests install (``tests/require_vllm.py``), run on a
 small suite by pytester."""
 

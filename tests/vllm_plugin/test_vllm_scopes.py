@@ -197,7 +197,7 @@ def draft_loop(query_lens: list[int], draft_steps: int) -> list[list[int]]:
     builder per draft group)."""
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
-    from tests.vllm.conftest import layout_metadata
+    from tests.vllm_plugin.conftest import layout_metadata
 
     builder = Builder()
     group = SimpleNamespace(

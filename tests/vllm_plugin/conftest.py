@@ -35,8 +35,8 @@ if importlib.util.find_spec("vllm") is None:
     NO_KERNELS = "vLLM is not installed"  # and every test here skips
 elif "vllm" in sys.modules:
     NO_KERNELS = (
-        "vLLM was imported before tests/vllm/conftest.py could switch Triton's "
-        "interpreter on: run tests/vllm in a pytest process that imports vLLM nowhere "
+        "vLLM was imported before tests/vllm_plugin/conftest.py could switch Triton's "
+        "interpreter on: run tests/vllm_plugin in a pytest process that imports vLLM nowhere "
         "else"
     )
 else:

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The layout caches of the plugin on vLLM 0.33's real GDN and Mamba2 builders
-(tests/vllm/real_builders.py): ``split_decodes_and_prefills`` (as the GDN module
+(tests/vllm_plugin/real_builders.py): ``split_decodes_and_prefills`` (as the GDN module
 binds it), ``GDNAttentionMetadataBuilder._build_chunk_metadata``,
 ``CommonAttentionMetadata.compute_num_computed_tokens`` and
 ``BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata``: stock vLLM's value for

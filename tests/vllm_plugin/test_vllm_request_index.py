@@ -247,7 +247,7 @@ def test_v1_group_copies_in_a_build_share_one_computation(
 ) -> None:
     """vLLM's V1 runner makes ``copy(cm_base)`` per KV-cache group and changes only
     the block table and slot mapping, inside the build's scope (the plugin opens it:
-    tests/vllm/test_vllm_scopes.py); outside one, each copy computes its own."""
+    tests/vllm_plugin/test_vllm_scopes.py); outside one, each copy computes its own."""
     cm_base = make_metadata([1, 1, 4], pad_to=8)
 
     def build() -> list[torch.Tensor]:
@@ -332,7 +332,7 @@ def test_num_computed_tokens_keeps_vllms_field(
     make_metadata: Callable[..., Metadata],
     shift: Callable[[Metadata], Metadata],
 ) -> None:
-    """Patched for the GDN builder's groups (tests/vllm/test_vllm_layout_caches.py),
+    """Patched for the GDN builder's groups (tests/vllm_plugin/test_vllm_layout_caches.py),
     but vLLM's field still answers once filled, stale after a change of seq_lens on
     the same object (or a replace() that carries it), as without the plugin."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
