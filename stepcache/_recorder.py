@@ -1,9 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which attributes of an owner a call reads: debug mode's recorder.
+"""Which attributes of an object a call reads: the one recorder of debug mode and the
+profiler.
 
-It patches a recording ``__getattribute__`` into the owner's class while a recording
-runs (once per class, whatever the number of recordings; the last one out restores
-the class), so it is not thread-safe for other code that patches the same class.
+A watch patches a recording ``__getattribute__`` into the object's class. Every user
+(debug mode's `Recording`, the profiler's ``ReadRecorder``) goes through `watch`, so
+a class has at most one such patch, shared and counted: the class gets its own
+``__getattribute__`` back when the last watch on it stops, in whatever order its
+users stop (two recorders that each patched and restored for themselves left one
+another's wrapper in place when they stopped out of order). Not thread-safe for other
+code that patches the same class.
 """
 
 from __future__ import annotations
@@ -11,58 +16,123 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-#: class -> its own ``__getattribute__`` (or ``None``) and the (owner, names read)
-#: of each recording now
-_patched: dict[type, tuple[Any, list[tuple[object, set[str]]]]] = {}
+__all__ = ["Recording", "Watch", "data_read", "watch"]
+
+
+class _Patch:
+    """One class with the recording ``__getattribute__`` in place."""
+
+    __slots__ = ("cls", "own", "users", "watchers", "wrapper")
+
+    def __init__(self, cls: type, own: Any) -> None:
+        self.cls = cls
+        #: the class's own ``__getattribute__`` (``None``: it inherited one)
+        self.own = own
+        #: the watches now on this class
+        self.users = 0
+        #: id(object) -> the name set of each watch on it
+        self.watchers: dict[int, list[set[str]]] = {}
+        self.wrapper: Any = None
+
+
+_patched: dict[type, _Patch] = {}
 _lock = threading.Lock()
 
 
-def _patch(cls: Any) -> list[tuple[object, set[str]]] | None:
-    """Patch a recording ``__getattribute__`` into ``cls`` unless it is already; its
-    recorders (``None``: a built-in class cannot be patched)."""
-    if cls in _patched:
-        return _patched[cls][1]
-    own, original = cls.__dict__.get("__getattribute__"), cls.__getattribute__
-    recorders: list[tuple[object, set[str]]] = []
+def _patch(cls: type) -> _Patch | None:
+    """Patch the recording ``__getattribute__`` into ``cls`` (under ``_lock``); ``None``
+    when the class cannot be patched (a built-in class)."""
+    own = cls.__dict__.get("__getattribute__")
+    original: Any = cls.__getattribute__
+    patch = _Patch(cls, own)
+    watchers = patch.watchers
 
     def recording(obj: Any, name: str) -> Any:
-        if not name.startswith("__"):
-            for owner, names in tuple(recorders):
-                if obj is owner:
-                    names.add(name)
+        sets = watchers.get(id(obj))
+        if sets is not None and not name.startswith("__"):
+            for names in sets:
+                names.add(name)
         return original(obj, name)
 
     try:
-        cls.__getattribute__ = recording
+        setattr(cls, "__getattribute__", recording)  # noqa: B010
     except (TypeError, AttributeError):
         return None
-    _patched[cls] = (own, recorders)
-    return recorders
+    patch.wrapper = recording
+    _patched[cls] = patch
+    return patch
+
+
+def _unpatch(patch: _Patch) -> None:
+    """Put the class's own ``__getattribute__`` back (under ``_lock``), unless other
+    code replaced the recording one meanwhile: that one is left as it was set."""
+    del _patched[patch.cls]
+    cls = patch.cls
+    if cls.__dict__.get("__getattribute__") is not patch.wrapper:
+        return
+    if patch.own is not None:
+        setattr(cls, "__getattribute__", patch.own)  # noqa: B010
+    else:
+        delattr(cls, "__getattribute__")  # noqa: B010
+
+
+class Watch:
+    """The names of one object's attributes read from `watch` to :meth:`stop`."""
+
+    __slots__ = ("_patch", "names", "obj")
+
+    def __init__(self, obj: object, patch: _Patch) -> None:
+        #: held, so that no other object takes its ``id`` while it is watched
+        self.obj = obj
+        self.names: set[str] = set()
+        self._patch: _Patch | None = patch
+
+    def stop(self) -> set[str]:
+        """Stop watching (again: nothing more); the names read. The last watch on a
+        class puts the class's own ``__getattribute__`` back."""
+        patch, self._patch = self._patch, None
+        if patch is not None:
+            with _lock:
+                sets = patch.watchers.get(id(self.obj), [])
+                for i, names in enumerate(sets):
+                    if names is self.names:
+                        del sets[i]
+                        break
+                if not sets:
+                    patch.watchers.pop(id(self.obj), None)
+                patch.users -= 1
+                if patch.users == 0:
+                    _unpatch(patch)
+        return self.names
+
+
+def watch(obj: object) -> Watch | None:
+    """Start recording the attributes read on ``obj``; ``None`` when its class cannot
+    be patched (a built-in class)."""
+    cls = type(obj)
+    with _lock:
+        patch = _patched.get(cls) or _patch(cls)
+        if patch is None:
+            return None
+        w = Watch(obj, patch)
+        patch.watchers.setdefault(id(obj), []).append(w.names)
+        patch.users += 1
+        return w
 
 
 class Recording:
-    """The names of ``owner``'s attributes read from its start to :meth:`stop`."""
+    """The names of ``owner``'s attributes read from its start to :meth:`stop`: debug
+    mode's use of `watch`."""
 
     def __init__(self, owner: object) -> None:
-        self.owner, self.names = owner, set[str]()
-        self._cls = type(owner)
-        with _lock:
-            self._recorders = _patch(self._cls)
-            if self._recorders is not None:
-                self._recorders.append((owner, self.names))
+        self.owner = owner
+        self._watch = watch(owner)
+        self.names: set[str] = set() if self._watch is None else self._watch.names
 
     def stop(self) -> set[str]:
         """Stop recording (again: nothing more); the names read."""
-        recorders, self._recorders = self._recorders, None
-        if recorders is not None:
-            with _lock:
-                recorders[:] = [r for r in recorders if r[1] is not self.names]
-                if not recorders:  # the last recording out restores the class
-                    own = _patched.pop(self._cls)[0]
-                    if own is not None:
-                        setattr(self._cls, "__getattribute__", own)  # noqa: B010
-                    else:
-                        del self._cls.__getattribute__
+        if self._watch is not None:
+            self._watch.stop()
         return self.names
 
 

@@ -179,7 +179,7 @@ class Profile:
                 _active = None
             raise
         self._report = ProfileReport(self._recorder, states)
-        self._recorder.active = True
+        self._recorder.start()
         self._report.setup_ns = clock() - t0
         self._t0 = clock()
         return self._report
@@ -249,7 +249,7 @@ class Profile:
         report = self._report
         assert report is not None
         try:
-            self._recorder.active = False
+            self._recorder.stop()
             report.wall_ns = t1 - self._t0
             t2 = clock()
             report.not_restored = self._restore()
@@ -259,6 +259,7 @@ class Profile:
             self._recorder.finish()
             report._finish(clock, t3)
         finally:
+            self._recorder.stop()
             self._restore()
             with _active_lock:
                 _active = None

@@ -235,7 +235,17 @@ class ProfileReport:
                     other_result=fn.other_result,
                 )
             )
-        rows.sort(key=lambda r: (-r.uncovered_ns, -r.redundant_ns, -r.total_ns, r.name))
+        # by time, then by counts and name: the rows without redundant calls (no time
+        # to rank by) come in the same order in every run
+        rows.sort(
+            key=lambda r: (
+                -r.uncovered_ns,
+                -r.redundant_ns,
+                -r.redundant,
+                -r.calls,
+                r.name,
+            )
+        )
         self._functions = tuple(rows)
         for fn in self._states:  # the calls are summarised: let them go
             fn.kept = []
