@@ -1,16 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """Engine-neutral patching: wait for a module's import, check a target's shape, patch
-it, undo, count, and verify against the original.
+it (in a scope, compared with the original, or as is), undo, count.
 
-An integration with an engine (``stepcache.integrations.vllm``; SGLang would be
-another) lists its :class:`Patch` objects. Each waits for its module
-(:func:`when_imported`: the engine imports a model's modules only when it needs them,
-long after plugins load; importing them eagerly would slow every process down), checks
-the target it replaces (:func:`expect_function`, :func:`expect_dataclass_fields`;
-a reshaped target raises :class:`SkipPatch` and is left alone), installs the
-replacement (:func:`replace_attribute`, marked with :data:`MARK`) and returns how to
-undo it. :func:`verify_against_stock` compares a patched call's value with the
-original's; :data:`counters` counts events of patches whose cache is the engine's own.
+An engine's plugin (:class:`stepcache.integrations.plugin.EnginePlugin`) lists its
+:class:`Patch` objects. Each waits for its module (:func:`when_imported`: an engine
+imports a model's modules only when it needs them, long after plugins load; importing
+them eagerly would slow every process down). Its ``find`` checks the target it
+replaces (:func:`expect_function`, :func:`expect_dataclass_fields`; a reshaped target
+raises :class:`SkipPatch` and is left alone) and names it in a :class:`Target`; its
+``wrap`` says what is installed there: the original run inside a
+:func:`stepcache.scope` (:class:`Scope`), a stand-in that verify mode compares with the
+original (:class:`Verify`), or the stand-in as is (:class:`Unwrapped`).
+:func:`install` puts it in place, marked with :data:`MARK`, and returns how to undo
+it; :data:`counters` counts events of patches whose cache is the engine's own.
 
 >>> import sys, types
 >>> seen = []
@@ -28,9 +30,9 @@ import importlib.machinery
 import inspect
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from types import ModuleType
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import stepcache
 from stepcache import first_difference
@@ -39,26 +41,33 @@ __all__ = [
     "Hook",
     "MARK",
     "REQUIRED",
+    "UNWRAPPED",
     "Counters",
     "Patch",
+    "Scope",
     "SkipPatch",
+    "StockCheck",
+    "Target",
     "Undo",
+    "Unwrapped",
+    "Verify",
+    "Wrap",
     "counters",
     "first_difference",
-    "settings",
-    "verify_against_stock",
     "expect_dataclass_fields",
     "expect_function",
     "expect_parameters",
+    "install",
     "marked",
     "pending",
     "replace_attribute",
     "replace_everywhere",
     "scoped",
+    "verified",
     "when_imported",
 ]
 
-#: Set on every function the plugin installs, to the patch's name.
+#: Set on every function a plugin installs, to the patch's name.
 MARK: Final = "__stepcache_patch__"
 
 Undo = Callable[[], None]
@@ -69,14 +78,121 @@ class SkipPatch(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class Target:
+    """What a patch replaces, found and checked by its ``find``: ``owner.attr``
+    (a module or a class), whose value is ``original``. ``stand_in`` is what a
+    :class:`Verify` or :class:`Unwrapped` patch installs in its place (a
+    :class:`Scope` patch wraps ``original`` itself). ``everywhere``: also rebind it in
+    every module that bound it by ``from owner import attr``
+    (:func:`replace_everywhere`)."""
+
+    owner: Any
+    attr: str
+    original: Callable[..., Any]
+    stand_in: Callable[..., Any] | None = None
+    everywhere: bool = False
+
+    def the_stand_in(self, name: str) -> Callable[..., Any]:
+        """``stand_in``; a patch that wraps one and found none is a bug of its own."""
+        if self.stand_in is None:
+            raise TypeError(f"the patch {name} found no stand-in to install")
+        return self.stand_in
+
+
+@dataclasses.dataclass(frozen=True)
+class StockCheck:
+    """Verify mode's comparison: raise :class:`stepcache.StaleCacheError` naming the
+    patch and the first difference, if a patched call's value is not what stock
+    ``engine`` computed. ``switch`` is how a user turns the plugin off."""
+
+    engine: str
+    switch: str
+
+    def __call__(self, name: str, ours: object, stock: object) -> None:
+        found = first_difference(stock, ours)
+        counters.count(name, "verified")
+        if found is not None:
+            raise stepcache.StaleCacheError(
+                f"stepcache verify: the patch {name} gave another value than stock "
+                f"{self.engine}: {found}. Stock {self.engine}'s value is the right "
+                f"one; turn the plugin off ({self.switch}) and report this."
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """Wrap the original in a :func:`stepcache.scope` (:func:`scoped`): unless its
+    parameter ``unless`` is true in the call; counted under ``count_as`` (default:
+    the patch's name), so patches of one lifetime in several classes share a row."""
+
+    kind: ClassVar[str] = "scope"
+    unless: str | None = None
+    count_as: str | None = None
+
+    def build(self, name: str, target: Target, check: StockCheck | None) -> Any:
+        """The function to install for the patch ``name``."""
+        counted = self.count_as or name
+        return marked(scoped(target.original, counted, self.unless), name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verify:
+    """Install the stand-in; in verify mode also compute stock's value and compare
+    (:func:`verified`). ``stock(*args, **kwargs)`` computes it (default: the original
+    on the same arguments; a stand-in that fills the engine's own cache needs stock on
+    a copy that has none); ``when(*args, **kwargs)``, asked before the call, leaves
+    the calls it is false for uncompared (those the engine's own cache answers)."""
+
+    kind: ClassVar[str] = "verify"
+    stock: Callable[..., Any] | None = None
+    when: Callable[..., bool] | None = None
+
+    def build(self, name: str, target: Target, check: StockCheck | None) -> Any:
+        """The function to install for the patch ``name``."""
+        stand_in = target.the_stand_in(name)
+        stock = target.original if self.stock is None else self.stock
+        return verified(name, stand_in, target.original, check, stock, self.when)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unwrapped:
+    """Install the stand-in as it is (marked)."""
+
+    kind: ClassVar[str] = "none"
+
+    def build(self, name: str, target: Target, check: StockCheck | None) -> Any:
+        """The function to install for the patch ``name``."""
+        return marked(target.the_stand_in(name), name)
+
+
+#: How a patch is wrapped: in a scope, verified, or not at all.
+Wrap = Scope | Verify | Unwrapped
+
+UNWRAPPED: Final = Unwrapped()
+
+
+@dataclasses.dataclass(frozen=True)
 class Patch:
-    """One replacement of a vLLM cache or builder, applied when ``module`` is
-    imported. ``apply`` checks the target, installs the replacement and returns how
-    to undo it, or raises :class:`SkipPatch` with the reason it left vLLM alone."""
+    """One replacement in an engine, applied when ``module`` is imported. ``find``
+    checks the target and returns it (:class:`Target`), or raises :class:`SkipPatch`
+    with the reason it left the engine alone; ``wrap`` says what is installed there
+    (:class:`Scope`, :class:`Verify` or :class:`Unwrapped`)."""
 
     name: str
     module: str
-    apply: Callable[[ModuleType], Undo]
+    find: Callable[[ModuleType], Target]
+    wrap: Wrap = UNWRAPPED
+
+
+def install(patch: Patch, module: ModuleType, check: StockCheck | None) -> Undo:
+    """Apply ``patch`` to its imported ``module``: find the target, build what its
+    wrap installs (comparing with stock when ``check`` is given), put it in place;
+    returns how to undo it. Raises :class:`SkipPatch` from ``find``."""
+    target = patch.find(module)
+    value = patch.wrap.build(patch.name, target, check)
+    if target.everywhere:
+        return replace_everywhere(target.owner, target.attr, value)
+    return replace_attribute(target.owner, target.attr, value)
 
 
 class _Required:
@@ -127,7 +243,7 @@ def expect_parameters(
     fn = getattr(owner, attr, None)
     where = f"{getattr(owner, '__name__', owner)}.{attr}"
     if fn is None or getattr(fn, MARK, None) is not None or not inspect.isfunction(fn):
-        what = "absent" if fn is None else f"not vLLM's function ({fn!r})"
+        what = "absent" if fn is None else f"not the engine's function ({fn!r})"
         raise SkipPatch(f"{where} is {what}")
     have = inspect.signature(fn).parameters
     if missing := [n for n in names if n not in have]:
@@ -216,52 +332,44 @@ def scoped(
 
 
 # -- verify mode -----------------------------------------------------------------------
-class Settings:
-    """What the patches read at call time (set by ``register()``)."""
-
-    #: ``STEPCACHE_VLLM=verify``: every patched call also runs stock vLLM's code
-    verify: bool = False
-
-
-settings = Settings()
-
-
-def verify_against_stock(name: str, ours: object, stock: object) -> None:
-    """Raise :class:`stepcache.StaleCacheError` naming the patch ``name`` and the first
-    difference, if ``ours`` is not what stock vLLM computed."""
-    found = first_difference(stock, ours)
-    counters.count(name, "verified")
-    if found is not None:
-        raise stepcache.StaleCacheError(
-            f"stepcache verify: the patch {name} gave another value than stock "
-            f"vLLM: {found}. Stock vLLM's value is the right one; turn the plugin off "
-            f"(STEPCACHE_VLLM=0) and report this."
-        )
-
-
 def verified(
-    name: str, cached: Callable[..., Any], original: Callable[..., Any]
+    name: str,
+    stand_in: Callable[..., Any],
+    original: Callable[..., Any],
+    check: StockCheck | None,
+    stock: Callable[..., Any] | None = None,
+    when: Callable[..., bool] | None = None,
 ) -> Callable[..., Any]:
-    """What the patch ``name`` installs in place of ``original``: ``cached``, its
-    step-cached stand-in, and with ``STEPCACHE_VLLM=verify`` also ``original`` on
-    the same arguments, compared (:func:`verify_against_stock`). It has
-    ``original``'s signature, and the module of ``cached``."""
+    """What the patch ``name`` installs in place of ``original``: ``stand_in`` (its
+    step-cached replacement); with a ``check`` (verify mode) also ``stock`` (default
+    ``original``) on the same arguments, compared, for the calls ``when`` allows
+    (default: every call). It has ``original``'s signature, and the module of
+    ``stand_in``."""
+    # One closure per mode, chosen once: a call in production tests no switch.
+    if check is None:
 
-    def patched(*args: Any, **kwargs: Any) -> Any:
-        result = cached(*args, **kwargs)
-        if settings.verify:
-            verify_against_stock(name, result, original(*args, **kwargs))
-        return result
+        def patched(*args: Any, **kwargs: Any) -> Any:
+            return stand_in(*args, **kwargs)
+
+    else:
+        compute_stock = original if stock is None else stock
+
+        def patched(*args: Any, **kwargs: Any) -> Any:
+            compare = when is None or when(*args, **kwargs)
+            result = stand_in(*args, **kwargs)
+            if compare:
+                check(name, result, compute_stock(*args, **kwargs))
+            return result
 
     functools.update_wrapper(patched, original)
-    patched.__module__ = cached.__module__
+    patched.__module__ = getattr(stand_in, "__module__", original.__module__)
     return marked(patched, name)
 
 
 # -- counters --------------------------------------------------------------------------
 class Counters:
-    """Per-patch event counts of this process (hits, misses, verified calls...), for
-    the patches whose cache is vLLM's own (not in :func:`stepcache.stats`).
+    """Per-patch event counts of this process (scopes, verified calls...), for the
+    patches whose cache is the engine's own (not in :func:`stepcache.stats`).
 
     Diagnostics, counted without a lock (a patched call should not take one): two
     threads counting the same event at once may lose one count.
@@ -275,14 +383,23 @@ class Counters:
         counts = self._counts
         counts[key] = counts.get(key, 0) + 1
 
-    def to_dict(self) -> dict[str, dict[str, int]]:
+    def to_dict(
+        self, names: Collection[str] | None = None
+    ) -> dict[str, dict[str, int]]:
+        """The counts by name and event (only ``names``' when given)."""
         out: dict[str, dict[str, int]] = {}
         for (name, event), n in list(self._counts.items()):
-            out.setdefault(name, {})[event] = n
+            if names is None or name in names:
+                out.setdefault(name, {})[event] = n
         return out
 
-    def reset(self) -> None:
-        self._counts.clear()
+    def reset(self, names: Collection[str] | None = None) -> None:
+        """Zero every count (only ``names``' when given)."""
+        if names is None:
+            self._counts.clear()
+            return
+        for key in [k for k in self._counts if k[0] in names]:
+            del self._counts[key]
 
 
 counters = Counters()

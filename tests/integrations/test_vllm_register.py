@@ -5,36 +5,74 @@ silent without vLLM, never raising into vLLM, logging what it applied."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
-import types
 from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
 
 from stepcache.integrations import vllm as plugin
-from stepcache.integrations.patching import Patch, SkipPatch, Undo
+from stepcache.integrations.patching import Patch, SkipPatch
+from stepcache.integrations.patching import Target as Found
+
+
+def original() -> str:
+    return "original"
+
+
+def stand_in() -> str:
+    return "patched"
 
 
 class Target:
-    """Records what was applied and undone to one stand-in module."""
+    """Records what was applied and undone to one stand-in module: its ``f``,
+    replaced by a stand-in."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.applied = 0
         self.undone = 0
 
-    def apply(self, module: ModuleType) -> Undo:
+    def module(self) -> ModuleType:
+        """A module for this target, that counts the undoing of its patch."""
+        target = self
+
+        class Module(ModuleType):
+            def __setattr__(self, name: str, value: object) -> None:
+                if name == "f" and value is original:
+                    target.undone += 1
+                super().__setattr__(name, value)
+
+        module = Module(self.name)
+        vars(module)["f"] = original
+        return module
+
+    def find(self, module: ModuleType) -> Found:
         assert module.__name__ == self.name
         self.applied += 1
-        module.patched = True  # type: ignore[attr-defined]
+        return Found(module, "f", module.f, stand_in)
 
-        def undo() -> None:
-            self.undone += 1
-            module.patched = False  # type: ignore[attr-defined]
 
-        return undo
+def patched(name: str) -> bool:
+    """Whether the stand-in module ``name`` has its patch in place."""
+    return bool(sys.modules[name].f() == "patched")
+
+
+def with_declaration(
+    monkeypatch: pytest.MonkeyPatch,
+    patches: tuple[Patch, ...],
+    found: tuple[str, str] = ("vllm", "0.33.0"),
+) -> None:
+    """The vLLM plugin's declaration with stand-in patches and a stand-in version."""
+    monkeypatch.setattr(
+        plugin,
+        "PLUGIN",
+        dataclasses.replace(
+            plugin.PLUGIN, patches=patches, find_installed=lambda: found
+        ),
+    )
 
 
 @pytest.fixture
@@ -56,14 +94,11 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Target]]:
     plugin.unregister()
     targets = {}
     for name in ("sc_fake_vllm_a", "sc_fake_vllm_b"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
         targets[name] = Target(name)
-    monkeypatch.setattr(
-        plugin,
-        "PATCHES",
-        tuple(Patch(f"patch {n}", n, t.apply) for n, t in targets.items()),
+        monkeypatch.setitem(sys.modules, name, targets[name].module())
+    with_declaration(
+        monkeypatch, tuple(Patch(f"patch {n}", n, t.find) for n, t in targets.items())
     )
-    monkeypatch.setattr(plugin, "installed_vllm", lambda: ("vllm", "0.33.0"))
     monkeypatch.setenv(plugin.ENV, "1")
     yield targets
     plugin.unregister()
@@ -75,7 +110,7 @@ def test_register_is_idempotent_and_logs_once(
     plugin.register()
     plugin.register()
     assert [t.applied for t in fake.values()] == [1, 1]
-    assert all(sys.modules[n].patched for n in fake)  # type: ignore[attr-defined]
+    assert all(patched(n) for n in fake)
     summaries = [r for r in log.records if "plugin registered" in r.getMessage()]
     assert len(summaries) == 1
     assert "patched: patch sc_fake_vllm_a, patch sc_fake_vllm_b" in summaries[0].message
@@ -88,6 +123,7 @@ def test_unregister_undoes_and_allows_a_new_registration(
     plugin.register()
     plugin.unregister()
     assert [t.undone for t in fake.values()] == [1, 1]
+    assert not any(patched(n) for n in fake)
     assert set(plugin.status().values()) == {"off"}
     plugin.register()
     assert [t.applied for t in fake.values()] == [2, 2]
@@ -126,16 +162,14 @@ def test_each_mode_that_patches(
     value: str,
     mode: str,
 ) -> None:
-    from stepcache.integrations import patching as _vllm_patch
-
     monkeypatch.setenv(plugin.ENV, value)
     plugin.register()
     assert [t.applied for t in fake.values()] == [1, 1]
     assert plugin.active_mode() == mode
-    assert _vllm_patch.settings.verify is (mode == "verify")
+    assert plugin.PLUGIN.verify is (mode == "verify")
     assert f"STEPCACHE_VLLM={mode}, vllm 0.33.0" in log.text
     plugin.unregister()
-    assert _vllm_patch.settings.verify is False
+    assert plugin.PLUGIN.verify is False
 
 
 @pytest.mark.parametrize(
@@ -157,7 +191,7 @@ def test_only_tested_versions_are_patched_unless_forced(
     found: tuple[str, str],
     applies: bool,
 ) -> None:
-    monkeypatch.setattr(plugin, "installed_vllm", lambda: found)
+    with_declaration(monkeypatch, plugin.PLUGIN.patches, found)
     plugin.register()
     assert [t.applied for t in fake.values()] == [int(applies)] * 2
     warnings = [r.getMessage() for r in log.records if r.levelno >= logging.WARNING]
@@ -205,20 +239,19 @@ def test_a_target_of_another_shape_is_skipped_and_logged(
     log: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def refuse(module: ModuleType) -> Undo:
+    def refuse(module: ModuleType) -> Found:
         raise SkipPatch("sc_fake_vllm_a.f has parameters (x), expected (x, y)")
 
-    def crash(module: ModuleType) -> Undo:
+    def crash(module: ModuleType) -> Found:
         raise RuntimeError("bug in a patch")
 
     good = fake["sc_fake_vllm_b"]
-    monkeypatch.setattr(
-        plugin,
-        "PATCHES",
+    with_declaration(
+        monkeypatch,
         (
             Patch("refused", "sc_fake_vllm_a", refuse),
             Patch("crashing", "sc_fake_vllm_a", crash),
-            Patch("good", "sc_fake_vllm_b", good.apply),
+            Patch("good", "sc_fake_vllm_b", good.find),
         ),
     )
     plugin.register()  # raises nothing into vLLM
@@ -238,21 +271,21 @@ def test_a_module_imported_later_is_patched_on_import(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     late = Target("sc_fake_vllm_late")
-    monkeypatch.setattr(
-        plugin, "PATCHES", (Patch("late patch", "sc_fake_vllm_late", late.apply),)
+    with_declaration(
+        monkeypatch, (Patch("late patch", "sc_fake_vllm_late", late.find),)
     )
     plugin.register()
     assert plugin.status() == {"late patch": "waiting for sc_fake_vllm_late"}
     assert late.applied == 0
     # a module appears through the import system: give it a finder
-    module = types.ModuleType("sc_fake_vllm_late")
+    module = late.module()
 
     class Loader:
         def create_module(self, spec: object) -> ModuleType:
             return module
 
         def exec_module(self, module: ModuleType) -> None:
-            module.f = 1  # type: ignore[attr-defined]
+            module.g = 1  # type: ignore[attr-defined]
 
     class Finder:
         def find_spec(self, name: str, path: object, target: object = None) -> object:
@@ -267,6 +300,7 @@ def test_a_module_imported_later_is_patched_on_import(
     import sc_fake_vllm_late  # type: ignore[import-not-found]  # noqa: F401
 
     assert late.applied == 1
+    assert patched("sc_fake_vllm_late")
     assert plugin.status() == {"late patch": "applied"}
     assert "stepcache: patched late patch" in log.text
 
@@ -281,17 +315,17 @@ def test_the_registration_line_waits_for_a_configured_log(
     logger.propagate = False  # no handler anywhere: vLLM's log is not set up yet
     try:
         plugin.register()
-        assert plugin._state.summary is not None
+        assert plugin.PLUGIN._state.summary is not None
         logger.addHandler(caplog.handler)
         logger.setLevel(logging.INFO)
         late = Target("sc_fake_vllm_late2")
-        plugin._applier(Patch("late", "sc_fake_vllm_late2", late.apply))(
-            types.ModuleType("sc_fake_vllm_late2")
+        plugin.PLUGIN._applier(Patch("late", "sc_fake_vllm_late2", late.find))(
+            late.module()
         )
         messages = [r.getMessage() for r in caplog.records]
         assert messages[0] == "stepcache: patched late"
         assert messages[1].startswith("stepcache: vLLM plugin registered (pid ")
-        assert plugin._state.summary is None
+        assert plugin.PLUGIN._state.summary is None
     finally:
         logger.removeHandler(caplog.handler)
         logger.level, logger.propagate = old[0], old[1]

@@ -5,12 +5,15 @@ against, and leaves a target of an unexpected shape alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import logging
 from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
+
+from stepcache.integrations.patching import MARK
 
 pytestmark = pytest.mark.vllm
 
@@ -68,7 +71,10 @@ def test_vllms_loader_registers_the_plugin_once_however_often_it_runs(
     fresh_loader.load_general_plugins()
     assert set(plugin.status().values()) == {"applied"}
     patched = CommonAttentionMetadata.token_to_req_indices
-    assert patched is _vllm_metadata.token_to_req_indices_verified
+    # the verify-wrapped stand-in: stepcache's cache, in the metadata module
+    assert getattr(patched, MARK) == _vllm_metadata.INDEX_NAME
+    assert patched.__module__ == _vllm_metadata.__name__
+    assert patched.__wrapped__ is original
     fresh_loader.load_general_plugins()  # vLLM's own guard: a no-op
     monkeypatch.setattr(fresh_loader, "plugins_loaded", False)
     fresh_loader.load_general_plugins()  # as another process would: register again
@@ -160,7 +166,6 @@ def test_a_value_it_does_not_know_is_one_warning_and_no_patch(
 def test_asked_for_the_plugin_patches_every_target(
     fresh_loader: ModuleType, monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
-    from stepcache.integrations import patching as _vllm_patch
     from stepcache.integrations import vllm as plugin
 
     before = _vllm_targets()
@@ -171,10 +176,10 @@ def test_asked_for_the_plugin_patches_every_target(
     assert all(after[k] is not before[k] for k in before), after
     expected = {"1": "on"}.get(value, value)
     assert plugin.active_mode() == expected
-    assert _vllm_patch.settings.verify is (value == "verify")
+    assert plugin.PLUGIN.verify is (value == "verify")
     plugin.unregister()
     assert _vllm_targets() == before
-    assert _vllm_patch.settings.verify is False
+    assert plugin.PLUGIN.verify is False
 
 
 def test_the_installed_vllm_is_identified_by_its_distribution(
@@ -198,7 +203,10 @@ def test_an_untested_version_is_one_line_and_no_patch_unless_forced(
     from stepcache.integrations import vllm as plugin
 
     before = _vllm_targets()
-    monkeypatch.setattr(plugin, "installed_vllm", lambda: ("vllm", "0.34.0"))
+    untested = dataclasses.replace(
+        plugin.PLUGIN, find_installed=lambda: ("vllm", "0.34.0")
+    )
+    monkeypatch.setattr(plugin, "PLUGIN", untested)
     fresh_loader.load_general_plugins()
     assert _vllm_targets() == before
     assert set(plugin.status().values()) == {"off"}

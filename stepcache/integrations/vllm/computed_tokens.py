@@ -27,17 +27,19 @@ import stepcache
 from ..patching import (
     REQUIRED,
     SkipPatch,
-    Undo,
+    Target,
     expect_dataclass_fields,
     expect_function,
-    marked,
-    replace_attribute,
-    settings,
-    verify_against_stock,
 )
 from .in_scope import key_in_scope
 
-__all__ = ["COMPUTED_NAME", "apply_num_computed_tokens", "compute_num_computed_tokens"]
+__all__ = [
+    "COMPUTED_NAME",
+    "compute_num_computed_tokens",
+    "computes",
+    "find_num_computed_tokens",
+    "stock_num_computed_tokens",
+]
 
 COMPUTED_NAME = "vllm.CommonAttentionMetadata.compute_num_computed_tokens"
 
@@ -64,17 +66,28 @@ def compute_num_computed_tokens(self: Any) -> torch.Tensor:
     if result is not None:  # vLLM's own cache, as vLLM reads it
         return result
     result = _shared(self)
-    if settings.verify:
-        # vLLM's method on a copy of the object with an empty field: it computes
-        stock = _original[COMPUTED_NAME](dataclasses.replace(self, **{_FIELD: None}))
-        verify_against_stock(COMPUTED_NAME, result, stock)
     setattr(self, _FIELD, result)
     return result
 
 
-def apply_num_computed_tokens(module: ModuleType) -> Undo:
-    """Replace ``CommonAttentionMetadata.compute_num_computed_tokens`` (the class as
-    the GDN builder's module binds it)."""
+def computes(self: Any) -> bool:
+    """Whether a call computes (its field is empty): verify mode compares those; a
+    filled field is vLLM's own cache, as vLLM reads it."""
+    return getattr(self, _FIELD) is None
+
+
+def stock_num_computed_tokens(self: Any) -> torch.Tensor:
+    """Verify mode's stock value: vLLM's method on a copy of the object with an empty
+    field (so it computes)."""
+    stock: torch.Tensor = _original[COMPUTED_NAME](
+        dataclasses.replace(self, **{_FIELD: None})
+    )
+    return stock
+
+
+def find_num_computed_tokens(module: ModuleType) -> Target:
+    """``CommonAttentionMetadata.compute_num_computed_tokens`` (the class as the GDN
+    builder's module binds it), replaced by :func:`compute_num_computed_tokens`."""
     cls = getattr(module, "CommonAttentionMetadata", None)
     expect_dataclass_fields(cls, ("query_start_loc", "seq_lens", _FIELD))
     assert isinstance(cls, type)
@@ -87,8 +100,6 @@ def apply_num_computed_tokens(module: ModuleType) -> Undo:
             f"{cls.__qualname__}.compute_num_computed_tokens no longer uses {_FIELD}"
         )
     _original[COMPUTED_NAME] = original
-    return replace_attribute(
-        cls,
-        "compute_num_computed_tokens",
-        marked(compute_num_computed_tokens, COMPUTED_NAME),
+    return Target(
+        cls, "compute_num_computed_tokens", original, compute_num_computed_tokens
     )

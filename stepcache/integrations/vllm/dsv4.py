@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import sys
 import threading
 import weakref
@@ -41,14 +42,10 @@ from ..dsv4.sparse_index import PAIR_SPEC
 from ..patching import (
     REQUIRED,
     SkipPatch,
-    Undo,
+    Target,
     counters,
     expect_dataclass_fields,
     expect_function,
-    marked,
-    replace_attribute,
-    settings,
-    verify_against_stock,
 )
 
 __all__ = [
@@ -56,11 +53,14 @@ __all__ = [
     "SPARSE_INDEX_NAME",
     "SPARSE_INDEX_V41_NAME",
     "OwnedIndexCache",
-    "apply_c128_boundary",
-    "apply_sparse_index",
-    "apply_sparse_index_v41",
+    "find_c128_boundary",
+    "find_sparse_index",
+    "find_sparse_index_v41",
     "get_c128_boundary",
     "owned_index_cache",
+    "stock_c128_boundary",
+    "stock_sparse_index",
+    "stock_sparse_index_v41",
 ]
 
 SPARSE_INDEX_NAME = "vllm.dsv4.flashinfer_sparse_index"
@@ -212,12 +212,6 @@ def _sparse_index_method(
             if result is None:  # a hit: vLLM's method finds the pair in its dict
                 cache[key] = pair
                 result = original(self, swa_metadata=swa_metadata, **kwargs)
-        if settings.verify:
-            # stock vLLM on a copy of the metadata whose dict is empty: it builds
-            stock_metadata = copy.copy(swa_metadata)
-            setattr(stock_metadata, _FIELD, {})
-            stock = original(self, swa_metadata=stock_metadata, **kwargs)
-            verify_against_stock(name, result, stock)
         return result
 
     if not has_num_rows:
@@ -234,8 +228,30 @@ def _sparse_index_method(
                 self, kv_cache, swa_k_cache, swa_metadata, attn_metadata, swa_only
             )
 
-        return marked(without_num_rows, name)
-    return marked(_build_sparse_index_metadata, name)
+        return without_num_rows
+    return _build_sparse_index_metadata
+
+
+def _stock_on_an_empty_dict(name: str, *args: Any, **kwargs: Any) -> Result:
+    """Verify mode's stock value: vLLM's method (kept as ``name``) on a copy of the
+    SWA metadata whose dict is empty, so it builds."""
+    original = _original[name]
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    stock_metadata = copy.copy(bound.arguments["swa_metadata"])
+    setattr(stock_metadata, _FIELD, {})
+    bound.arguments["swa_metadata"] = stock_metadata
+    result: Result = original(*bound.args, **bound.kwargs)
+    return result
+
+
+def stock_sparse_index(*args: Any, **kwargs: Any) -> Result:
+    """Stock DeepSeek V4's sparse-index build, for verify mode."""
+    return _stock_on_an_empty_dict(SPARSE_INDEX_NAME, *args, **kwargs)
+
+
+def stock_sparse_index_v41(*args: Any, **kwargs: Any) -> Result:
+    """Stock DeepSeek V4.1's sparse-index build, for verify mode."""
+    return _stock_on_an_empty_dict(SPARSE_INDEX_V41_NAME, *args, **kwargs)
 
 
 _V4_PARAMS = (
@@ -248,9 +264,9 @@ _V4_PARAMS = (
 )
 
 
-def _apply_sparse_index(
+def _find_sparse_index(
     module: ModuleType, name: str, key_of: Callable[..., str | None], num_rows: bool
-) -> Undo:
+) -> Target:
     cls = getattr(module, "DeepseekV4FlashInferMLAAttention", None)
     if not isinstance(cls, type):
         raise SkipPatch(f"{module.__name__}.DeepseekV4FlashInferMLAAttention is absent")
@@ -274,21 +290,23 @@ def _apply_sparse_index(
         getattr(swa_module, "DeepseekSparseSWAMetadata", None), (_FIELD,)
     )
     _original[name] = method
-    return replace_attribute(
+    return Target(
         cls,
         "_build_sparse_index_metadata",
+        method,
         _sparse_index_method(name, method, key_of, num_rows),
     )
 
 
-def apply_sparse_index(module: ModuleType) -> Undo:
-    """Bind DeepSeek V4's FlashInfer sparse-index dict to its metadata object."""
-    return _apply_sparse_index(module, SPARSE_INDEX_NAME, _v4_key, num_rows=True)
+def find_sparse_index(module: ModuleType) -> Target:
+    """DeepSeek V4's sparse-index method, whose dict the stand-in binds to its
+    metadata object."""
+    return _find_sparse_index(module, SPARSE_INDEX_NAME, _v4_key, num_rows=True)
 
 
-def apply_sparse_index_v41(module: ModuleType) -> Undo:
+def find_sparse_index_v41(module: ModuleType) -> Target:
     """The same for DeepSeek V4.1's copy of the method (no ``num_rows``)."""
-    return _apply_sparse_index(module, SPARSE_INDEX_V41_NAME, _v41_key, num_rows=False)
+    return _find_sparse_index(module, SPARSE_INDEX_V41_NAME, _v41_key, num_rows=False)
 
 
 def _c128_key(metadata: Any) -> Any:
@@ -314,20 +332,20 @@ def _cached_c128_boundary(metadata: Any) -> bool | None:
     return result
 
 
-def get_c128_boundary(metadata: Any) -> bool | None:
-    """vLLM's ``_get_c128_boundary(metadata)``, once per layout."""
-    result = _cached_c128_boundary(metadata)
-    if settings.verify:
-        verify_against_stock(
-            C128_BOUNDARY_NAME, result, _original["c128_boundary"](metadata)
-        )
+#: vLLM's ``_get_c128_boundary(metadata)``, once per layout
+get_c128_boundary = _cached_c128_boundary
+
+
+def stock_c128_boundary(metadata: Any) -> bool | None:
+    """vLLM's ``_get_c128_boundary``, as kept when the patch applied (verify mode's
+    stock value)."""
+    result: bool | None = _original["c128_boundary"](metadata)
     return result
 
 
-def apply_c128_boundary(module: ModuleType) -> Undo:
-    """Decorate the DSv4 compressor module's ``_get_c128_boundary``."""
+def find_c128_boundary(module: ModuleType) -> Target:
+    """The DSv4 compressor module's ``_get_c128_boundary``, replaced by
+    :func:`get_c128_boundary`."""
     original = expect_function(module, "_get_c128_boundary", (("metadata", REQUIRED),))
     _original["c128_boundary"] = original
-    return replace_attribute(
-        module, "_get_c128_boundary", marked(get_c128_boundary, C128_BOUNDARY_NAME)
-    )
+    return Target(module, "_get_c128_boundary", original, get_c128_boundary)

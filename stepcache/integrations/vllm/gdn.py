@@ -47,11 +47,9 @@ import stepcache
 from ..patching import (
     REQUIRED,
     SkipPatch,
-    Undo,
+    Target,
     expect_dataclass_fields,
     expect_function,
-    replace_attribute,
-    verified,
 )
 from .in_scope import cpu_values, key_in_scope
 
@@ -59,8 +57,8 @@ __all__ = [
     "CHUNK_NAME",
     "SPLIT_DEPENDS_ON",
     "SPLIT_NAME",
-    "apply_chunk_metadata",
-    "apply_split",
+    "find_chunk_metadata",
+    "find_split",
 ]
 
 SPLIT_NAME = "vllm.gdn.split_decodes_and_prefills"
@@ -141,17 +139,14 @@ _SPLIT_PARAMS = (
 )
 
 
-def apply_split(module: ModuleType) -> Undo:
-    """Replace the GDN module's binding of ``split_decodes_and_prefills``."""
+def find_split(module: ModuleType) -> Target:
+    """The GDN module's binding of ``split_decodes_and_prefills``, replaced by its
+    step-cached stand-in."""
     original = expect_function(module, "split_decodes_and_prefills", _SPLIT_PARAMS)
     metadata = getattr(module, "CommonAttentionMetadata", None)
     expect_dataclass_fields(metadata, (*SPLIT_DEPENDS_ON, "is_prefilling"))
     _original[SPLIT_NAME] = original
-    return replace_attribute(
-        module,
-        "split_decodes_and_prefills",
-        verified(SPLIT_NAME, _split, original),
-    )
+    return Target(module, "split_decodes_and_prefills", original, _split)
 
 
 # -- GDNAttentionMetadataBuilder._build_chunk_metadata -----------------------------------
@@ -196,8 +191,9 @@ _CHUNK_PARAMS = (
 )
 
 
-def apply_chunk_metadata(module: ModuleType) -> Undo:
-    """Replace ``GDNAttentionMetadataBuilder._build_chunk_metadata``."""
+def find_chunk_metadata(module: ModuleType) -> Target:
+    """``GDNAttentionMetadataBuilder._build_chunk_metadata``, replaced by its
+    step-cached stand-in."""
     cls = getattr(module, "GDNAttentionMetadataBuilder", None)
     if not isinstance(cls, type):
         raise SkipPatch(f"{module.__name__}.GDNAttentionMetadataBuilder is absent")
@@ -209,6 +205,4 @@ def apply_chunk_metadata(module: ModuleType) -> Undo:
             "gdn_prefill_backend"
         )
     _original[CHUNK_NAME] = original
-    return replace_attribute(
-        cls, "_build_chunk_metadata", verified(CHUNK_NAME, _cached_chunks, original)
-    )
+    return Target(cls, "_build_chunk_metadata", original, _cached_chunks)

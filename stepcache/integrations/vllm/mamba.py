@@ -26,15 +26,13 @@ import stepcache
 from ..patching import (
     REQUIRED,
     SkipPatch,
-    Undo,
+    Target,
     expect_dataclass_fields,
     expect_function,
-    replace_attribute,
-    verified,
 )
 from .in_scope import key_in_scope
 
-__all__ = ["PREFILL_DEPENDS_ON", "PREFILL_NAME", "apply_prefill_cpu_metadata"]
+__all__ = ["PREFILL_DEPENDS_ON", "PREFILL_NAME", "find_prefill_cpu_metadata"]
 
 PREFILL_NAME = "vllm.mamba.BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata"
 
@@ -86,9 +84,9 @@ _PARAMS = (
 )
 
 
-def apply_prefill_cpu_metadata(module: ModuleType) -> Undo:
-    """Replace ``BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata`` (the class
-    as the Mamba2 builder's module binds it)."""
+def find_prefill_cpu_metadata(module: ModuleType) -> Target:
+    """``BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata`` (the class as the
+    Mamba2 builder's module binds it), replaced by its step-cached stand-in."""
     cls = getattr(module, "BaseMambaAttentionMetadataBuilder", None)
     if not isinstance(cls, type):
         raise SkipPatch(
@@ -98,6 +96,4 @@ def apply_prefill_cpu_metadata(module: ModuleType) -> Undo:
     metadata = getattr(module, "CommonAttentionMetadata", None)
     expect_dataclass_fields(metadata, PREFILL_DEPENDS_ON)
     _original[PREFILL_NAME] = original
-    return replace_attribute(
-        cls, "_prefill_cpu_metadata", verified(PREFILL_NAME, _cached_prefill, original)
-    )
+    return Target(cls, "_prefill_cpu_metadata", original, _cached_prefill)

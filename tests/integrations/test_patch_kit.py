@@ -1,0 +1,261 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The engine-neutral patch kit, on an engine of its own: a fake module
+``fakeengine.attn`` and a small declaration (``STEPCACHE_FAKEENGINE``, one release
+series, a scope-wrapped build and a verify-wrapped stand-in). It gets the switch, the
+version check, status, counters, verify mode and undo from
+:class:`~stepcache.integrations.plugin.EnginePlugin`, with nothing of the vLLM
+plugin."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import stepcache
+from stepcache.integrations.patching import (
+    REQUIRED,
+    Patch,
+    Scope,
+    Target,
+    Verify,
+    expect_function,
+)
+from stepcache.integrations.plugin import EnginePlugin, SwitchError
+
+ENV = "STEPCACHE_FAKEENGINE"
+BUILD = "fakeengine.build_metadata"
+LENS = "fakeengine.query_lens"
+
+
+# -- the engine ------------------------------------------------------------------------
+class Metadata:
+    """One step's layout, as the fake engine's builders get it."""
+
+    def __init__(self, query_start_loc: torch.Tensor) -> None:
+        self.query_start_loc = query_start_loc
+
+
+def query_lens(metadata: Metadata) -> torch.Tensor:
+    """The engine's own code: every builder computes it again."""
+    engine.stock_calls += 1  # type: ignore[attr-defined]
+    return metadata.query_start_loc.diff()
+
+
+def build_metadata(metadata: Metadata, groups: int) -> list[Any]:
+    """The engine's build: one ``query_lens`` per KV-cache group, and the scope each
+    ran in."""
+    attn = sys.modules["fakeengine.attn"]
+    return [
+        (attn.query_lens(metadata), stepcache.active_scope()) for _ in range(groups)
+    ]
+
+
+engine = types.ModuleType("fakeengine")
+engine.__version__ = "1.2.3"  # type: ignore[attr-defined]
+engine.stock_calls = 0  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def attn(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
+    """``fakeengine`` and ``fakeengine.attn``, imported; the switch unset."""
+    module = types.ModuleType("fakeengine.attn")
+    module.query_lens = query_lens  # type: ignore[attr-defined]
+    module.build_metadata = build_metadata  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fakeengine", engine)
+    monkeypatch.setitem(sys.modules, "fakeengine.attn", module)
+    monkeypatch.setattr(engine, "__version__", "1.2.3")
+    monkeypatch.setattr(engine, "stock_calls", 0)
+    monkeypatch.delenv(ENV, raising=False)
+    PLUGIN.unregister()
+    PLUGIN.reset_counters()
+    yield module
+    PLUGIN.unregister()
+
+
+# -- the plugin: a declaration, nothing more -------------------------------------------
+@stepcache.step_cached(depends_on=("query_start_loc",), name=LENS)
+def cached_query_lens(metadata: Metadata) -> torch.Tensor:
+    return query_lens(metadata)
+
+
+def find_build(module: types.ModuleType) -> Target:
+    params = (("metadata", REQUIRED), ("groups", REQUIRED))
+    return Target(
+        module, "build_metadata", expect_function(module, "build_metadata", params)
+    )
+
+
+def find_lens(module: types.ModuleType) -> Target:
+    original = expect_function(module, "query_lens", (("metadata", REQUIRED),))
+    return Target(module, "query_lens", original, cached_query_lens)
+
+
+PLUGIN = EnginePlugin(
+    engine="FakeEngine",
+    package="fakeengine",
+    env=ENV,
+    supported=(("fakeengine", (1, 2)),),
+    patches=(
+        Patch(BUILD, "fakeengine.attn", find_build, Scope()),
+        Patch(LENS, "fakeengine.attn", find_lens, Verify()),
+    ),
+    logger=logging.getLogger("stepcache.fakeengine"),
+    find_installed=lambda: ("fakeengine", sys.modules["fakeengine"].__version__),
+)
+
+
+@pytest.fixture
+def log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.DEBUG, logger=PLUGIN.logger.name)
+    return caplog
+
+
+def step() -> Metadata:
+    return Metadata(torch.tensor([0, 2, 5, 6]))
+
+
+# -- the tests -------------------------------------------------------------------------
+def test_off_by_default_nothing_is_patched(
+    attn: types.ModuleType, log: pytest.LogCaptureFixture
+) -> None:
+    PLUGIN.register()
+    assert attn.query_lens is query_lens and attn.build_metadata is build_metadata
+    assert PLUGIN.status() == {BUILD: "off", LENS: "off"}
+    assert PLUGIN.active_mode() == "off"
+    assert [r.getMessage() for r in log.records] == [
+        "stepcache: STEPCACHE_FAKEENGINE is not set to 1; FakeEngine left unpatched"
+    ]
+
+
+def test_on_opens_the_scope_and_caches_the_stand_in(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV, "1")
+    PLUGIN.register()
+    assert PLUGIN.status() == {BUILD: "applied", LENS: "applied"}
+    built = attn.build_metadata(step(), groups=3)
+    assert [lens.tolist() for lens, _ in built] == [[2, 3, 1]] * 3
+    scopes = {id(scope) for _, scope in built}
+    assert len(scopes) == 1 and built[0][1] is not None  # one scope for the build
+    assert engine.stock_calls == 1  # type: ignore[attr-defined]
+    assert PLUGIN.counters() == {BUILD: {"scopes": 1}}
+
+
+def test_verify_compares_each_call_with_stock_and_names_a_difference(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV, "verify")
+    PLUGIN.register()
+    assert PLUGIN.active_mode() == "verify" and PLUGIN.verify
+    metadata = step()
+    attn.build_metadata(metadata, groups=2)
+    assert engine.stock_calls == 3  # type: ignore[attr-defined]  # 1 + 2 compared
+    assert PLUGIN.counters() == {BUILD: {"scopes": 1}, LENS: {"verified": 2}}
+    # a write the version counter does not see: the cache serves the old lengths
+    attn.query_lens(metadata)
+    metadata.query_start_loc.numpy()[3] = 9
+    with pytest.raises(stepcache.StaleCacheError) as caught:
+        attn.query_lens(metadata)
+    message = str(caught.value)
+    assert message.startswith(
+        f"stepcache verify: the patch {LENS} gave another value than stock "
+        "FakeEngine: tensor 'result' value mismatch at flat index 2. expected 4, "
+        "actual 1."
+    )
+    assert message.endswith(
+        "turn the plugin off (STEPCACHE_FAKEENGINE=0) and report this."
+    )
+
+
+def test_an_unknown_switch_value_is_one_warning_naming_the_variable(
+    attn: types.ModuleType,
+    log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(ENV, "maybe")
+    PLUGIN.register()
+    PLUGIN.register()
+    assert attn.query_lens is query_lens
+    assert [r.getMessage() for r in log.records] == [
+        "stepcache: STEPCACHE_FAKEENGINE must be 0, 1, verify or force "
+        "(got 'maybe'); FakeEngine left unpatched"
+    ]
+    with pytest.raises(SwitchError, match="STEPCACHE_FAKEENGINE must be 0, 1"):
+        PLUGIN.parse_mode("2")
+
+
+def test_an_untested_version_is_refused_unless_forced(
+    attn: types.ModuleType,
+    log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(engine, "__version__", "1.3.0")
+    monkeypatch.setenv(ENV, "1")
+    PLUGIN.register()
+    assert attn.query_lens is query_lens
+    assert set(PLUGIN.status().values()) == {"off"}
+    warnings = [r.getMessage() for r in log.records if r.levelno >= logging.WARNING]
+    assert warnings == [
+        "stepcache: FakeEngine plugin not applied: fakeengine 1.3.0 is not a version "
+        "it was tested against (fakeengine 1.2.x); STEPCACHE_FAKEENGINE=force "
+        "applies it anyway"
+    ]
+    monkeypatch.setenv(ENV, "force")
+    PLUGIN.register()
+    assert PLUGIN.active_mode() == "force"
+    assert set(PLUGIN.status().values()) == {"applied"}
+
+
+def test_register_twice_is_idempotent_and_unregister_undoes(
+    attn: types.ModuleType,
+    log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(ENV, "1")
+    PLUGIN.register()
+    patched = attn.query_lens, attn.build_metadata
+    PLUGIN.register()
+    assert (attn.query_lens, attn.build_metadata) == patched
+    assert patched[0] is not query_lens and patched[1] is not build_metadata
+    summaries = [r for r in log.records if "plugin registered" in r.getMessage()]
+    assert len(summaries) == 1
+    assert "STEPCACHE_FAKEENGINE=on, fakeengine 1.2.3" in summaries[0].getMessage()
+    PLUGIN.unregister()
+    assert attn.query_lens is query_lens and attn.build_metadata is build_metadata
+    assert PLUGIN.status() == {BUILD: "off", LENS: "off"}
+    PLUGIN.register()  # and again, as a process that switches it back on
+    assert PLUGIN.status() == {BUILD: "applied", LENS: "applied"}
+
+
+def test_a_module_not_imported_yet_is_waited_for(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delitem(sys.modules, "fakeengine.attn")
+    monkeypatch.setenv(ENV, "1")
+    PLUGIN.register()
+    assert PLUGIN.status() == {
+        BUILD: "waiting for fakeengine.attn",
+        LENS: "waiting for fakeengine.attn",
+    }
+
+
+def test_its_counters_are_its_own(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another plugin of the process (the vLLM plugin's counters) is not reported."""
+    from stepcache.integrations.patching import counters
+
+    counters.count("vllm.some_patch", "scopes")
+    monkeypatch.setenv(ENV, "1")
+    PLUGIN.register()
+    attn.build_metadata(step(), groups=1)
+    assert PLUGIN.counters() == {BUILD: {"scopes": 1}}
+    PLUGIN.reset_counters()
+    assert counters.to_dict()["vllm.some_patch"] == {"scopes": 1}
+    counters.reset(["vllm.some_patch"])
