@@ -138,6 +138,10 @@ def block(
         [name, f"{ratios[m, b]:.2f}x" if (m, b) in ratios else NOT_MEASURED]
         for m, b, name in _RATIOS
     ]
+    # the cold path (benchmarks.bench_cold): every row, as the run labelled it
+    rows += [
+        [r["label"], f"{r['ratio']:.2f}x"] for r in raw.get("cold", {}).get("rows", [])
+    ]
     dsv4 = raw.get("dsv4", {}).get("points", [])
     if dsv4:
         step = [p["paired_ratios"]["stepcache/hand-written"] for p in dsv4]

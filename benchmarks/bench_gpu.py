@@ -29,6 +29,7 @@ import datetime
 import json
 import platform
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ import attrs
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks import bench_cold
 from benchmarks._report import markdown_table
 from benchmarks._timing import Timing, machine, progress, source_state
 from benchmarks.bench_dsv4 import batch_layout
@@ -243,6 +245,70 @@ def measure_point(
     ]
 
 
+def count_syncs(fn: Any) -> int:
+    """How many synchronising CUDA calls ``fn()`` makes: the warnings of
+    ``torch.cuda.set_sync_debug_mode("warn")``, caught and counted."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def request_index_rows(
+    device: torch.device, steps: int, repeats: int
+) -> list[dict[str, Any]]:
+    """The request-index rows of ``benchmarks.bench_cold`` on the device: per step,
+    three consumers of one fresh metadata object, and V2's six groups (stepcache
+    inside a scope, the seed's slot hand-threaded), stepcache against the seeds'
+    code (hand-written and uncached). Per variant: host-to-device copies into the
+    index buffers and synchronisations in one step, then the step time (``steps``
+    steps ended by a synchronisation, median over ``repeats`` runs, the variants
+    interleaved)."""
+    out = []
+    for shape, make in bench_cold.SHAPES.items():
+        layouts = {v: bench_cold.Layout(device) for v in bench_cold.VARIANTS}
+        step = {v: make(v) for v in bench_cold.VARIANTS}
+        counts: dict[str, tuple[int, int]] = {}
+        expected = None
+        for v in bench_cold.VARIANTS:
+            layout = layouts[v]
+            for _ in range(2):  # warm up: allocator, pinned memory
+                step[v](layout)
+            torch.cuda.synchronize()
+            with CopyCounter(layout.buffers) as copies:
+                syncs = count_syncs(lambda: step[v](layout))  # noqa: B023
+            rows = [r.tolist() for r in step[v](layout)]
+            expected = expected or rows
+            if rows != expected:
+                raise AssertionError(f"{shape}, {v}: rows {rows} != {expected}")
+            counts[v] = (copies.h2d_into_targets, syncs)
+        runs: dict[str, list[float]] = {v: [] for v in bench_cold.VARIANTS}
+        order = list(bench_cold.VARIANTS)
+        for r in range(repeats):
+            for v in order[r % 3 :] + order[: r % 3]:
+                torch.cuda.synchronize()
+                start = time.perf_counter_ns()
+                for _ in range(steps):
+                    step[v](layouts[v])
+                torch.cuda.synchronize()
+                runs[v].append((time.perf_counter_ns() - start) / steps)
+        for v in bench_cold.VARIANTS:
+            out.append(
+                {
+                    "shape": shape,
+                    "variant": v,
+                    "h2d_copies_into_index_buffers": counts[v][0],
+                    "synchronisations": counts[v][1],
+                    "ns_per_step": Timing.of(v, runs[v]).to_dict(),
+                }
+            )
+    return out
+
+
 def run(
     tokens: Sequence[int] = TOKENS,
     layers: Sequence[int] = LAYERS,
@@ -252,6 +318,8 @@ def run(
 ) -> dict[str, Any]:
     device = torch.device("cuda", torch.cuda.current_device())
     started = time.monotonic()
+    progress("bench_gpu: the request index per step ...")
+    index_rows = request_index_rows(device, steps=max(steps, 10) * 10, repeats=repeats)
     points: list[GpuPoint] = []
     skipped: list[str] = []
     for n_layers in layers:
@@ -274,6 +342,7 @@ def run(
         "steps_per_run": steps,
         "repeats": repeats,
         "points": [p.to_dict() for p in points],
+        "request_index": index_rows,
         "skipped_for_time": skipped,
     }
 
@@ -324,12 +393,51 @@ def render(data: dict[str, Any]) -> str:
         "",
         markdown_table(header, rows, "rrlrrrrrr"),
     ]
+    if data.get("request_index"):
+        text += ["", render_request_index(data["request_index"])]
     if data["skipped_for_time"]:
         text += [
             "",
             "Not measured (time budget): " + ", ".join(data["skipped_for_time"]),
         ]
     return "\n".join(text)
+
+
+def render_request_index(rows: Sequence[dict[str, Any]]) -> str:
+    """The request-index rows, with each variant's step time over the seed's
+    hand-written one of the same shape."""
+    base = {
+        r["shape"]: r["ns_per_step"]["median_ns"]
+        for r in rows
+        if r["variant"] == "hand-written"
+    }
+    table = [
+        [
+            r["shape"],
+            r["variant"],
+            str(r["h2d_copies_into_index_buffers"]),
+            str(r["synchronisations"]),
+            f"{r['ns_per_step']['median_ns'] / 1e3:.1f}",
+            f"{r['ns_per_step']['median_ns'] / base[r['shape']]:.2f}x",
+        ]
+        for r in rows
+    ]
+    header = [
+        "request index per step",
+        "variant",
+        "H2D copies into the index buffers",
+        "synchronisations",
+        "us per step, synchronised",
+        "/ hand-written",
+    ]
+    return (
+        "The request index alone (`benchmarks.bench_cold`'s rows on the device): "
+        "three consumers of one fresh metadata object, and V2's six groups "
+        "(stepcache inside a scope, the seed's slot hand-threaded). *hand-written* "
+        "and *uncached* are the seeds' code (`stepcache/integrations/dsv4/seed.py`); "
+        'synchronisations are counted with `torch.cuda.set_sync_debug_mode("warn")`.\n\n'
+        + markdown_table(header, table, "llrrrr")
+    )
 
 
 NOT_MEASURED = (

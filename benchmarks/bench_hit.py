@@ -17,7 +17,7 @@ Two groups of rows:
   int and returns the stored tensor) against stock vLLM's method (the seeds'
   hand-written hit of vLLM PR 47474, the same hit branch as vLLM 0.33's
   ``CommonAttentionMetadata.token_to_req_indices``: three asserts and a new slice each
-  call, :mod:`benchmarks._seed`) and against a hand-written cache that keeps its slice
+  call, :mod:`stepcache.integrations.dsv4.seed`, the seeds' code) and against a hand-written cache that keeps its slice
   (returns it and checks nothing: the floor of a cache that stores the result);
 * a generic method (``return k``): stepcache keyed and unkeyed, with and without a
   tensor dependency, in disabled mode, against the plain undecorated method,
@@ -43,7 +43,6 @@ import torch
 
 import stepcache
 from benchmarks._report import Goal, GoalResult, goals_table, markdown_table
-from benchmarks._seed import KeptSliceMetadata, SeedMetadata
 from benchmarks._timing import (
     Case,
     Timing,
@@ -54,7 +53,7 @@ from benchmarks._timing import (
     worker_spec,
 )
 from stepcache import step_cached
-from stepcache.integrations.dsv4 import request_index
+from stepcache.integrations.dsv4 import request_index, seed
 from stepcache.integrations.dsv4 import sim as dsv4_sim
 
 
@@ -108,6 +107,22 @@ class Meta:
         if value is None:
             value = self._attr = 1
         return value
+
+
+class KeptSliceMetadata(seed.SeedMetadata):
+    """The seed's metadata with a cache that keeps the slice it returned and hands it
+    back, checking nothing: in no seed, the floor a cache that stores its result can
+    reach in Python."""
+
+    _kept_slice: torch.Tensor | None = None
+
+    def token_to_req_indices(self, buffer: torch.Tensor) -> torch.Tensor:
+        kept = self._kept_slice
+        if kept is None:
+            kept = self._kept_slice = seed.handwritten_token_to_req_indices(
+                self, buffer
+            )
+        return kept
 
 
 # Row labels, used by the goals, the comparisons, the plot and the README's figures
@@ -193,7 +208,7 @@ def namespace() -> dict[str, Any]:
     """
     lens = [3, 1, 1, 0, 2, 1, 1, 1]
     step = dsv4_sim.make_step(lens, pad_to=16)
-    seed = SeedMetadata(step.query_start_loc, step.query_start_loc_cpu, 16)
+    seed_meta = seed.SeedMetadata(step.query_start_loc, step.query_start_loc_cpu, 16)
     kept = KeptSliceMetadata(step.query_start_loc, step.query_start_loc_cpu, 16)
     with torch.inference_mode():
         inference_step = dsv4_sim.make_step(lens, pad_to=16)
@@ -208,7 +223,7 @@ def namespace() -> dict[str, Any]:
         "step_scoped": scoped_step,
         "rix": request_index.token_to_req_indices,
         "step": step,
-        "seed": seed,
+        "seed": seed_meta,
         "buf": torch.zeros(64, dtype=torch.int32),
     }
 

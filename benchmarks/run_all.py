@@ -36,6 +36,7 @@ from benchmarks import (
     _plots,
     _profile_page,
     _readme,
+    bench_cold,
     bench_dsv4,
     bench_floor,
     bench_gpu,
@@ -56,6 +57,7 @@ FULL: dict[str, Any] = {
     "stages": {"layers": 8, "tokens": 4, "rounds": bench_stages.ROUNDS},
     "floor": {"rounds": bench_floor.ROUNDS},
     "imports": {"processes": bench_import.PROCESSES},
+    "cold": {"options": ()},
 }
 QUICK: dict[str, Any] = {
     "hit": {"number": 2_000, "repeats": 3, "processes": 2},
@@ -69,6 +71,7 @@ QUICK: dict[str, Any] = {
     "stages": {"layers": 8, "tokens": 4, "rounds": 5},
     "floor": {"tokens": (1,), "rounds": 3},
     "imports": {"processes": 2, "warmup": 0},
+    "cold": {"options": ("--debug-single-value",)},
 }
 
 
@@ -103,6 +106,7 @@ def page(
     soak: bench_soak.SoakResults,
     stages: bench_stages.StageResults,
     floor: bench_floor.FloorResults,
+    cold: dict[str, Any],
     gpu_section: str,
     instructions_section: str = "",
     engine_section: str = "",
@@ -123,6 +127,7 @@ def page(
     goals = "\n".join(
         [
             goals_table(hit.goals),
+            bench_cold.goal_rows(cold),
             dsv4_goal,
             _soak_goals(soak),
             *([bench_import.goal_rows(imports)] if imports else []),
@@ -197,6 +202,22 @@ def page(
         bench_hit.render(hit),
         "",
         "![Hit cost](benchmarks/hit_cost.png)",
+        "",
+        "### The cold path: a fresh owner's first call",
+        "",
+        "`python -m benchmarks.bench_cold`, with pyperf: each benchmark in "
+        "worker processes of its own (loops calibrated, one warm-up, then values; "
+        "the garbage collector on), the two sides of a row one after the other in "
+        "one pyperf run; a row is the ratio of their medians, with the significance "
+        "test of `pyperf compare_to` (Student's t-test at 95%). *stepcache* is "
+        "`@step_cached` as shipped; the baselines are `functools.cached_property`, "
+        "the hand-threaded value of vLLM's Model Runner V2, and the seeds' own code "
+        "(`stepcache/integrations/dsv4/seed.py`, written from the PR description, "
+        "calling none of stepcache's helpers). The request-index rows are counted "
+        "first (copies into the index buffers per step), then timed. Raw numbers, "
+        "with the commit: [cold.json](benchmarks/cold.json).",
+        "",
+        bench_cold.render(cold),
         "",
         "## 2. DSv4 step simulation",
         "",
@@ -334,6 +355,7 @@ def page(
         "    python -m benchmarks.run_all            # everything, writes this page",
         "    python -m benchmarks.run_all --quick    # smoke run, into build/",
         "    python -m benchmarks.bench_hit          # one benchmark, printed",
+        "    python -m benchmarks.bench_cold --fast  # the cold path (pyperf)",
         "    python -m benchmarks.bench_dsv4",
         "    python -m benchmarks.bench_soak",
         "    python -m benchmarks.bench_stages       # the DSv4 step, stage by stage",
@@ -444,13 +466,17 @@ def main(argv: list[str] | None = None) -> int:
     print(bench_stages.render(stages), "\n", flush=True)
     floor = bench_floor.run(**settings["floor"])
     print(bench_floor.render(floor), "\n", flush=True)
+    figures = out / "benchmarks"
+    figures.mkdir(parents=True, exist_ok=True)
+    progress("bench_cold: pyperf, in processes of its own")
+    cold = bench_cold.run(figures / "cold.json", **settings["cold"])
+    print(bench_cold.render(cold), "\n", flush=True)
     # the soak last: its live-entry count turns on the tracking of every new store
     # (stepcache.live_caches()), which a store's creation pays for from then on
     soak = bench_soak.soak(**settings["soak"])
     print(bench_soak.render(soak), "\n", flush=True)
     minutes = (time.monotonic() - t0) / 60
 
-    figures = out / "benchmarks"
     _plots.plot_hits(hit, figures / "hit_cost.png")
     _plots.plot_dsv4_times(dsv4, figures / "dsv4_build_time.png")
     _plots.plot_dsv4_ratio(dsv4, figures / "dsv4_ratio.png")
@@ -467,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         "soak": soak.to_dict(),
         "stages": stages.to_dict(),
         "floor": floor.to_dict(),
+        "cold": cold,
         "imports": imports.to_dict(),
     }
     (figures / "results.json").write_text(
@@ -484,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         soak=soak,
         stages=stages,
         floor=floor,
+        cold=cold,
         gpu_section=bench_gpu.section(out),
         instructions_section=_instructions(figures / "instructions.md"),
         engine_section=_engine_page.section(engine),

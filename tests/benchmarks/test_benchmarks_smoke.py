@@ -20,6 +20,7 @@ if str(ROOT) not in sys.path:
 from benchmarks import (  # noqa: E402
     _engine_page,
     _readme,
+    bench_cold,
     bench_dsv4,
     bench_floor,
     bench_gpu,
@@ -29,7 +30,7 @@ from benchmarks import (  # noqa: E402
     bench_stages,
     run_all,
 )
-from benchmarks._seed import SeedMetadata  # noqa: E402
+from stepcache.integrations.dsv4.seed import SeedMetadata  # noqa: E402
 
 
 def test_hit_rows_and_goals() -> None:
@@ -94,6 +95,41 @@ def test_the_seed_hit_is_the_seed_prs_method() -> None:
     first = meta.token_to_req_indices(buffer)
     assert first.tolist() == [0, 0, 2, 2, 2, 0, 0]
     assert meta.token_to_req_indices(buffer).data_ptr() == first.data_ptr()
+
+
+def test_cold_request_index_work_per_step() -> None:
+    # counted, not timed: copies into the three consumers' buffers per step
+    assert bench_cold.work_per_step() == {
+        "three consumers": {"stepcache": 1, "hand-written": 1, "uncached": 3},
+        "six groups": {"stepcache": 1, "hand-written": 1, "uncached": 6},
+    }
+
+
+def test_cold_every_row_has_its_benchmarks() -> None:
+    for row in bench_cold.ROWS:
+        assert {row.measured, row.baseline} <= set(bench_cold.BENCHES)
+    for bench in bench_cold.BENCHES.values():
+        assert bench.prepare()(3) > 0  # loops -> seconds, as pyperf times it
+
+
+def test_cold_runs_under_pyperf(tmp_path: Path) -> None:
+    # one row, one value in one worker each: what the JSON and the page get
+    results = bench_cold.run(
+        tmp_path / "cold.json",
+        ("--debug-single-value", "--rows", "1,000 owners alive"),
+    )
+    (row,) = results["rows"]
+    assert (row["measured"], row["baseline"], row["limit"]) == (
+        "cold 1000 alive/stepcache",
+        "cold 1000 alive/cached_property",
+        2.0,
+    )
+    assert row["ratio"] > 0 and isinstance(row["met"], bool)
+    assert {"command", "date", "source", "machine", "pyperf"} <= set(results)
+    assert set(results["benchmarks"]) == {row["measured"], row["baseline"]}
+    text = bench_cold.render(results)
+    assert "| row (ratio of medians)" in text and "1,000 owners alive" in text
+    assert bench_cold.goal_rows(results).count("\n") == 0
 
 
 def test_dsv4_points_and_work() -> None:
@@ -207,6 +243,7 @@ def test_run_all_writes_the_page_and_plots(
         "stages": {"layers": 3, "tokens": 2, "rounds": 1},
         "floor": {"tokens": (2,), "layers": (3,), "rounds": 1},
         "imports": {"processes": 1, "warmup": 0},
+        "cold": {"options": ("--debug-single-value", "--rows", "six owners")},
     }
     monkeypatch.setattr(run_all, "QUICK", tiny)
     assert run_all.main(["--quick", "--out", str(tmp_path)]) == 0
@@ -215,6 +252,7 @@ def test_run_all_writes_the_page_and_plots(
     assert "The GPU numbers have not been measured yet" in page
     assert "### Where the difference goes" in page and "layer 2 (c4a)" in page
     assert "minimal decorator / hand-written" in page
+    assert "### The cold path" in page and "stepcache inside a scope" in page
     assert "## 6. Import time" in page and "median of 1 processes" in page
     assert "| import stepcache over import torch (" in page
     for name in ("hit_cost", "dsv4_build_time", "dsv4_ratio", "soak"):
@@ -228,9 +266,11 @@ def test_run_all_writes_the_page_and_plots(
         "soak",
         "floor",
         "imports",
+        "cold",
         "environment",
         "date",
     }
+    assert [r["measured"] for r in raw["cold"]["rows"]] == ["scope 6x3/stepcache"]
     assert raw["imports"]["lazy_loaded"] == []
     assert len(raw["imports"]["stepcache_us_per_process"]) == 1
     # what was measured, how and where
@@ -428,3 +468,24 @@ except RuntimeError as exc:
         "torch.float32",
         "dsv4.token_to_req_indices has no expect to turn off",
     ]
+
+
+def test_gpu_request_index_rows_render() -> None:
+    timing = {"median_ns": 2e3, "min_ns": 1e3, "max_ns": 3e3}
+    rows = [
+        {
+            "shape": shape,
+            "variant": variant,
+            "h2d_copies_into_index_buffers": copies,
+            "synchronisations": syncs,
+            "ns_per_step": timing,
+        }
+        for shape in bench_cold.SHAPES
+        for variant, copies, syncs in (
+            ("stepcache", 1, 1),
+            ("hand-written", 1, 0),
+            ("uncached", 3, 0),
+        )
+    ]
+    text = bench_gpu.render_request_index(rows)
+    assert "| six groups | uncached | 3 | 0 | 2.0 | 1.00x |" in text

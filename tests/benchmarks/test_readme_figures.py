@@ -25,10 +25,10 @@ if str(ROOT) not in sys.path:
 from benchmarks import (  # noqa: E402
     _engine_page,
     _readme,
-    _seed,
     _timing,
     bench_hit,
 )
+from stepcache.integrations.dsv4 import seed as seed_code  # noqa: E402
 
 RESULTS = ROOT / "docs" / "benchmarks" / "results.json"
 PAGES = [(ROOT / "README.md", "docs/"), (ROOT / "docs" / "index.md", "")]
@@ -250,8 +250,8 @@ def test_the_machine_is_described() -> None:
 
 def test_the_kept_slice_cache_returns_its_first_slice() -> None:
     qsl = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
-    seed = _seed.SeedMetadata(qsl, qsl.clone(), num_actual_tokens=7)
-    kept = _seed.KeptSliceMetadata(qsl, qsl.clone(), num_actual_tokens=7)
+    seed = seed_code.SeedMetadata(qsl, qsl.clone(), num_actual_tokens=7)
+    kept = bench_hit.KeptSliceMetadata(qsl, qsl.clone(), num_actual_tokens=7)
     first = kept.token_to_req_indices(torch.zeros(8, dtype=torch.int32))
     assert (
         first.tolist()
@@ -286,6 +286,6 @@ def test_the_seed_hit_is_stock_vllms_hit_branch() -> None:
     else:
         backend = pytest.importorskip("vllm.v1.attention.backend")
     stock = inspect.getsource(backend.CommonAttentionMetadata.token_to_req_indices)
-    ours = inspect.getsource(_seed.seed_token_to_req_indices)
+    ours = inspect.getsource(seed_code.handwritten_token_to_req_indices)
     assert _hit_branch(ours) == _hit_branch(stock)
     assert _hit_branch(ours).count("assert ") == 3

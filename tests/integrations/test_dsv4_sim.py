@@ -99,3 +99,33 @@ def test_make_step_refuses_bad_layouts() -> None:
         make_step([1, 2], [4])
     with pytest.raises(ValueError, match="variant must be one of"):
         run_step(make_step([1]), Builders(8), "lru")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("variant", ["uncached", "handwritten"])
+def test_the_baselines_are_the_seeds_code_not_stepcaches_helpers(
+    variant: Variant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "uncached" and "handwritten" run the seeds' code (stepcache.integrations.dsv4
+    # .seed): a baseline built on stepcache's validating helpers measures the helpers
+    from stepcache.integrations.dsv4 import request_index
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a baseline called one of stepcache's helpers")
+
+    for helper in ("request_index_array", "total_tokens", "write_request_index"):
+        monkeypatch.setattr(request_index, helper, refuse)
+    result = run_step(make_step([3, 0, 1], pad_to=6), Builders(8), variant)
+    assert [t.tolist() for t in result.indices] == [[0, 0, 0, 2, 0, 0]] * 3
+    assert result.index_computations == (3 if variant == "uncached" else 1)
+
+
+def test_the_seeds_hit_asserts_as_the_pr() -> None:
+    from stepcache.integrations.dsv4 import seed
+
+    meta = seed.SeedMetadata(*[torch.tensor([0, 2, 5], dtype=torch.int32)] * 2, 5)
+    meta.token_to_req_indices(torch.zeros(8, dtype=torch.int32))
+    with pytest.raises(AssertionError):  # the cached rows are int32, on the CPU
+        meta.token_to_req_indices(torch.zeros(8, dtype=torch.int32, device="meta"))
+    meta.num_actual_tokens = 9  # more rows than were cached
+    with pytest.raises(AssertionError):
+        meta.token_to_req_indices(torch.zeros(16, dtype=torch.int32))

@@ -5,9 +5,11 @@ It reproduces the shape of the work vLLM does for DSv4 with small CPU (or CUDA)
 tensors, in three variants that must give identical results:
 
 * ``"uncached"``: every builder computes the request index itself and every layer
-  builds its sparse indices (what vLLM did before the two seed PRs);
+  builds its sparse indices (what vLLM did before the two seed PRs; the request
+  index is :func:`.seed.uncached_token_to_req_indices`, the seeds' own code);
 * ``"handwritten"``: the seed PRs' caches, a ``_token_to_req_indices_cache`` slot on
-  the step metadata and a ``flashinfer_sparse_index_cache`` dict on the SWA metadata
+  the step metadata (:func:`.seed.handwritten_token_to_req_indices`, PR 47474's
+  method as merged) and a ``flashinfer_sparse_index_cache`` dict on the SWA metadata
   (including their flaw: a reassigned layout keeps the old index);
 * ``"stepcache"``: :func:`~stepcache.integrations.dsv4.request_index.token_to_req_indices`
   for the builders, and for the layers the sparse-index build decorated with
@@ -45,7 +47,7 @@ import torch
 
 import stepcache
 
-from . import request_index, sparse_index
+from . import request_index, seed, sparse_index
 
 __all__ = [
     "DSV4_LAYERS",
@@ -196,30 +198,19 @@ class Builders:
         self.sparse_builds = 0
 
     # -- the request index, three ways -------------------------------------------------
+    # The two baselines are the seeds' own code (:mod:`.seed`), not stepcache's helpers.
     def _computed_index(self, meta: StepMetadata, buffer: torch.Tensor) -> torch.Tensor:
         self.index_computations += 1
-        num_mapped = request_index.total_tokens(meta.query_start_loc_cpu)
-        index = request_index.request_index_array(meta.query_start_loc, num_mapped)
-        full = request_index.write_request_index(index, buffer, meta.num_actual_tokens)
-        return full[: meta.num_actual_tokens]
+        return seed.uncached_token_to_req_indices(meta, buffer)
 
     def _handwritten_index(
         self, meta: StepMetadata, buffer: torch.Tensor
     ) -> torch.Tensor:
         # The seed PR's cache: the first caller fills the slot, every later caller of
-        # the object gets it, whatever happened to the layout since; a hit checks the
-        # cached rows against the caller's buffer (the seed's three asserts).
-        cached = meta._token_to_req_indices_cache
-        if cached is not None:
-            if cached.device != buffer.device:
-                raise stepcache.CacheValidationError(
-                    f"cached: device {cached.device}, buffer on {buffer.device}"
-                )
-            request_index.check_index_buffer(cached, meta.num_actual_tokens, "cached")
-            return cached[: meta.num_actual_tokens]
-        index = self._computed_index(meta, buffer)
-        meta._token_to_req_indices_cache = index
-        return index
+        # the object gets it, whatever happened to the layout since.
+        if meta._token_to_req_indices_cache is None:
+            self.index_computations += 1
+        return seed.handwritten_token_to_req_indices(meta, buffer)
 
     def request_index(
         self, meta: StepMetadata, buffer: torch.Tensor, variant: Variant
@@ -259,7 +250,7 @@ class Builders:
             token_to_req_indices=index,
             query_start_loc=meta.query_start_loc,
             seq_lens=meta.seq_lens,
-            num_mapped_tokens=request_index.total_tokens(meta.query_start_loc_cpu),
+            num_mapped_tokens=int(meta.query_start_loc_cpu[-1]),
             num_actual_tokens=meta.num_actual_tokens,
             num_decode_tokens=int(meta.query_start_loc_cpu[num_decode_reqs]),
         )

@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Pairs of pyperf benchmarks: what pyperf does not do for the benchmarks that use it.
+
+pyperf runs each benchmark in worker processes of its own (calibration, warm-up, a
+few values per process); this module adds what a goal needs on top: a row compares
+two benchmarks of the same run (the ratio of their medians, and the significance
+test of ``pyperf compare_to``), and the results are written with the commit, the
+command, the date and the machine.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shlex
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import pyperf  # type: ignore[import-untyped]
+from pyperf._utils import (  # type: ignore[import-untyped]
+    is_significant,  # the test `pyperf compare_to` runs
+)
+
+from benchmarks._timing import machine, source_state
+
+__all__ = ["Bench", "Row", "register", "row_result", "results_header"]
+
+#: ``loops -> seconds``: what ``pyperf.Runner.bench_time_func`` times
+TimeFunc = Callable[[int], float]
+
+
+@attrs.frozen
+class Bench:
+    """One benchmark: its name and a function that prepares it (in the worker that
+    runs it, untimed) and returns its time function."""
+
+    name: str
+    prepare: Callable[[], TimeFunc]
+
+
+@attrs.frozen
+class Row:
+    """A ratio of two benchmarks' medians; a goal when it has a limit."""
+
+    label: str
+    measured: str
+    baseline: str
+    limit: float | None = None
+    set_by: str = ""
+
+
+def _lazy(prepare: Callable[[], TimeFunc]) -> TimeFunc:
+    made: list[TimeFunc] = []
+
+    def time_func(loops: int) -> float:
+        if not made:
+            made.append(prepare())
+        return made[0](loops)
+
+    return time_func
+
+
+def register(runner: pyperf.Runner, benches: Sequence[Bench]) -> dict[str, Any]:
+    """Run ``benches`` through ``runner`` in their order; in the main process, the
+    pyperf benchmarks by name (a worker gets ``{}``)."""
+    done: dict[str, Any] = {}
+    for bench in benches:
+        result = runner.bench_time_func(bench.name, _lazy(bench.prepare))
+        if result is not None:
+            done[bench.name] = result
+    return done
+
+
+def summary(bench: Any) -> dict[str, Any]:
+    """A pyperf benchmark's values, in nanoseconds per loop."""
+    values = [v * 1e9 for v in bench.get_values()]
+    return {
+        "median_ns": statistics.median(values),
+        "min_ns": min(values),
+        "max_ns": max(values),
+        "values": len(values),
+        # the runs with values: pyperf's calibration run has none
+        "processes": sum(1 for run in bench.get_runs() if run.values),
+        "loops": bench.get_runs()[-1].get_loops(),
+    }
+
+
+def row_result(row: Row, benches: dict[str, Any]) -> dict[str, Any]:
+    """A row's ratio of medians, its limit and whether it is met, and whether the two
+    samples differ significantly (Student's two-sample t-test at 95%, as
+    ``pyperf compare_to``)."""
+    measured, baseline = benches[row.measured], benches[row.baseline]
+    ratio = measured.median() / baseline.median()
+    a, b = measured.get_values(), baseline.get_values()
+    significant, t_score = (
+        is_significant(a, b) if len(a) == len(b) and len(a) > 1 else (None, None)
+    )
+    return {
+        "label": row.label,
+        "measured": row.measured,
+        "baseline": row.baseline,
+        "ratio": ratio,
+        "limit": row.limit,
+        "met": None if row.limit is None else ratio <= row.limit,
+        "set_by": row.set_by,
+        "significant": significant,
+        "t_score": t_score,
+    }
+
+
+def results_header(command: Sequence[str], started: float) -> dict[str, Any]:
+    """The commit, command, date and machine a results file records."""
+    return {
+        "command": shlex.join(command),
+        "date": f"{datetime.datetime.fromtimestamp(started, datetime.UTC):%Y-%m-%d %H:%M} UTC",
+        "minutes": (time.time() - started) / 60,
+        "source": source_state(),
+        "machine": machine(),
+        "pyperf": pyperf.__version__,
+    }
