@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from require_vllm import vllm_or_skip
 
 import stepcache
 
@@ -32,7 +33,7 @@ BATCHES = ((1, 1, 3, 7), (1, 1, 1, 1), (2, 9), (1, 4, 4, 12, 1))
 
 @pytest.fixture(scope="module")
 def vllm_modules() -> dict[str, ModuleType]:
-    pytest.importorskip("vllm")
+    vllm_or_skip()  # a namespace package named vllm skips too
     from vllm.v1.attention import backend
     from vllm.v1.attention.backends import utils
     from vllm.v1.attention.backends.mla import indexer, sparse_swa

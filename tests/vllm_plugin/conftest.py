@@ -19,7 +19,6 @@ into a failure: a broken vLLM install fails the run instead of skipping its test
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -27,19 +26,17 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from require_vllm import skip_fails
+from require_vllm import skip_fails, vllm_or_skip, vllm_problem
 
 #: why vLLM's Triton kernels cannot run in this process (None: they can)
-NO_KERNELS: str | None = None
-if importlib.util.find_spec("vllm") is None:
-    NO_KERNELS = "vLLM is not installed"  # and every test here skips
-elif "vllm" in sys.modules:
+NO_KERNELS: str | None = vllm_problem()  # not None: every test here skips
+if NO_KERNELS is None and "vllm" in sys.modules:
     NO_KERNELS = (
-        "vLLM was imported before tests/vllm_plugin/conftest.py could switch Triton's "
-        "interpreter on: run tests/vllm_plugin in a pytest process that imports vLLM nowhere "
-        "else"
+        "vLLM was imported before tests/vllm_plugin/conftest.py could switch "
+        "Triton's interpreter on: run tests/vllm_plugin in a pytest process that "
+        "imports vLLM nowhere else"
     )
-else:
+elif NO_KERNELS is None:
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         from triton.backends import backends
@@ -59,8 +56,9 @@ pytest_runtest_makereport = skip_fails(
 
 @pytest.fixture(scope="session")
 def vllm_mod() -> ModuleType:
-    """vLLM itself; every test of this folder skips when it is not importable."""
-    return pytest.importorskip("vllm")
+    """vLLM itself; every test of this folder skips, saying why, when the real vLLM
+    is not importable (a namespace package named vllm is not vLLM)."""
+    return vllm_or_skip()
 
 
 @pytest.fixture

@@ -61,7 +61,9 @@ def cpu_ready(monkeypatch: pytest.MonkeyPatch) -> None:
         __import__(_GDN_LAYER)
     except ImportError:
         stand_in = types.ModuleType(_GDN_LAYER)
-        stand_in._resolve_gdn_prefill_backend = lambda config: (None, "triton")  # type: ignore[attr-defined]
+        stand_in._resolve_gdn_prefill_backend = (  # type: ignore[attr-defined]
+            lambda config: (None, "triton")
+        )
         monkeypatch.setitem(sys.modules, _GDN_LAYER, stand_in)
     _import_fla()
 

@@ -97,7 +97,7 @@ def layout(query_lens: list[int], context: list[int] | int) -> dict[str, Any]:
     return real_builders.step_layout(query_lens, context)
 
 
-# -- stock vLLM's value, for any layout -------------------------------------------------
+# -- stock vLLM's value, for any layout ------------------------------------------------
 decode_first = st.tuples(
     st.lists(st.integers(1, 60), min_size=0, max_size=3),  # decodes' contexts
     st.lists(  # prefills: (query length, context; 0: the first chunk)
@@ -205,7 +205,7 @@ def test_mamba_prefill_cpu_metadata_equals_stock_for_any_layout(
             assert stepcache.first_difference(stock, ours) is None
 
 
-# -- once per build, across the groups --------------------------------------------------
+# -- once per build, across the groups -------------------------------------------------
 def _gdn_fields(md: Any) -> dict[str, Any]:
     fields = {f.name: getattr(md, f.name) for f in dataclasses.fields(md)}
     # a group's own state slots, and the builder's per-group staging buffers
@@ -330,7 +330,7 @@ def test_each_cache_is_named_in_stats(
         assert row.live_entries == 0  # dropped when the build's scope closed
 
 
-# -- another layout, no scope -----------------------------------------------------------
+# -- another layout, no scope ----------------------------------------------------------
 def test_another_layout_computes_again(
     counted: dict[str, int], register_plugin: Any
 ) -> None:
@@ -395,7 +395,7 @@ def test_split_is_replaced_in_the_gdn_module_only(plugin: ModuleType) -> None:
         assert module.split_decodes_and_prefills is utils.split_decodes_and_prefills
 
 
-# -- verify mode ------------------------------------------------------------------------
+# -- verify mode -----------------------------------------------------------------------
 def test_a_write_inside_the_scope_is_caught_by_verify(
     cpu: None, register_plugin: Any
 ) -> None:

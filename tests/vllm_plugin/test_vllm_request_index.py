@@ -332,9 +332,10 @@ def test_num_computed_tokens_keeps_vllms_field(
     make_metadata: Callable[..., Metadata],
     shift: Callable[[Metadata], Metadata],
 ) -> None:
-    """Patched for the GDN builder's groups (tests/vllm_plugin/test_vllm_layout_caches.py),
-    but vLLM's field still answers once filled, stale after a change of seq_lens on
-    the same object (or a replace() that carries it), as without the plugin."""
+    """Patched for the GDN builder's groups
+    (tests/vllm_plugin/test_vllm_layout_caches.py), but vLLM's field still answers
+    once filled, stale after a change of seq_lens on the same object (or a replace()
+    that carries it), as without the plugin."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     from stepcache.integrations.vllm.computed_tokens import COMPUTED_NAME

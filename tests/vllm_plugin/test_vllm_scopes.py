@@ -188,7 +188,7 @@ def test_what_a_scope_made_is_gone_after_the_build(
     assert (row.misses, row.hits) == (2, 2 * (GROUPS - 1))
 
 
-# -- V1's draft loop, and a stale index in stock vLLM -------------------------------------
+# -- V1's draft loop, and a stale index in stock vLLM ----------------------------------
 def draft_loop(query_lens: list[int], draft_steps: int) -> list[list[int]]:
     """The request index each draft step's build gets, as V1's proposer runs them:
     ``SpecDecodeBaseProposer.propose`` builds for the first pass, reassigns the
@@ -246,7 +246,7 @@ def test_the_plugin_gives_each_draft_step_its_own_index(
     assert plugin.counters()[draft]["scopes"] == 3
 
 
-# -- the other lifetimes, through probes in vLLM's place -----------------------------------
+# -- the other lifetimes, through probes in vLLM's place -------------------------------
 def probe(seen: list[Any]) -> Callable[..., None]:
     def record(self: Any, *args: Any, for_cudagraph_capture: bool = False) -> None:
         seen.append(stepcache.active_scope())
