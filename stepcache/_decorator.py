@@ -15,7 +15,12 @@ from typing import Any, Final, ParamSpec, TypeVar
 
 from stepcache import _debug, _state, _store
 from stepcache._entry import Entry, fingerprints
-from stepcache._errors import CacheValidationError, StaleCacheError, StepCacheError
+from stepcache._errors import (
+    CacheValidationError,
+    OwnerError,
+    StaleCacheError,
+    StepCacheError,
+)
 from stepcache._hit import compile_hit
 from stepcache._spec import Arg, TensorSpec, check
 from stepcache._state import BYPASS, Counts
@@ -115,6 +120,11 @@ class CachedFunction:
         # every parameter is keyed, a dependency or ignored (checked on hits), and a
         # declared attribute is matched; an owner attribute only `expect` reads is not
         refs = [r for s in specs if s is not None for r in s.refs()]
+        #: the parameters `expect` reads (`Arg`): a hit checks the cached value against
+        #: the caller's, as the value was checked against the computing call's
+        self.arg_refs: tuple[str, ...] = tuple(
+            dict.fromkeys(r.name for r in refs if type(r) is Arg)
+        )
         loose = sorted(
             {r.name for r in refs if type(r) is not Arg} - set(self.dep_names)
         )
@@ -219,6 +229,10 @@ class CachedFunction:
                     f"change the result (an output buffer, say)."
                 )
 
+    def owner_error(self, exc: OwnerError) -> StepCacheError:
+        """``exc`` (what is wrong with an owner) naming this function's owner."""
+        return self._error(f"its owner parameter {self.owner_name!r} {exc}")
+
     # -- the pieces of a call -----------------------------------------------------------
     def where(self, key: Any = NO_KEY) -> str:
         """How messages name this function (and the entry's key, when it has one)."""
@@ -286,7 +300,39 @@ class CachedFunction:
             return f": {exc}"
         return None
 
+    def args_of(self, a: Args) -> Args | None:
+        """The arguments `expect` read when a value was checked (``None``: it reads
+        none): a hit with the same objects needs no check."""
+        return (
+            tuple([a[self.index[n]] for n in self.arg_refs]) if self.arg_refs else None
+        )
+
+    def args_ok(self, value: Any, a: Args) -> bool:
+        """Whether a cached ``value`` meets `expect` for the caller's arguments ``a``
+        (another buffer: on its device, of its dtype, long enough)."""
+        return self.violation(value, a) is None
+
     # -- the slow path ------------------------------------------------------------------
+    def fresh(self, a: Args, key: Any, deps: Args, where: Any) -> Any:
+        """A call through an owner that holds no store, the generated hit's miss:
+        the owner's first call of a step. ``deps``: the dependencies the hit read;
+        ``where``: the open scope's store (the owner does not join it), or
+        `stepcache._state.NO_STORE` (the owner gets a store of its own)."""
+        if _state.SLOW[0]:
+            return self.call(a, key)
+        owner = a[self.owner_index]
+        if where is _state.NO_STORE:
+            store = _store.new_store(owner)
+            if store is None:  # no room for a store: the slow path says why
+                return self.call(a, key)
+        else:
+            store = where
+            if store.lookup(self.fid, self.keyed, key) is not None:
+                return self.call(a, key)  # an entry that did not serve: judged there
+        if not self._deps_checked:
+            deps = self.deps_of(a, owner)  # the first call checks what they are
+        return self.miss(a, key, owner, store, deps, None)
+
     def call(self, a: Args, key: Any = NO_KEY, entry: Entry | None = None) -> Any:
         """Every call the generated hit did not serve: a miss, a bypass, caching off,
         or a hit it found (``entry``) in debug mode, which watches it."""
@@ -312,6 +358,8 @@ class CachedFunction:
                 store = _store.cache_of(owner)
             except StaleCacheError as exc:
                 raise exc if watch is None else watch.closed(self, key, exc) from None
+            except OwnerError as exc:
+                raise self.owner_error(exc) from None
         deps: Args = ()  # a hit found matched them: debug mode reads them if it doubts
         if entry is None:
             deps = self.deps_of(a, owner)
@@ -321,6 +369,11 @@ class CachedFunction:
         value = entry.value
         if watch is not None:
             value = watch.hit(self, a, key, owner, store, deps, entry)
+        elif self.arg_refs and (wrong := self.violation(value, a)) is not None:
+            raise CacheValidationError(
+                f"{self.where(key)}: on a hit, the cached value does not meet expect "
+                f"for this call's arguments{wrong}"
+            )
         self.counts.hits += 1
         return value
 
@@ -356,11 +409,14 @@ class CachedFunction:
         info = None if watch is None else watch.after_miss(self, record, a, key, value)
         if self.expect is not None and (wrong := self.violation(value, a)) is not None:
             error = CacheValidationError(f"{self.where(key)}{wrong}")
-            raise error if watch is None else watch.invalid(self, key, error)
-        entry = Entry(value, owner, fps, self.guard, info)
+            raise error if watch is None else watch.invalid(self, key, wrong)
+        try:
+            entry = Entry(value, owner, fps, self.guard, info, self.args_of(a))
+        except OwnerError as exc:
+            raise self.owner_error(exc) from None
         store.insert(self.fid, self.keyed, key, entry)
         self.counts.misses += 1
-        store.counts(self.fid).misses += 1
+        store.missed(self.fid)
         return value if watch is None else watch.hand_out(self, key, entry, store)
 
     def bypass(self, a: Args) -> Any:

@@ -21,6 +21,8 @@ from typing import Any, Final
 import numpy as np
 import torch
 
+from stepcache._errors import OwnerError
+
 #: an input's ``v``, where it is not a tensor's version counter: compared by value and
 #: type, by identity, by a snapshot of the contents, by where an inference tensor lies
 VAL: Final = "VAL"
@@ -257,21 +259,47 @@ def result_guard(value: Any) -> tuple[Any, Any]:
     return several, several._version
 
 
+def no_weakref(owner: object) -> OwnerError:
+    """The error for an owner without weak references, which an entry without
+    dependencies (and a shared store) needs to tell it from other owners."""
+    cls = type(owner)
+    return OwnerError(
+        f"is a {cls.__module__}.{cls.__qualname__}, which supports no weak "
+        "references. Fix: give the class a __weakref__ slot "
+        "(@dataclass(slots=True, weakref_slot=True); attrs classes have one)."
+    )
+
+
+def weak(owner: object) -> weakref.ref[Any]:
+    """A weak reference to ``owner``, or the `OwnerError` that says how to allow one."""
+    try:
+        return weakref.ref(owner)
+    except TypeError:
+        raise no_weakref(owner) from None
+
+
 class Entry:
     """One cached value: ``value``; ``deps``, its dependencies' fingerprints, flat
     (``o0, v0, o1, v1, ...``); ``bound``, for an entry without dependencies, a weak
     reference to the owner that computed it, the only owner it serves (``None``
     otherwise); ``guard``/``gtag``, the result's guard (``guard_result``) or ``None``;
-    ``info``, what debug mode recorded (or ``None``)."""
+    ``info``, what debug mode recorded (or ``None``); ``args``, the arguments
+    `expect` was checked against (``None``: it reads none)."""
 
-    __slots__ = ("bound", "deps", "gtag", "guard", "info", "value")
+    __slots__ = ("args", "bound", "deps", "gtag", "guard", "info", "value")
 
     def __init__(
-        self, value: Any, owner: object, deps: tuple[Any, ...], guard: bool, info: Any
+        self,
+        value: Any,
+        owner: object,
+        deps: tuple[Any, ...],
+        guard: bool,
+        info: Any,
+        args: tuple[Any, ...] | None = None,
     ) -> None:
-        self.value, self.deps, self.info = value, deps, info
+        self.value, self.deps, self.info, self.args = value, deps, info, args
         # the bound rule: nothing else tells the owner's calls from another owner's
-        self.bound: Any = None if deps else weakref.ref(owner)
+        self.bound: Any = None if deps else weak(owner)
         self.guard: Any
         self.gtag: Any
         self.guard, self.gtag = result_guard(value) if guard else (None, None)
@@ -292,6 +320,7 @@ class Entry:
         dependencies: it fails the hit's first test without raising."""
         entry = cls.__new__(cls)
         entry.value, entry.info, entry.guard, entry.gtag = None, None, None, None
+        entry.args = None
         entry.bound = type(None)  # never an owner's weak reference
         entry.deps = (_NOTHING,) * (2 * deps)
         return entry

@@ -58,6 +58,11 @@ class StaleCacheError(StepCacheError):
     """
 
 
+class OwnerError(StepCacheError):
+    """An object that cannot be an owner (private: the decorator raises it as a
+    `StepCacheError` that names its function and owner parameter)."""
+
+
 # Tracebacks name the errors where users import them from.
 for _error in (StepCacheError, CacheValidationError, StaleCacheError):
     _error.__module__ = "stepcache"

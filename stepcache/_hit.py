@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stepcache._entry import QUICK, match
-from stepcache._state import BYPASS, SLOW
+from stepcache._state import BYPASS, NO_STORE, SLOW, scopes
 
 P = inspect.Parameter
 #: how a parameter of each kind is passed on (to the function, or its key function)
@@ -83,51 +83,68 @@ def source(fn: Any, fname: str) -> str:
         out += [f"        return _sc_CALL({packed}, _sc_BYPASS)"]
     if fn.key_fn is not None:
         out += [f"    if {k} is _sc_BYPASS:", f"        return _sc_CALL({packed}, {k})"]
-    # Each lookup finds the absent entry instead of raising where an owner has no
-    # store yet (stepcache._store.NO_STORE). A function with dependencies, or keyed by
-    # kinds (only=), often misses in a real store: get() there; the others subscript.
-    lookup = f"{owner}._stepcache.table"
+    # An owner with no store yet holds the placeholder (stepcache._state.NO_STORE):
+    # inside one scope it reads the scope's store without joining it, else it has
+    # none (`_Scopes.top`; nested scopes: the slow path joins the innermost).
+    # Its miss goes to _sc_FRESH with the dependencies read here, not the slow path.
+    s, w = local("s"), local("w")
+    names = [local(f"x{i}") for i in range(len(fn.dep_names))]
+    out += [f"    {w} = None", "    try:", f"        {s} = {owner}._stepcache"]
+    for x, dep in zip(names, fn.dep_names, strict=True):
+        out.append(f"        {x} = {dep if dep in fn.index else f'{owner}.{dep}'}")
+    out += [
+        f"        if {s} is _sc_NO_STORE:",
+        f"            {w} = {s} = _sc_SCOPES.top.store",
+    ]
+    # A function with dependencies, or keyed by kinds (only=), often misses in a real
+    # store: get() there; the others subscript (the placeholder answers every lookup)
+    lookup = f"{s}.table"
     if fn.keyed:
         lookup += f"[{fn.fid}].get({key}, _sc_ABSENT)" if fn.only else f"[{fn.fid}]"
         lookup += "" if fn.only else f"[{key}]"
     else:
         lookup += f".get({fn.fid}, _sc_ABSENT)" if fn.dep_names else f"[{fn.fid}]"
-    out += ["    try:", f"        {e} = {lookup}"]
+    out += [
+        f"        {e} = {lookup}",
+        f"        if {e} is _sc_ABSENT:",
+        f"            {e} = None",
+    ]
+    out += ["        else:"]
     tests = []
     if fn.dep_names:
-        names = [
-            (local(f"x{i}"), local(f"o{i}"), local(f"v{i}"))
-            for i in range(len(fn.dep_names))
-        ]
+        pairs = [(local(f"o{i}"), local(f"v{i}")) for i in range(len(names))]
         out.append(
-            "        " + ", ".join(o + ", " + v for _, o, v in names) + f" = {e}.deps"
+            "            " + ", ".join(o + ", " + v for o, v in pairs) + f" = {e}.deps"
         )
-        for (x, o, v), dep in zip(names, fn.dep_names, strict=True):
-            out.append(f"        {x} = {dep if dep in fn.index else f'{owner}.{dep}'}")
+        for x, (o, v) in zip(names, pairs, strict=True):
             quick = QUICK.format(x=x, o=o, v=v)
             tests.append(f"({quick} or _sc_match({x}, {o}, {v}))")
     else:  # an entry without dependencies serves only its owner (`Entry.bound`)
         tests.append(f"{e}.bound is {owner}.__weakref__")
     if fn.guard:  # the result's tensors were not written since it was stored
         tests.append(f"{e}.guard._version == {e}.gtag")
-    out += ["        if (", *(f"            {t}" for t in tests[:1])]
-    out += [f"            and {t}" for t in tests[1:]]
+    if fn.arg_refs:  # expect's arguments: the ones it was checked against, or checked
+        same = " and ".join(f"{n} is {e}.args[{i}]" for i, n in enumerate(fn.arg_refs))
+        tests.append(f"({same} or _sc_ARGS_OK({e}.value, {packed}))")
+    out += ["            if (", *(f"                {t}" for t in tests[:1])]
+    out += [f"                and {t}" for t in tests[1:]]
     # a hit in debug mode (or with caching off) goes to the slow path with its entry
     out += [
-        "        ):",
-        "            if not _sc_SLOW[0]:",
-        "                _sc_COUNTS.hits += 1",
+        "            ):",
+        "                if not _sc_SLOW[0]:",
+        "                    _sc_COUNTS.hits += 1",
+        f"                    return {e}.value",
+        "            else:",
+        f"                {e} = None",
+        "    except _sc_Exception:",  # the slow path judges it
+        f"        {w} = {e} = None",
     ]
-    out += [
-        f"                return {e}.value",
-        "        else:",
-        f"            {e} = None",
-    ]
-    out += [
-        "    except _sc_Exception:",
-        f"        {e} = None",
-    ]  # the slow path judges it
     key = key if fn.keyed else "None"
+    deps = "(" + "".join(x + ", " for x in names) + ")"
+    out += [
+        f"    if {w} is not None:",
+        f"        return _sc_FRESH({packed}, {key}, {deps}, {w})",
+    ]
     out.append(f"    return _sc_CALL({packed}, {key}, {e})")
     body = [*out, f"return {fname}"]
     cells = ", ".join(cells_of(fn))
@@ -139,6 +156,10 @@ def cells_of(fn: Any) -> dict[str, Any]:
     return {
         "_sc_SLOW": SLOW,
         "_sc_CALL": fn.call,
+        "_sc_FRESH": fn.fresh,
+        "_sc_ARGS_OK": fn.args_ok,
+        "_sc_NO_STORE": NO_STORE,
+        "_sc_SCOPES": scopes,
         "_sc_KEY": fn.key_fn,
         "_sc_BYPASS": BYPASS,
         "_sc_ABSENT": fn.absent,

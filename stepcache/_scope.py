@@ -68,6 +68,7 @@ class Scope:
             raise StepCacheError("a scope is entered once (make a new scope())")
         self._entered = self.open = True
         _state.scopes.open.append(self)
+        _state.scopes.changed()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -80,6 +81,7 @@ class Scope:
             while stack[-1] is not self:  # an inner one left open: closed with it
                 stack[-1].__exit__()
         stack.pop()
+        _state.scopes.changed()
         self.open = False
         if (store := self._store) is not None:
             for ref, before in reversed(self._joined):
@@ -98,10 +100,12 @@ def scope() -> Scope:
     inputs that cached functions declare are promised not to be written in place.
     While it is open in this thread:
 
-    * an owner used by a decorated call (or [`cache_of()`][stepcache.cache_of]) joins
-      it: the scope's store is its store, so a value one owner computed serves every
-      other owner whose key and declared dependencies are the same objects (the
-      metadata objects vLLM builds per KV-cache group from one batch layout);
+    * an owner without a store of its own uses the scope's store, so a value one
+      owner computed serves every other owner whose key and declared dependencies
+      are the same objects (the metadata objects vLLM builds per KV-cache group from
+      one batch layout). A decorated call reads it without joining the scope (no
+      write to the owner, nothing to give back); [`cache_of()`][stepcache.cache_of]
+      joins it, and while scopes are nested a call joins the innermost;
     * an inference tensor in `depends_on` is matched by identity alone (the scope is
       the promise that nothing writes it in place), so a hit on such a layout costs
       what a hit on tensors with version counters does;

@@ -11,6 +11,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
+from types import SimpleNamespace
 from typing import Any, Final
 
 DEBUG_MODES = ("off", "checks", "verify")
@@ -201,11 +202,41 @@ class Counts:
         self.hits = self.misses = self.bypasses = self.invalidations = 0
 
 
+class Absent(dict[Any, Any]):
+    """A dict whose every missing key finds one entry: a function's absent entry."""
+
+    __slots__ = ("absent",)
+
+    def __init__(self, absent: Any = None) -> None:
+        super().__init__()
+        self.absent = absent
+
+    def __missing__(self, key: Any) -> Any:
+        return self.absent
+
+
+#: What a hit reads for an owner with no store yet (`stepcache._store` sets it on
+#: owner classes): each function's absent entry, not a raise. A namespace: CPython
+#: specializes reads of its attributes. Its ``store`` is itself: what such an owner
+#: uses while no scope is open (`_Scopes.top`).
+NO_STORE = SimpleNamespace(table=Absent())
+NO_STORE.store = NO_STORE
+
+
 class _Scopes(threading.local):
-    """This thread's open scopes, innermost last (`stepcache.scope`)."""
+    """This thread's open scopes, innermost last (`stepcache.scope`), and ``top``:
+    what an owner without a store uses, read by every first call of a step. It is
+    `NO_STORE` while none is open, the scope while one is, and ``None`` while
+    several are (an owner then joins the innermost on the slow path)."""
 
     def __init__(self) -> None:
         self.open: list[Any] = []
+        self.top: Any = NO_STORE
+
+    def changed(self) -> None:
+        """Set ``top`` after a scope opened or closed."""
+        n = len(self.open)
+        self.top = NO_STORE if n == 0 else self.open[0] if n == 1 else None
 
 
 scopes = _Scopes()

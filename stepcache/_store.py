@@ -8,17 +8,17 @@ import contextlib
 import dataclasses
 import gc
 import threading
+import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
 
-from stepcache._entry import Entry, strided, walk
-from stepcache._errors import StaleCacheError, StepCacheError
-from stepcache._state import Counts, by_name, scopes
+from stepcache._entry import Entry, no_weakref, strided, walk, weak
+from stepcache._errors import OwnerError, StaleCacheError, StepCacheError
+from stepcache._state import NO_STORE, Absent, Counts, by_name, scopes
 
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
@@ -72,14 +72,21 @@ class StepCache:
     )
 
     def __init__(self, owner: object | None = None, scope: Any = None) -> None:
+        # Made on every owner's first call of a step: no weak reference, no counts,
+        # no member table until something needs them (fewer objects for the
+        # collector to walk).
         #: function id -> entry, or {key: entry} for a keyed function: what a hit reads
         self.table: dict[int, Any] = {}
-        #: id -> weak reference of each owner; replaced, never changed (no lock to read)
-        self._members = {} if owner is None else {id(owner): _weak(owner)}
-        #: the owner that made it (the usual one to ask), as a weak reference
-        self._first = None if owner is None else self._members[id(owner)]
+        #: the id of the owner that made it: an object that holds this store and has
+        #: this id is that owner (a copy that holds it was made while it was alive)
+        self._first = None if owner is None else id(owner)
+        #: id -> weak reference of each attached owner (`attach`); replaced, never
+        #: changed (no lock to read)
+        self._members: dict[int, weakref.ref[Any]] | None = None
         self._closed = False
-        self._counts: dict[int, Counts] = {}  # function id -> its misses, invalidations
+        #: function id -> its misses and invalidations; until one is needed, the id
+        #: of the one function that missed once (`missed`)
+        self._counts: dict[int, Counts] | int | None = None
         self._kept: list[Any] | None = None  # made by keep_alive()
         #: the `stepcache.scope` whose store this is (``None``: an owner's own)
         self.scope = scope
@@ -114,8 +121,9 @@ class StepCache:
         """Per-function entries, bytes, misses and invalidations in this store (hits and
         bypasses skip the store: [`stats()`][stepcache.stats] counts them)."""
         sizes, rows = measure((self,)), []
-        for f in {**self._counts, **sizes}:
-            c = self._counts.get(f) or Counts()
+        counts = self._all_counts()
+        for f in {**counts, **sizes}:
+            c = counts.get(f) or Counts()
             rows.append((f, (*sizes.get(f, (0, 0)), c.misses, c.invalidations)))
         names = ("entries", "bytes", "misses", "invalidations")
         return {n: dict(zip(names, c, strict=True)) for n, c in by_name(rows).items()}
@@ -134,17 +142,35 @@ class StepCache:
 
     def belongs_to(self, owner: object) -> bool:
         """Whether ``owner`` made this store or was attached to it."""
-        if self._first is not None and self._first() is owner:
+        if self._first == id(owner):
             return True
-        member = self._members.get(id(owner))
+        member = None if self._members is None else self._members.get(id(owner))
         return member is not None and member() is owner
+
+    def _all_counts(self) -> dict[int, Counts]:
+        counts = self._counts
+        if counts is None or counts.__class__ is int:
+            one = {} if counts is None else {counts: Counts()}
+            for c in one.values():
+                c.misses = 1
+            self._counts = counts = one
+        return counts  # type: ignore[return-value]
 
     def counts(self, fid: int) -> Counts:
         """The counts of function ``fid`` in this store."""
-        counts = self._counts.get(fid)
-        if counts is None:
-            counts = self._counts[fid] = Counts()
-        return counts
+        counts = self._all_counts()
+        found = counts.get(fid)
+        if found is None:
+            found = counts[fid] = Counts()
+        return found
+
+    def missed(self, fid: int) -> None:
+        """Count a miss of function ``fid``: the first store of a step counts its
+        first miss without making a `Counts`."""
+        if self._counts is None:
+            self._counts = fid
+        else:
+            self.counts(fid).misses += 1
 
     def lookup(self, fid: int, keyed: bool, key: Any) -> Entry | None:
         """The entry of function ``fid`` (and ``key``, if it is keyed), or ``None``; an
@@ -197,28 +223,9 @@ def measure(stores: Iterable[StepCache]) -> dict[int, tuple[int, int]]:
     return out
 
 
-class _Absent(dict[Any, Any]):
-    """A dict whose every missing key finds one entry: a function's absent entry."""
-
-    __slots__ = ("absent",)
-
-    def __init__(self, absent: Any = None) -> None:
-        super().__init__()
-        self.absent = absent
-
-    def __missing__(self, key: Any) -> Any:
-        return self.absent
-
-
-#: What a hit reads for an owner with no store yet (`_write` sets it on owner classes):
-#: each function's absent entry, not a raise. A namespace: CPython specializes reads
-#: of its attributes.
-NO_STORE = SimpleNamespace(table=_Absent())
-
-
 def register(fid: int, keyed: bool, absent: Entry) -> None:
     """Give the placeholder store's table the absent entry of a new function."""
-    NO_STORE.table[fid] = _Absent(absent) if keyed else absent
+    NO_STORE.table[fid] = Absent(absent) if keyed else absent
 
 
 def unregister(fid: int) -> None:
@@ -226,34 +233,69 @@ def unregister(fid: int) -> None:
     NO_STORE.table.pop(fid, None)
 
 
-def _weak(owner: object) -> weakref.ref[Any]:
+def new_store(owner: object) -> StepCache | None:
+    """A new store kept in ``owner``, whose class holds `NO_STORE` (``None``: this
+    owner has no room for it)."""
+    store = StepCache(owner)
     try:
-        return weakref.ref(owner)
-    except TypeError:
-        raise StepCacheError(
-            f"stepcache needs weak references to the owner, and "
-            f"{type(owner).__qualname__} objects do not support them. Fix: give the "
-            "class a __weakref__ slot (@dataclass(slots=True, weakref_slot=True); "
-            "attrs classes have one by default)."
-        ) from None
+        object.__setattr__(owner, ATTR, store)  # past a frozen class's __setattr__
+    except (AttributeError, TypeError):
+        return None
+    return store
 
 
 def _write(owner: object, store: StepCache) -> None:
-    """Keep ``store`` in ``owner`` (an attribute or declared slot, else the side table);
-    the owner's class gets `NO_STORE` as its attribute, unless it has one."""
+    """Keep ``store`` in ``owner`` (an attribute or declared slot; a tensor's in the
+    side table); the owner's class gets `NO_STORE` as its attribute, unless it has one.
+
+    Raises:
+        OwnerError: The owner has no room for a store.
+    """
     # not in a tensor: torch.save writes its __dict__, and weights_only loads refuse it
     if not isinstance(owner, torch.Tensor):
         try:
             object.__setattr__(owner, ATTR, store)  # past a frozen class's __setattr__
-        except (AttributeError, TypeError):  # slotted without a slot for it
-            pass
+        except (AttributeError, TypeError):
+            if _slotted(owner):  # its hits would all take the slow path
+                raise _no_room(owner) from None
         else:
             if not hasattr(type(owner), ATTR):
                 with contextlib.suppress(Exception):  # a builtin type may refuse
                     setattr(type(owner), ATTR, NO_STORE)
             return
+    # a tensor, a class, a module: kept beside it (its hits take the slow path)
     key = id(owner)  # the callback runs as the owner dies, before its id is reused
-    _side[key] = (weakref.ref(owner, lambda _: _side.pop(key, None)), store)
+    try:
+        ref = weakref.ref(owner, lambda _: _side.pop(key, None))
+    except TypeError:
+        raise no_weakref(owner) from None
+    _side[key] = (ref, store)
+
+
+def _slotted(owner: object) -> bool:
+    """Whether ``owner`` is an instance of a class of its user's with ``__slots__``
+    and no room for a store, or of a builtin type that takes no attributes."""
+    cls = type(owner)
+    if isinstance(owner, (type, types.ModuleType)):
+        return False
+    return cls.__module__ == "builtins" or hasattr(cls, "__slots__")
+
+
+def _no_room(owner: object) -> OwnerError:
+    """Why ``owner`` cannot hold a store, and what to change."""
+    cls = type(owner)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if cls.__module__ == "builtins":
+        return OwnerError(
+            f"is a {name}, which cannot hold a step cache (it takes no attributes). "
+            "Fix: pass the step's metadata object (an instance of your own class)."
+        )
+    return OwnerError(
+        f"is a {name}, whose __slots__ have no '{ATTR}' slot to hold its step "
+        f"cache. Fix: add '{ATTR}' to __slots__ (a dataclass: declare "
+        "_stepcache: stepcache.StepCache | None = stepcache.dataclass_cache_field(); "
+        "an attrs class: stepcache.cache_field())."
+    )
 
 
 def closed_error(owner: object) -> StaleCacheError:
@@ -311,13 +353,10 @@ def cache_of(owner: object) -> StepCache:
         True
     """
     store = _held(owner)
-    if store is NO_STORE and not _side and not scopes.open:  # a plain first use
-        fresh = StepCache(owner)
-        try:
-            object.__setattr__(owner, ATTR, fresh)
+    if store is NO_STORE and not scopes.open:  # a plain first use
+        fresh = new_store(owner)
+        if fresh is not None:
             return fresh
-        except (AttributeError, TypeError):
-            pass  # the class has the placeholder, this owner no place for a store
     if owner is None:  # StepCache(None) would be a store without an owner
         raise StepCacheError(
             "the owner is None: a step-cached function's owner parameter (its first, "
@@ -387,7 +426,7 @@ def attach(owner: object, cache: StepCache) -> StepCache:
         if not cache.belongs_to(owner):
             if cache.scope is not None:
                 cache.scope.joined(owner, found(owner))
-            cache._members = {**cache._members, id(owner): _weak(owner)}
+            cache._members = {**(cache._members or {}), id(owner): weak(owner)}
         _write(owner, cache)
     return cache
 

@@ -38,10 +38,11 @@ class Meta:
 
 @attrs.define(slots=True, weakref_slot=True)
 class Slotted:
-    """A slotted class without a store slot: its stores live in the side table."""
+    """A slotted class with a store slot."""
 
     tag: str
     runs: int = 0
+    _stepcache: stepcache.StepCache | None = stepcache.cache_field()
 
     @step_cached(key="k", name="bound.slotted_tagged")
     def tagged(self, k: int) -> tuple[str, int]:

@@ -49,7 +49,7 @@ class SlotsWithField:
 
 
 @attrs.define
-class AttrsSideTable:
+class AttrsNoField:
     qsl: torch.Tensor = attrs.field(factory=lambda: torch.arange(4))
     builds: list[int] = attrs.field(factory=list)
 
@@ -73,7 +73,6 @@ OWNERS = [
     DC,
     Frozen,
     SlotsWithField,
-    AttrsSideTable,
     AttrsWithField,
     AttrsFrozenWithField,
 ]
@@ -102,21 +101,55 @@ def test_declared_field_stays_out_of_init_repr_and_eq(cls: type) -> None:
         cls(stepcache=None)
 
 
+@pytest.mark.parametrize("fn", [cached, unbound], ids=["deps", "no-deps"])
+def test_slotted_class_without_a_store_slot_gets_a_clear_error(fn: Any) -> None:
+    """Its hits would all take the slow path: refused at the first call, naming the
+    function, the owner parameter, the class and the slot to add."""
+    with pytest.raises(StepCacheError) as raised:
+        fn(AttrsNoField())
+    text = str(raised.value)
+    assert text.startswith(f"{fn.__stepcache__.name}: its owner parameter 'self'")
+    assert "AttrsNoField" in text and "add '_stepcache' to __slots__" in text
+
+
 def test_slotted_class_without_weakref_support_gets_a_clear_error() -> None:
     @dataclasses.dataclass(slots=True)
     class NoWeak:
         qsl: torch.Tensor
         builds: list[int]
+        _stepcache: stepcache.StepCache | None = stepcache.dataclass_cache_field()
 
+    # an entry without dependencies is bound to its owner by a weak reference
     with pytest.raises(StepCacheError, match="weakref_slot=True"):
-        cached(NoWeak(torch.arange(3), []))
+        unbound(NoWeak(torch.arange(4), []))
+    owner = NoWeak(torch.arange(4), [])
+    assert cached(owner) is cached(owner)  # one with dependencies needs none
+
+
+@pytest.mark.parametrize("owner", [3, "text", (1, 2)], ids=["int", "str", "tuple"])
+def test_a_builtin_owner_gets_an_error_naming_function_parameter_and_type(
+    owner: object,
+) -> None:
+    @stepcache.step_cached(name="owners.builtin", owner="md")
+    def value(md: object) -> int:
+        return 1
+
+    with pytest.raises(StepCacheError) as raised:
+        value(owner)
+    text = str(raised.value)
+    assert text.startswith("owners.builtin: its owner parameter 'md' is a builtins.")
+    assert type(owner).__name__ in text and "__weakref__" not in text
 
 
 def test_side_table_entry_goes_with_its_owner() -> None:
     from stepcache import _store
 
-    owner = AttrsSideTable()
-    cached(owner)
+    @stepcache.step_cached(name="owners.tensor_side")
+    def total(t: torch.Tensor) -> int:
+        return int(t.sum())
+
+    owner = torch.arange(4)  # a tensor keeps its store beside it, not in __dict__
+    assert total(owner) == total(owner) == 6
     assert id(owner) in _store._side
     key = id(owner)
     del owner
@@ -172,7 +205,7 @@ def test_a_tensor_owner_caches_and_still_saves_as_a_plain_tensor() -> None:
         total(t)
 
 
-@pytest.mark.parametrize("cls", [c for c in OWNERS if c is not AttrsSideTable])
+@pytest.mark.parametrize("cls", OWNERS)
 def test_a_value_that_refers_to_its_owner_dies_with_it(cls: type) -> None:
     import gc
     import weakref
@@ -190,8 +223,8 @@ def test_a_value_that_refers_to_its_owner_dies_with_it(cls: type) -> None:
 
 
 def test_an_owner_whose_getattr_raises_keeps_its_store() -> None:
-    class Lookup:  # slotted, no _stepcache slot: its store is in the side table
-        __slots__ = ("__weakref__", "d")
+    class Lookup:
+        __slots__ = ("__weakref__", "_stepcache", "d")
 
         def __init__(self) -> None:
             self.d: dict[str, int] = {}

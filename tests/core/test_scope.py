@@ -137,7 +137,8 @@ def test_nested_scopes_see_the_outer_entries_and_drop_their_own() -> None:
     qsl = layout()
     with stepcache.scope() as outer:
         a = Group(qsl, 5)
-        shared = a.lens()
+        shared = a.lens()  # reads the scope's store without joining it
+        assert stepcache.cache_of(a) is outer.store  # joins it
         with stepcache.scope() as inner:
             b = Group(qsl, 5)  # joins the inner scope
             assert stepcache.cache_of(a) is outer.store  # a stays in the outer one
