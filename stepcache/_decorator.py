@@ -14,7 +14,7 @@ from collections.abc import Callable, Container, Hashable, Iterator, Mapping, Se
 from typing import Any, Final, ParamSpec, TypeVar
 
 from stepcache import _debug, _state, _store
-from stepcache._entry import Entry, fingerprints
+from stepcache._entry import Entry, fingerprint, fingerprints
 from stepcache._errors import (
     CacheValidationError,
     OwnerError,
@@ -22,7 +22,7 @@ from stepcache._errors import (
     StepCacheError,
 )
 from stepcache._hit import compile_hit
-from stepcache._spec import Arg, TensorSpec, check
+from stepcache._spec import Arg, TensorSpec, check, of_args
 from stepcache._state import BYPASS, Counts
 
 P = ParamSpec("P")
@@ -125,6 +125,7 @@ class CachedFunction:
         self.arg_refs: tuple[str, ...] = tuple(
             dict.fromkeys(r.name for r in refs if type(r) is Arg)
         )
+        self.of_args = of_args(expect) if self.arg_refs else None
         loose = sorted(
             {r.name for r in refs if type(r) is not Arg} - set(self.dep_names)
         )
@@ -280,15 +281,29 @@ class CachedFunction:
                 f"{type(owner).__qualname__} does not have ({exc})"
             ) from exc
         if not self._deps_checked:  # the first call: what kinds the dependencies are
-            for name, x in zip(self.dep_names, deps, strict=True):
-                if isinstance(x, types.MethodType | types.BuiltinMethodType):
-                    raise self._error(
-                        f"depends_on names {name!r}, a method: a bound method is a new "
-                        "object on every access, so the entry would never be reused. "
-                        "Fix: name the attributes the method reads instead."
-                    )
+            for i, x in enumerate(deps):
+                self._check_kind(i, x)
             self._deps_checked = True
         return deps
+
+    def _check_kind(self, i: int, x: Any) -> None:
+        if isinstance(x, types.MethodType | types.BuiltinMethodType):
+            raise self._error(
+                f"depends_on names {self.dep_names[i]!r}, a method: a bound method is "
+                "a new object on every access, so the entry would never be reused. "
+                "Fix: name the attributes the method reads instead."
+            )
+
+    def fingerprint(self, i: int, x: Any, store: Any) -> tuple[Any, Any]:
+        """The fingerprint of dependency ``i``, ``x``, for an entry of ``store`` (a
+        scope's, or `stepcache._state.NO_STORE`), as the generated miss takes it
+        where ``x`` is not a tensor with a version counter."""
+        self._check_kind(i, x)
+        return fingerprint(x, scoped=store is not _state.NO_STORE)
+
+    def invalid(self, key: Any, wrong: str) -> CacheValidationError:
+        """The error of a value that breaks `expect` (``wrong``: `violation`'s text)."""
+        return CacheValidationError(f"{self.where(key)}{wrong}")
 
     def violation(self, value: Any, a: Args) -> str | None:
         """What ``value`` breaks of ``expect`` (``": result ..."``), or ``None``."""
@@ -308,31 +323,16 @@ class CachedFunction:
         )
 
     def args_ok(self, value: Any, a: Args) -> bool:
-        """Whether a cached ``value`` meets `expect` for the caller's arguments ``a``
-        (another buffer: on its device, of its dtype, long enough)."""
-        return self.violation(value, a) is None
+        """Whether a cached ``value`` meets what `expect` reads of the caller's
+        arguments ``a`` (another buffer: on its device, of its dtype, long enough);
+        the rest of it held when the value was stored."""
+        try:
+            check(self.of_args, value, (a, self.index, a[self.owner_index]))  # type: ignore[arg-type]
+        except CacheValidationError:
+            return False
+        return True
 
     # -- the slow path ------------------------------------------------------------------
-    def fresh(self, a: Args, key: Any, deps: Args, where: Any) -> Any:
-        """A call through an owner that holds no store, the generated hit's miss:
-        the owner's first call of a step. ``deps``: the dependencies the hit read;
-        ``where``: the open scope's store (the owner does not join it), or
-        `stepcache._state.NO_STORE` (the owner gets a store of its own)."""
-        if _state.SLOW[0]:
-            return self.call(a, key)
-        owner = a[self.owner_index]
-        if where is _state.NO_STORE:
-            store = _store.new_store(owner)
-            if store is None:  # no room for a store: the slow path says why
-                return self.call(a, key)
-        else:
-            store = where
-            if store.lookup(self.fid, self.keyed, key) is not None:
-                return self.call(a, key)  # an entry that did not serve: judged there
-        if not self._deps_checked:
-            deps = self.deps_of(a, owner)  # the first call checks what they are
-        return self.miss(a, key, owner, store, deps, None)
-
     def call(self, a: Args, key: Any = NO_KEY, entry: Entry | None = None) -> Any:
         """Every call the generated hit did not serve: a miss, a bypass, caching off,
         or a hit it found (``entry``) in debug mode, which watches it."""
@@ -352,8 +352,9 @@ class CachedFunction:
             self.counts.hits += 1  # debug mode recorded nothing to check
             return entry.value  # type: ignore[union-attr]
         # a hit found by the generated code was read from owner._stepcache, a store
+        # (or the placeholder, where it read the scope's: joined here)
         store = owner._stepcache if entry is not None else None  # type: ignore[attr-defined]
-        if store is None or not store.belongs_to(owner):
+        if not isinstance(store, _store.StepCache) or not store.belongs_to(owner):
             try:
                 store = _store.cache_of(owner)
             except StaleCacheError as exc:
@@ -408,8 +409,11 @@ class CachedFunction:
                 record.stop()
         info = None if watch is None else watch.after_miss(self, record, a, key, value)
         if self.expect is not None and (wrong := self.violation(value, a)) is not None:
-            error = CacheValidationError(f"{self.where(key)}{wrong}")
-            raise error if watch is None else watch.invalid(self, key, wrong)
+            raise (
+                self.invalid(key, wrong)
+                if watch is None
+                else watch.invalid(self, key, wrong)
+            )
         try:
             entry = Entry(value, owner, fps, self.guard, info, self.args_of(a))
         except OwnerError as exc:

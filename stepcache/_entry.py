@@ -142,10 +142,13 @@ def fingerprints(deps: Sequence[Any], scoped: bool = False) -> tuple[Any, ...]:
         elif isinstance(x, _Tensor):
             if not x.is_inference():
                 flat += (x, x._version)
-            elif scoped or not strided(x):
+            elif scoped:
                 flat += (x, ID)
             else:
-                flat += (Placed(x), PLACED)
+                try:
+                    flat += (Placed(x), PLACED)
+                except RuntimeError:  # sparse or nested: no place, its identity
+                    flat += (x, ID)
         elif isinstance(x, _SCALARS):
             flat += (x, VAL)
         elif (snap := snapshot(x)) is not None:  # a tuple is kept: the same one hits
@@ -155,9 +158,9 @@ def fingerprints(deps: Sequence[Any], scoped: bool = False) -> tuple[Any, ...]:
     return tuple(flat)
 
 
-def fingerprint(x: Any) -> tuple[Any, Any]:
+def fingerprint(x: Any, scoped: bool = False) -> tuple[Any, Any]:
     """The fingerprint ``(o, v)`` of one input."""
-    o, v = fingerprints((x,))
+    o, v = fingerprints((x,), scoped)
     return o, v
 
 
@@ -297,12 +300,17 @@ class Entry:
         info: Any,
         args: tuple[Any, ...] | None = None,
     ) -> None:
-        self.value, self.deps, self.info, self.args = value, deps, info, args
+        # made on every miss: one write per slot, no tuple packing
+        self.value = value
+        self.deps = deps
+        self.info = info
+        self.args = args
         # the bound rule: nothing else tells the owner's calls from another owner's
         self.bound: Any = None if deps else weak(owner)
-        self.guard: Any
-        self.gtag: Any
-        self.guard, self.gtag = result_guard(value) if guard else (None, None)
+        self.guard: Any = None
+        self.gtag: Any = None
+        if guard:
+            self.guard, self.gtag = result_guard(value)
 
     def serves(self, owner: object, xs: Sequence[Any]) -> bool:
         """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``

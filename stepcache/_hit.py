@@ -18,8 +18,11 @@ import linecache
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stepcache._entry import QUICK, match
+import torch
+
+from stepcache._entry import QUICK, Entry, match
 from stepcache._state import BYPASS, NO_STORE, SLOW, scopes
+from stepcache._store import StepCache
 
 P = inspect.Parameter
 #: how a parameter of each kind is passed on (to the function, or its key function)
@@ -85,16 +88,16 @@ def source(fn: Any, fname: str) -> str:
         out += [f"    if {k} is _sc_BYPASS:", f"        return _sc_CALL({packed}, {k})"]
     # An owner with no store yet holds the placeholder (stepcache._state.NO_STORE):
     # inside one scope it reads the scope's store without joining it, else it has
-    # none (`_Scopes.top`; nested scopes: the slow path joins the innermost).
-    # Its miss goes to _sc_FRESH with the dependencies read here, not the slow path.
-    s, w = local("s"), local("w")
+    # none (`_Scopes.top`; nested scopes: the slow path joins the innermost). Where
+    # the store has no entry, ``w`` says where the miss goes.
+    s, w, r = local("s"), local("w"), local("r")
     names = [local(f"x{i}") for i in range(len(fn.dep_names))]
     out += [f"    {w} = None", "    try:", f"        {s} = {owner}._stepcache"]
     for x, dep in zip(names, fn.dep_names, strict=True):
         out.append(f"        {x} = {dep if dep in fn.index else f'{owner}.{dep}'}")
     out += [
         f"        if {s} is _sc_NO_STORE:",
-        f"            {w} = {s} = _sc_SCOPES.top.store",
+        f"            {w} = {s} = _sc_SCOPES.top",
     ]
     # A function with dependencies, or keyed by kinds (only=), often misses in a real
     # store: get() there; the others subscript (the placeholder answers every lookup)
@@ -109,7 +112,10 @@ def source(fn: Any, fname: str) -> str:
         f"        if {e} is _sc_ABSENT:",
         f"            {e} = None",
     ]
-    out += ["        else:"]
+    out += [
+        "        else:",
+        f"            {w} = None  # judged here, or by the slow path",
+    ]
     tests = []
     if fn.dep_names:
         pairs = [(local(f"o{i}"), local(f"v{i}")) for i in range(len(names))]
@@ -140,10 +146,48 @@ def source(fn: Any, fname: str) -> str:
         f"        {w} = {e} = None",
     ]
     key = key if fn.keyed else "None"
-    deps = "(" + "".join(x + ", " for x in names) + ")"
+    # The miss of an owner without a store, its first call of a step, in production:
+    # computed here with the dependencies read above (`miss` is the same for every
+    # other miss); each fingerprint taken before the function runs.
+    out += [f"    if {w} is not None and not _sc_SLOW[0]:"]
+    prints = []
+    for i, x in enumerate(names):
+        f = local(f"f{i}")
+        prints.append(f"*{f}")
+        fast = f"({x}, {x}._version)"
+        out.append(
+            f"        {f} = {fast} if {x}.__class__ is _sc_Tensor and not "
+            f"{x}.is_inference() else _sc_PRINT({i}, {x}, {w})"
+        )
     out += [
-        f"    if {w} is not None:",
-        f"        return _sc_FRESH({packed}, {key}, {deps}, {w})",
+        f"        if {w} is _sc_NO_STORE:",
+        f"            {w} = _sc_StepCache({owner})",
+        "            try:",
+        f"                _sc_setattr({owner}, '_stepcache', {w})",
+        "            except _sc_Exception:",  # no room for it: the slow path says why
+        f"                {w} = None",
+        f"        if {w} is not None:",
+        f"            {r} = _sc_FN({call})",
+    ]
+    if fn.expect is not None:
+        bad = local("bad")
+        out += [
+            f"            {bad} = _sc_VIOLATION({r}, {packed})",
+            f"            if {bad} is not None:",
+            f"                raise _sc_INVALID({key}, {bad})",
+        ]
+    args = "(" + "".join(n + ", " for n in fn.arg_refs) + ")" if fn.arg_refs else "None"
+    deps = "(" + ", ".join(prints) + (",)" if len(prints) == 1 else ")")
+    entry = f"_sc_Entry({r}, {owner}, {deps}, {fn.guard}, None, {args})"
+    slot = f".setdefault({fn.fid}, {{}})[{key}]" if fn.keyed else f"[{fn.fid}]"
+    out += [
+        f"            {w}.table{slot} = {entry}",
+        "            _sc_COUNTS.misses += 1",
+        f"            if {w}._counts is None:",  # the store's first miss (`missed`)
+        f"                {w}._counts = {fn.fid}",
+        "            else:",
+        f"                {w}.missed({fn.fid})",
+        f"            return {r}",
     ]
     out.append(f"    return _sc_CALL({packed}, {key}, {e})")
     body = [*out, f"return {fname}"]
@@ -156,10 +200,17 @@ def cells_of(fn: Any) -> dict[str, Any]:
     return {
         "_sc_SLOW": SLOW,
         "_sc_CALL": fn.call,
-        "_sc_FRESH": fn.fresh,
         "_sc_ARGS_OK": fn.args_ok,
         "_sc_NO_STORE": NO_STORE,
         "_sc_SCOPES": scopes,
+        "_sc_StepCache": StepCache,
+        "_sc_setattr": object.__setattr__,  # past a frozen class's __setattr__
+        "_sc_FN": fn.fn,
+        "_sc_PRINT": fn.fingerprint,
+        "_sc_VIOLATION": fn.violation,
+        "_sc_INVALID": fn.invalid,
+        "_sc_Entry": Entry,
+        "_sc_Tensor": torch.Tensor,
         "_sc_KEY": fn.key_fn,
         "_sc_BYPASS": BYPASS,
         "_sc_ABSENT": fn.absent,

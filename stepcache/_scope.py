@@ -36,17 +36,16 @@ class Scope:
     """
 
     # Opened and closed once per metadata build, between long stretches of the
-    # engine's own code: kept to a few attribute writes (the store is made when an
-    # owner first joins; a build with nothing cached makes none).
-    __slots__ = ("_entered", "_joined", "_store", "open")
+    # engine's own code: kept to a few attribute writes. Its store is made when it
+    # opens: every first call of an owner inside it reads that store (`_Scopes.top`).
+    __slots__ = ("_joined", "_store", "open")
 
     def __init__(self) -> None:
         self._store: StepCache | None = None
         #: whether the scope is open (a closed one is never reopened)
         self.open = False
-        self._entered = False
         #: (weak reference to each joined owner, the store it had, or ``None``)
-        self._joined: list[tuple[weakref.ref[Any], StepCache | None]] = []
+        self._joined: list[tuple[weakref.ref[Any], StepCache | None]] | None = None
 
     def __repr__(self) -> str:
         return f"<stepcache scope {'open' if self.open else 'closed'}>"
@@ -54,25 +53,30 @@ class Scope:
     @property
     def store(self) -> StepCache:
         """The store the owners of the scope share."""
-        if self._store is None:
+        if self._store is None:  # never opened: a store that serves nothing
             self._store = StepCache()
-            self._store.scope = self if self.open else _ENDED
+            self._store.scope = _ENDED
         return self._store
 
     def joined(self, owner: object, before: StepCache | None) -> None:
         """Remember the store ``owner`` had before it joined (called by `attach`)."""
+        if self._joined is None:
+            self._joined = []
         self._joined.append((weakref.ref(owner), before))
 
     def __enter__(self) -> Scope:
-        if self._entered:
+        if self._store is not None:
             raise StepCacheError("a scope is entered once (make a new scope())")
-        self._entered = self.open = True
-        _state.scopes.open.append(self)
-        _state.scopes.changed()
+        store = self._store = StepCache(None, self)
+        self.open = True
+        scopes = _state.scopes  # this thread's
+        scopes.top = None if scopes.open else store  # `_Scopes.top`
+        scopes.open.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        stack = _state.scopes.open  # this thread's
+        scopes = _state.scopes  # this thread's
+        stack = scopes.open
         if not stack or stack[-1] is not self:
             if self not in stack:
                 raise StepCacheError(
@@ -81,16 +85,17 @@ class Scope:
             while stack[-1] is not self:  # an inner one left open: closed with it
                 stack[-1].__exit__()
         stack.pop()
-        _state.scopes.changed()
+        scopes.changed()
         self.open = False
-        if (store := self._store) is not None:
+        store: Any = self._store
+        if self._joined:
             for ref, before in reversed(self._joined):
                 if (owner := ref()) is not None:
                     restore(owner, store, before)
-            self._joined.clear()
-            store.clear()
-            # the store no longer names the scope: no cycle left to the collector
-            store.scope = _ENDED
+            self._joined = None
+        store.clear()
+        # the store no longer names the scope: no cycle left to the collector
+        store.scope = _ENDED
 
 
 def scope() -> Scope:

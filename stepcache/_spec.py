@@ -154,6 +154,25 @@ class TensorSpec:
         items = (self.device, self.dtype, *(self.shape or ()), *(self.min_shape or ()))
         return [r for r in items if isinstance(r, (Arg, Attr))]
 
+    def of_args(self) -> TensorSpec | None:
+        """The part of this spec that reads the call's arguments (`Arg`), which can
+        differ between calls that share a value (``None``: no part does)."""
+        if not any(type(r) is Arg for r in self.refs()):
+            return None
+
+        def dims(d: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
+            if d is None or not any(type(x) is Arg for x in d):
+                return None
+            return tuple(x if type(x) is Arg else None for x in d)
+
+        device, dtype = self.device, self.dtype
+        return TensorSpec(
+            device=device if type(device) is Arg else None,
+            dtype=dtype if type(dtype) is Arg else None,
+            shape=dims(self.shape),
+            min_shape=dims(self.min_shape),
+        )
+
     def check(self, x: Any, scope: Scope, item: int | None = None) -> None:
         """Raise `CacheValidationError` unless ``x`` (the result, or its item ``item``)
         is a tensor that meets this spec, its references resolved in ``scope``. Runs on
@@ -323,6 +342,19 @@ def _want(item: Any, scope: Scope, attr: str) -> Any:
         why = f"{type(exc).__name__}: {exc}"
         raise CacheValidationError(f"expect's {item!r}: no {attr} ({why})") from None
     return want
+
+
+def of_args(expect: Spec | None) -> Spec | None:
+    """What of ``expect`` reads the call's arguments (`TensorSpec.of_args`), checked
+    again on a hit: ``None`` where nothing does.
+
+    >>> of_args(TensorSpec(device=Arg("buf"), dtype=torch.int32, ndim=1))
+    TensorSpec(device=Arg('buf'))
+    """
+    if expect is None or isinstance(expect, TensorSpec):
+        return None if expect is None else expect.of_args()
+    parts = tuple(None if s is None else s.of_args() for s in expect)
+    return parts if any(p is not None for p in parts) else None
 
 
 def check(expect: Spec, value: Any, scope: Scope) -> None:

@@ -217,17 +217,15 @@ class Absent(dict[Any, Any]):
 
 #: What a hit reads for an owner with no store yet (`stepcache._store` sets it on
 #: owner classes): each function's absent entry, not a raise. A namespace: CPython
-#: specializes reads of its attributes. Its ``store`` is itself: what such an owner
-#: uses while no scope is open (`_Scopes.top`).
+#: specializes reads of its attributes.
 NO_STORE = SimpleNamespace(table=Absent())
-NO_STORE.store = NO_STORE
 
 
 class _Scopes(threading.local):
     """This thread's open scopes, innermost last (`stepcache.scope`), and ``top``:
-    what an owner without a store uses, read by every first call of a step. It is
-    `NO_STORE` while none is open, the scope while one is, and ``None`` while
-    several are (an owner then joins the innermost on the slow path)."""
+    the store an owner without one uses, read by every first call of a step. It is
+    `NO_STORE` while no scope is open, the scope's store while one is, and ``None``
+    while several are (an owner then joins the innermost on the slow path)."""
 
     def __init__(self) -> None:
         self.open: list[Any] = []
@@ -235,8 +233,10 @@ class _Scopes(threading.local):
 
     def changed(self) -> None:
         """Set ``top`` after a scope opened or closed."""
-        n = len(self.open)
-        self.top = NO_STORE if n == 0 else self.open[0] if n == 1 else None
+        stack = self.open
+        self.top = (
+            NO_STORE if not stack else stack[0]._store if len(stack) == 1 else None
+        )
 
 
 scopes = _Scopes()
