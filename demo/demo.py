@@ -257,8 +257,7 @@ def _summary_ms(samples_ns: Sequence[int]) -> dict[str, float]:
 def buggy_request_index(metadata: StepMetadata, buffer: torch.Tensor) -> torch.Tensor:
     """The request index, with a planted bug: ``depends_on`` misses the device
     ``query_start_loc`` that the boundaries are read from."""
-    mapped = request_index.total_tokens(metadata.query_start_loc_cpu)
-    index = request_index.request_index_array(metadata.query_start_loc, mapped)
+    index = request_index.request_index_array(metadata.query_start_loc)
     rows = metadata.num_actual_tokens
     return request_index.write_request_index(index, buffer, rows)[:rows]
 
@@ -336,8 +335,7 @@ def _vllm_metadata(cls: Any, plan: StepPlan) -> Any:
 
 def _uncached_index(cam: Any, buffer: torch.Tensor) -> torch.Tensor:
     """What each DSv4 builder did before the seed PR: compute the index itself."""
-    mapped = request_index.total_tokens(cam.query_start_loc_cpu)
-    index = request_index.request_index_array(cam.query_start_loc, mapped)
+    index = request_index.request_index_array(cam.query_start_loc_cpu)
     rows = cam.num_actual_tokens
     return request_index.write_request_index(index, buffer, rows)[:rows]
 

@@ -22,11 +22,14 @@ import torch
 from stepcache import _entry as fp
 from stepcache import _state
 from stepcache._diff import describe, first_difference
+from stepcache._entry import Entry
 from stepcache._errors import CacheValidationError, StaleCacheError
 from stepcache._guard import guarded
 from stepcache._recorder import Recording, data_read
+from stepcache._seams import Cached
 from stepcache._spec import normalize_device
 from stepcache._state import BYPASS
+from stepcache._store import StepCache
 
 Args = tuple[Any, ...]
 _MAX_REPORT = 10_000
@@ -205,7 +208,7 @@ _MESSAGES: dict[str, str] = {
 
 
 def detect(
-    kind: str, fn: Any, key: Any, text: str = "", **fields: Any
+    kind: str, fn: Cached, key: Any, text: str = "", **fields: Any
 ) -> StaleCacheError | CacheValidationError:
     """Record a detection of ``fn`` (a `CachedFunction`); return its error (message:
     ``text``, else the kind's)."""
@@ -281,7 +284,7 @@ def _record(names: Sequence[str], deps: Args) -> list[tuple[Any, ...]]:
     return list(found.values())
 
 
-def _check_deps(kind: str, fn: Any, key: Any, records: Any) -> None:
+def _check_deps(kind: str, fn: Cached, key: Any, records: Any) -> None:
     """Raise ``kind`` for the first recorded dependency no longer in its state (at
     its address with its contents: not read further)."""
     for name, x, view, address, before in records:
@@ -335,7 +338,7 @@ def _versioned(t: torch.Tensor) -> tuple[torch.Tensor, Any, int | None]:
 
 
 def _check_tags(
-    fn: Any, key: Any, tagged: Iterable[tuple[torch.Tensor, Any, Any]]
+    fn: Cached, key: Any, tagged: Iterable[tuple[torch.Tensor, Any, Any]]
 ) -> None:
     """Raise buffer-overwritten for the first tensor whose `_tag` is not the one paired."""
     for t, old, _ in tagged:
@@ -359,10 +362,10 @@ _IN_SCOPE = (
 
 def _recheck(
     kind: str,
-    fn: Any,
+    fn: Cached,
     a: Args,
     key: Any,
-    entry: Any,
+    entry: Entry,
     fingerprints: dict[str, tuple[Any, Any]],
     read: Any,
 ) -> None:
@@ -377,7 +380,7 @@ def _recheck(
     fingerprints.update((n, fp.fingerprint(read(n))) for n in changed)
 
 
-def _recompute(fn: Any, a: Args, entry: Any) -> str | None:
+def _recompute(fn: Cached, a: Args, entry: Entry) -> str | None:
     """Where a fresh computation differs from the entry's value (``None``: nowhere).
     An equal one written into the cached buffers moves their tags on, and the result
     guard's: the entry and its views stay valid."""
@@ -391,7 +394,7 @@ def _recompute(fn: Any, a: Args, entry: Any) -> str | None:
     return difference
 
 
-def _fix(fn: Any, info: _Info | None) -> str:
+def _fix(fn: Cached, info: _Info | None) -> str:
     """The fix a key-too-coarse message suggests: the inputs nothing declares."""
     declared = {*fn.dep_names, *fn.key_names, fn.owner_name}
     params = () if fn.key_fn else fn.names  # a key function's inputs are unknown
@@ -418,7 +421,7 @@ def _canonical(key: Any) -> Any:
 class _Miss:
     """What `Checks.before_miss` records of a miss while the function runs."""
 
-    def __init__(self, owner: object, names: Any, deps: Args, store: Any) -> None:
+    def __init__(self, owner: object, names: Any, deps: Args, store: StepCache) -> None:
         self.owner, self.store = owner, store
         self.recorded = _record(names, deps)
         self.reads = Recording(owner)
@@ -435,7 +438,7 @@ class Checks:
     """Debug mode's hooks, called by the slow path (every call takes it in debug
     mode): each checks what it can see of the call and raises a recorded detection."""
 
-    def bypassed(self, fn: Any, a: Args) -> None:
+    def bypassed(self, fn: Cached, a: Args) -> None:
         """A bypassed call: use-after-close, if its owner's store was closed (as in
         production, a bypass makes no store)."""
         from stepcache._store import closed_error, found
@@ -446,26 +449,26 @@ class Checks:
             raise detect("use-after-close", fn, BYPASS, str(closed_error(owner)))
 
     def closed(
-        self, fn: Any, key: Any, error: StaleCacheError
+        self, fn: Cached, key: Any, error: StaleCacheError
     ) -> StaleCacheError | CacheValidationError:
         """The detection of a call through an owner whose store was closed."""
         return detect("use-after-close", fn, key, str(error))
 
     def invalid(
-        self, fn: Any, key: Any, wrong: str
+        self, fn: Cached, key: Any, wrong: str
     ) -> StaleCacheError | CacheValidationError:
         """The detection of a value that breaks ``expect`` (``wrong``) when stored."""
         return detect("validation", fn, key, wrong[2:])
 
     def hit(
         self,
-        fn: Any,
+        fn: Cached,
         a: Args,
         key: Any,
         owner: object,
-        store: Any,
+        store: StepCache,
         deps: Args,
-        entry: Any,
+        entry: Entry,
     ) -> Any:
         """Check a hit; what it hands out. The common case (each input as it was
         recorded) is tested inline; a difference goes to the check that explains it."""
@@ -521,7 +524,9 @@ class Checks:
             else self.hand_out(fn, key, entry, store)
         )
 
-    def before_miss(self, fn: Any, a: Args, key: Any, store: Any, deps: Args) -> _Miss:
+    def before_miss(
+        self, fn: Cached, a: Args, key: Any, store: StepCache, deps: Args
+    ) -> _Miss:
         """Check a miss before it computes, and start recording what it reads."""
         canonical = _canonical(key)
         for cached in store.keys(fn.fid) if fn.keyed else ():
@@ -529,7 +534,9 @@ class Checks:
                 raise detect("device-alias", fn, key, cached=cached)
         return _Miss(a[fn.owner_index], fn.dep_names, deps, store)
 
-    def after_miss(self, fn: Any, miss: _Miss, a: Args, key: Any, value: Any) -> _Info:
+    def after_miss(
+        self, fn: Cached, miss: _Miss, a: Args, key: Any, value: Any
+    ) -> _Info:
         """Check a computed value; what the entry's ``info`` keeps for later hits."""
         owner = miss.owner
         if fn.key_fn is not None and fn.dep_names:
@@ -554,7 +561,7 @@ class Checks:
         quiet = quiet and miss.store.scope is None
         return _Info(deps, versions, watched, ignored, refs, quiet, value)
 
-    def hand_out(self, fn: Any, key: Any, entry: Any, store: Any) -> Any:
+    def hand_out(self, fn: Cached, key: Any, entry: Entry, store: StepCache) -> Any:
         """What a call through ``store`` hands out: the value, its tensors as guarded
         views that check ``store`` (a copied owner's store serves the original's
         entries), made once per store."""

@@ -22,6 +22,7 @@ from stepcache._errors import (
     StepCacheError,
 )
 from stepcache._hit import compile_hit
+from stepcache._seams import Watch
 from stepcache._spec import Arg, TensorSpec, check, of_args
 from stepcache._state import BYPASS, Counts
 
@@ -294,7 +295,7 @@ class CachedFunction:
                 "Fix: name the attributes the method reads instead."
             )
 
-    def fingerprint(self, i: int, x: Any, store: Any) -> tuple[Any, Any]:
+    def fingerprint(self, i: int, x: Any, store: object) -> tuple[Any, Any]:
         """The fingerprint of dependency ``i``, ``x``, for an entry of ``store`` (a
         scope's, or `stepcache._state.NO_STORE`), as the generated miss takes it
         where ``x`` is not a tensor with a version counter."""
@@ -378,7 +379,9 @@ class CachedFunction:
         self.counts.hits += 1
         return value
 
-    def find(self, store: Any, key: Any, owner: object, deps: Args) -> Entry | None:
+    def find(
+        self, store: _store.StepCache, key: Any, owner: object, deps: Args
+    ) -> Entry | None:
         """The entry that serves the call (``None``: a miss); an entry that no longer
         serves its owner is counted as an invalidation."""
         try:
@@ -397,7 +400,13 @@ class CachedFunction:
         return None
 
     def miss(
-        self, a: Args, key: Any, owner: object, store: Any, deps: Args, watch: Any
+        self,
+        a: Args,
+        key: Any,
+        owner: object,
+        store: _store.StepCache,
+        deps: Args,
+        watch: Watch | None,
     ) -> Any:
         """Compute, validate and store the call's value: every miss, in every mode."""
         fps = fingerprints(deps, scoped=store.scope is not None)

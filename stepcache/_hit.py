@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from stepcache._entry import QUICK, Entry, match
+from stepcache._seams import Cached
 from stepcache._state import BYPASS, NO_STORE, SLOW, scopes
 from stepcache._store import StepCache
 
@@ -51,7 +52,7 @@ def _signature(params: Sequence[inspect.Parameter]) -> str:
     return str(inspect.Signature(plain))[1:-1]
 
 
-def source(fn: Any, fname: str) -> str:
+def source(fn: Cached, fname: str) -> str:
     """The hit's source: ``_sc_make(cells...)`` returns a function named ``fname``
     with the decorated signature (``fn``: the `CachedFunction`)."""
     taken = set(fn.names)
@@ -76,8 +77,8 @@ def source(fn: Any, fname: str) -> str:
         ]
         out += [f"        return _sc_CALL({packed})"]
     elif fn.key_names:
-        names = fn.key_names
-        key = names[0] if len(names) == 1 else "(" + ", ".join(names) + ")"
+        keys = fn.key_names
+        key = keys[0] if len(keys) == 1 else "(" + ", ".join(keys) + ")"
     if fn.only:  # a value it leaves out is a bypass
         skip = local("skip")
         outside = " or ".join(f"{n} not in _sc_O_{i}" for i, n in enumerate(fn.only))
@@ -195,7 +196,7 @@ def source(fn: Any, fname: str) -> str:
     return f"def _sc_make({cells}):\n" + "".join(f"    {x}\n" for x in body)
 
 
-def cells_of(fn: Any) -> dict[str, Any]:
+def cells_of(fn: Cached) -> dict[str, Any]:
     """The values the hit reads, by cell name."""
     return {
         "_sc_SLOW": SLOW,
@@ -223,7 +224,7 @@ def cells_of(fn: Any) -> dict[str, Any]:
     }
 
 
-def compile_hit(fn: Any) -> Callable[..., Any]:
+def compile_hit(fn: Cached) -> Callable[..., Any]:
     """``fn``'s hit function; its source is kept in `linecache` under ``fn.label``."""
     name = getattr(fn.fn, "__name__", "")
     text = source(fn, name if name.isidentifier() else "wrapper")

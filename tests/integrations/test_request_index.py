@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -192,18 +193,6 @@ def _meta(qsl: list[int], n: int | None = None) -> StepMetadata:
             stepcache.CacheValidationError,
             "must be a torch.Tensor (got list)",
         ),
-        (
-            _meta([0, 3, 1]),
-            torch.zeros(8, dtype=torch.int32),
-            ValueError,
-            "never decrease; it goes from 3 to 1 at request 1",
-        ),
-        (
-            _meta([2, 3]),
-            torch.zeros(8, dtype=torch.int32),
-            ValueError,
-            "must start at 0 (got 2)",
-        ),
     ],
 )
 def test_bad_inputs_raise_typed_errors_naming_the_expectation(
@@ -216,7 +205,30 @@ def test_bad_inputs_raise_typed_errors_naming_the_expectation(
         assert token_to_req_indices(meta, torch.zeros(8, dtype=torch.int32)).numel()
 
 
-def test_layouts_that_are_not_a_1d_integer_sequence_are_refused() -> None:
+@pytest.mark.parametrize(
+    ("starts", "words"),
+    [
+        ([0, 3, 1], "never decrease; it goes from 3 to 1 at request 1"),
+        ([2, 3], "must start at 0 (got 2)"),
+    ],
+)
+def test_debug_mode_checks_the_layout_production_does_not(
+    starts: list[int], words: str
+) -> None:
+    """Production checks what the seed checks (the buffer); the layout's values are
+    debug mode's job."""
+    buffer = torch.zeros(8, dtype=torch.int32)
+    for mode in ("checks", "verify"):
+        with stepcache.debug(mode), pytest.raises(ValueError, match=re.escape(words)):
+            token_to_req_indices(_meta(starts), buffer)
+    if starts == [2, 3]:  # production computes what the seed computes
+        assert token_to_req_indices(_meta(starts), buffer).tolist() == [0, 0, 0]
+    else:  # numpy refuses a negative length, as in the seed's code
+        with pytest.raises(ValueError):
+            token_to_req_indices(_meta(starts), buffer)
+
+
+def test_layouts_that_are_not_a_1d_integer_sequence_are_refused_in_debug_mode() -> None:
     buffer = torch.zeros(8, dtype=torch.int32)
     two_d = StepMetadata(
         torch.zeros(2, 2, dtype=torch.int32),
@@ -225,24 +237,35 @@ def test_layouts_that_are_not_a_1d_integer_sequence_are_refused() -> None:
         1,
         0,
     )
-    with pytest.raises(ValueError, match=r"must be 1-D .* \(got shape \[2, 2\]\)"):
-        token_to_req_indices(two_d, buffer)
     floats = _meta([0, 2])
     floats.query_start_loc_cpu = torch.tensor([0.0, 2.0])
-    with pytest.raises(ValueError, match="query_start_loc_cpu must hold integers"):
-        token_to_req_indices(floats, buffer)
     disagree = _meta([0, 2])
     disagree.query_start_loc_cpu = torch.tensor([0, 3], dtype=torch.int32)
-    with pytest.raises(ValueError, match="ends at 2 tokens but query_start_loc_cpu"):
-        token_to_req_indices(disagree, buffer)
+    with stepcache.debug("checks"):
+        with pytest.raises(ValueError, match=r"must be 1-D .* \(got shape \[2, 2\]\)"):
+            token_to_req_indices(two_d, buffer)
+        with pytest.raises(ValueError, match="query_start_loc_cpu must hold integers"):
+            token_to_req_indices(floats, buffer)
+        with pytest.raises(ValueError, match="describe different batches"):
+            token_to_req_indices(disagree, buffer)
 
 
-def test_boundaries_come_from_the_device_query_start_loc() -> None:
-    # adaptive verification: same total, other per-request boundaries on the host
+def test_boundaries_come_from_the_host_copy_and_debug_mode_compares() -> None:
+    # adaptive verification: same total, other per-request boundaries on the host;
+    # the seed (and so production) reads the host copy, checks mode says they differ
     meta = _meta([0, 1, 4])
     meta.query_start_loc_cpu = torch.tensor([0, 2, 4], dtype=torch.int32)
     rows = token_to_req_indices(meta, torch.zeros(8, dtype=torch.int32))
-    assert rows.tolist() == [0, 1, 1, 1]
+    assert rows.tolist() == [0, 0, 1, 1]
+    meta = _meta([0, 1, 4])
+    meta.query_start_loc_cpu = torch.tensor([0, 2, 4], dtype=torch.int32)
+    with (
+        stepcache.debug("checks"),
+        pytest.raises(
+            ValueError, match=r"\[0, 1, 4\] and query_start_loc_cpu \[0, 2, 4\]"
+        ),
+    ):
+        token_to_req_indices(meta, torch.zeros(8, dtype=torch.int32))
 
 
 def test_a_cpu_buffer_is_filled_without_pinned_staging(

@@ -8,7 +8,10 @@ call of a step and hands the same rows to every later caller, until the layout c
 
 The owner is any metadata object with ``query_start_loc`` (device), its host copy
 ``query_start_loc_cpu`` and ``num_actual_tokens`` (vLLM's ``CommonAttentionMetadata``
-has them; :mod:`stepcache.integrations.dsv4.sim` has a small stand-in).
+has them; :mod:`stepcache.integrations.dsv4.sim` has a small stand-in). As in the
+seed (vLLM PR 47474), production reads the host copy only and checks what the seed
+checks: the buffer's device, dtype and length. Checking the layout's values (starts
+at 0, never decreases, host and device agree) is debug mode's job.
 
 >>> import dataclasses, torch
 >>> @dataclasses.dataclass
@@ -42,6 +45,7 @@ __all__ = [
     "INDEX_SPEC",
     "StepBatch",
     "check_index_buffer",
+    "check_layout",
     "request_index_array",
     "token_to_req_indices",
     "total_tokens",
@@ -60,12 +64,8 @@ class StepBatch(Protocol):
     num_actual_tokens: int
 
 
-#: Everything the index is computed from: a change to any of them recomputes it.
-INDEX_DEPENDS_ON: Final = (
-    "query_start_loc",
-    "query_start_loc_cpu",
-    "num_actual_tokens",
-)
+#: Everything the index is computed from: the host layout (a change recomputes it).
+INDEX_DEPENDS_ON: Final = ("query_start_loc_cpu", "num_actual_tokens")
 
 #: The index lives in the caller's buffer: on its device, int32, one row per token.
 INDEX_SPEC: Final = TensorSpec(
@@ -113,41 +113,57 @@ def total_tokens(query_start_loc_cpu: torch.Tensor | np.ndarray) -> int:
     return int(_host_boundaries(query_start_loc_cpu, "query_start_loc_cpu")[-1])
 
 
-def request_index_array(
-    query_start_loc: torch.Tensor | np.ndarray, num_mapped_tokens: int | None = None
-) -> np.ndarray:
-    """The request index of every token, as int32: ``repeat(arange(n), diff(qsl))``.
-
-    ``query_start_loc`` must be 1-D, start at 0 and never decrease (requests with no
-    tokens are allowed: they own no rows). ``num_mapped_tokens``, when given, must equal
-    its last entry: it is the host's count of the same tokens, and a disagreement means
-    the two copies of the layout describe different batches.
+def request_index_array(query_start_loc: torch.Tensor | np.ndarray) -> np.ndarray:
+    """The request index of every token, as int32: ``repeat(arange(n), diff(qsl))``,
+    from a host ``query_start_loc`` (the seed's code; :func:`check_layout` checks
+    the layout, in debug mode).
 
     >>> request_index_array(torch.tensor([0, 2, 2, 5])).tolist()
     [0, 0, 2, 2, 2]
-    >>> request_index_array(torch.tensor([0, 3, 1]))
+    """
+    starts = (
+        query_start_loc.numpy()
+        if isinstance(query_start_loc, torch.Tensor)
+        else np.asarray(query_start_loc)
+    )
+    lens = np.diff(starts)
+    return np.repeat(np.arange(lens.shape[0], dtype=np.int32), lens)
+
+
+def check_layout(metadata: StepBatch) -> None:
+    """Raise `ValueError` unless the host layout starts at 0, never decreases and
+    agrees with the device's (same boundaries): what debug mode checks before the
+    index is computed. Reads the device ``query_start_loc`` (a synchronisation).
+
+    >>> import dataclasses
+    >>> @dataclasses.dataclass
+    ... class Batch:
+    ...     query_start_loc: torch.Tensor
+    ...     query_start_loc_cpu: torch.Tensor
+    ...     num_actual_tokens: int = 0
+    >>> check_layout(Batch(torch.tensor([0, 3, 1]), torch.tensor([0, 3, 1])))
     Traceback (most recent call last):
     ...
-    ValueError: query_start_loc must never decrease; it goes from 3 to 1 at request 1
+    ValueError: query_start_loc_cpu must never decrease; it goes from 3 to 1 at request 1
     """
-    qsl = _host_boundaries(query_start_loc)
-    if qsl[0] != 0:
-        raise ValueError(f"query_start_loc must start at 0 (got {int(qsl[0])})")
-    lens = np.diff(qsl)
-    bad = np.flatnonzero(lens < 0)
+    host = _host_boundaries(metadata.query_start_loc_cpu, "query_start_loc_cpu")
+    if host[0] != 0:
+        raise ValueError(f"query_start_loc_cpu must start at 0 (got {int(host[0])})")
+    bad = np.flatnonzero(np.diff(host) < 0)
     if bad.size:
         i = int(bad[0])
         raise ValueError(
-            "query_start_loc must never decrease; it goes from "
-            f"{int(qsl[i])} to {int(qsl[i + 1])} at request {i}"
+            "query_start_loc_cpu must never decrease; it goes from "
+            f"{int(host[i])} to {int(host[i + 1])} at request {i}"
         )
-    if num_mapped_tokens is not None and int(qsl[-1]) != num_mapped_tokens:
+    device = _host_boundaries(metadata.query_start_loc)
+    if device.shape != host.shape or (device != host).any():
         raise ValueError(
-            f"query_start_loc ends at {int(qsl[-1])} tokens but query_start_loc_cpu "
-            f"ends at {num_mapped_tokens}: the device and host copies of the batch "
-            "layout must describe the same number of tokens"
+            f"query_start_loc {device.tolist()} and query_start_loc_cpu "
+            f"{host.tolist()} describe different batches: the index is computed from "
+            "the host copy. Fix: keep the two copies of the layout in step (or compute "
+            "the index on the device from query_start_loc)."
         )
-    return np.repeat(np.arange(lens.shape[0], dtype=np.int32), lens)
 
 
 def check_index_buffer(buffer: torch.Tensor, rows: int, where: str) -> None:
@@ -201,7 +217,14 @@ def write_request_index(
     """
     mapped = int(index.shape[0])
     total = max(mapped, rows)
-    check_index_buffer(buffer, total, "write_request_index")
+    # what the seed asserts, as a typed error
+    if (
+        not isinstance(buffer, torch.Tensor)
+        or buffer.dtype != torch.int32
+        or buffer.dim() != 1
+        or buffer.shape[0] < total
+    ):
+        check_index_buffer(buffer, total, "write_request_index")
     if mapped:
         host = torch.from_numpy(np.ascontiguousarray(index, dtype=np.int32))
         if buffer.is_cuda:
@@ -231,23 +254,19 @@ def token_to_req_indices(metadata: StepBatch, buffer: torch.Tensor) -> torch.Ten
 
     Computed on the step's first call into that caller's persistent ``buffer`` (1-D,
     int32, at least ``max(mapped tokens, num_actual_tokens)`` rows); rows past the
-    mapped tokens are zero. Later calls of the step return the same tensor, whichever
-    buffer they pass, while ``query_start_loc``, ``query_start_loc_cpu`` and
-    ``num_actual_tokens`` are the same objects and values: a reassigned or
-    in-place-modified layout, a copy or a ``dataclasses.replace`` with another layout
-    recomputes, and so does an entry whose rows were overwritten in the buffer by a
-    later computation (``guard_result``).
+    mapped tokens are zero. The boundaries are the host copy's,
+    ``query_start_loc_cpu`` (no device read); debug mode also checks that they start
+    at 0, never decrease and equal the device's. Later calls of the step return the
+    same tensor while ``query_start_loc_cpu`` and ``num_actual_tokens`` are the same
+    objects and values and the caller's buffer is on the same device: a reassigned
+    or in-place-modified layout, a copy or a ``dataclasses.replace`` with another
+    layout recomputes, and so does an entry whose rows were overwritten in the
+    buffer by a later computation (``guard_result``).
     """
     num_tokens = metadata.num_actual_tokens
-    # The per-request boundaries come from the device ``query_start_loc``, as in vLLM
-    # 0.33: under adaptive verification the draft split is decided on the device, and
-    # the host copy has the right total but not always the right boundaries. The
-    # host copy gives the number of mapped tokens (no device read for it), and the two
-    # must agree. On a CPU-only engine both tensors live on the host and this costs
-    # nothing; with a device ``query_start_loc`` it costs one small synchronising
-    # read (see ``_host_boundaries``).
-    num_mapped = total_tokens(metadata.query_start_loc_cpu)
-    index = request_index_array(metadata.query_start_loc, num_mapped)
+    if stepcache.get_debug() != "off":
+        check_layout(metadata)  # the layout's values: debug mode's job
+    index = request_index_array(metadata.query_start_loc_cpu)
     # the step's store holds a CUDA copy's pinned staging tensor (none on the CPU)
     cuda = isinstance(buffer, torch.Tensor) and buffer.is_cuda  # else: a typed error
     keep = stepcache.cache_of(metadata).keep_alive if cuda else None

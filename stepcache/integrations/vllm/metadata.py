@@ -25,11 +25,10 @@ import torch
 import stepcache
 
 from ..dsv4.request_index import (
-    INDEX_DEPENDS_ON,
     INDEX_SPEC,
     check_index_buffer,
+    check_layout,
     request_index_array,
-    total_tokens,
     write_request_index,
 )
 from ..patching import (
@@ -49,6 +48,10 @@ __all__ = [
 ]
 
 INDEX_NAME = "vllm.CommonAttentionMetadata.token_to_req_indices"
+
+#: What vLLM's method reads: the device boundaries (its kernel's input), the host
+#: copy and the padded row count
+INDEX_DEPENDS_ON = ("query_start_loc", "query_start_loc_cpu", "num_actual_tokens")
 
 #: vLLM's methods, kept by the patches that call them
 _original: dict[str, Any] = {}
@@ -78,17 +81,19 @@ def token_to_req_indices(self: Any, buffer: torch.Tensor) -> torch.Tensor:
     CUDA-graph-safe Triton kernel) on a device, by numpy on the CPU.
     """
     num_tokens = self.num_actual_tokens
-    num_mapped = total_tokens(self.query_start_loc_cpu)
-    check_index_buffer(buffer, max(num_mapped, num_tokens), INDEX_NAME)
+    if not isinstance(buffer, torch.Tensor):
+        check_index_buffer(buffer, num_tokens, INDEX_NAME)  # its typed error
+    if stepcache.get_debug() != "off":
+        check_layout(self)  # the layout's values: debug mode's job
     if uses_kernel(buffer.device):
         # Only the caching changes: vLLM's method computes with its kernel from the
         # device query_start_loc (it fills its field, emptied first so it computes).
         self._token_to_req_indices_cache = None
         result: torch.Tensor = _original["token_to_req_indices"](self, buffer)
         return result
-    # Boundaries from the device query_start_loc (on the CPU, the same memory), total
-    # from the host copy, as vLLM's kernel reads them.
-    index = request_index_array(self.query_start_loc, num_mapped)
+    # boundaries from the device query_start_loc (on the CPU, the same memory), as
+    # vLLM's kernel reads them
+    index = request_index_array(self.query_start_loc)
     return write_request_index(index, buffer, num_tokens)[:num_tokens]
 
 
