@@ -4,17 +4,22 @@
 pyperf runs each benchmark in worker processes of its own (calibration, warm-up, a
 few values per process); this module adds what a goal needs on top: a row compares
 two benchmarks of the same run (the ratio of their medians, and the significance
-test of ``pyperf compare_to``), and the results are written with the commit, the
-command, the date and the machine.
+test of ``pyperf compare_to``), the results are written with the commit, the
+command, the date and the machine, and a benchmark module runs in a process of its
+own (pyperf allows one runner per process).
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import shlex
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -23,9 +28,24 @@ from pyperf._utils import (  # type: ignore[import-untyped]
     is_significant,  # the test `pyperf compare_to` runs
 )
 
+from benchmarks._report import markdown_table
 from benchmarks._timing import machine, source_state
 
-__all__ = ["Bench", "Row", "register", "row_result", "results_header"]
+__all__ = [
+    "Bench",
+    "Row",
+    "goal_rows",
+    "register",
+    "results_header",
+    "row_result",
+    "rows_table",
+    "run_module",
+    "runner",
+    "summaries_table",
+    "summary",
+]
+
+ROOT = Path(__file__).resolve().parents[1]
 
 #: ``loops -> seconds``: what ``pyperf.Runner.bench_time_func`` times
 TimeFunc = Callable[[int], float]
@@ -120,3 +140,88 @@ def results_header(command: Sequence[str], started: float) -> dict[str, Any]:
         "machine": machine(),
         "pyperf": pyperf.__version__,
     }
+
+
+def runner(module: str, *, processes: int, values: int, results: Path) -> pyperf.Runner:
+    """A runner for ``python -m module`` with two options of its own: ``--results
+    PATH`` (default ``results``) and ``--rows TEXT`` (only the rows whose label holds
+    it; passed on to the workers, which must register the same benchmarks)."""
+
+    def worker_args(cmd: list[str], args: Any) -> None:
+        if args.rows:
+            cmd.extend(("--rows", args.rows))
+
+    made = pyperf.Runner(
+        processes=processes,
+        values=values,
+        program_args=("-m", module),
+        add_cmdline_args=worker_args,
+    )
+    made.argparser.add_argument(
+        "--results", type=Path, default=results, help=f"JSON to write ({results})"
+    )
+    made.argparser.add_argument(
+        "--rows", default="", help="only the rows whose label contains this text"
+    )
+    return made
+
+
+def run_module(
+    module: str, results: Path, options: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Run ``python -m module`` in a process of its own, with pyperf ``options``;
+    its results, as it wrote them to ``results``."""
+    subprocess.run(
+        [sys.executable, "-m", module, "--quiet", "--results", str(results), *options],
+        cwd=ROOT,
+        check=True,
+    )
+    loaded: dict[str, Any] = json.loads(results.read_text())
+    return loaded
+
+
+def rows_table(rows: Sequence[dict[str, Any]], header: str, *, goals: bool) -> str:
+    """Rows of a results file (:func:`row_result`) as Markdown: the ratio, whether
+    the two samples differ significantly, and for ``goals`` the limit, whether it is
+    met and who set it."""
+    table = []
+    for r in rows:
+        cells = [r["label"], f"{r['ratio']:.2f}x"]
+        if goals:
+            met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
+            limit = "" if r["limit"] is None else f"<= {r['limit']:g}x"
+            cells += [limit, met]
+        cells.append({True: "yes", False: "no", None: "n/a"}[r["significant"]])
+        table.append([*cells, *([r["set_by"]] if goals else [])])
+    columns = [header, "measured"]
+    columns += ["limit", "met", "significant", "set by"] if goals else ["significant"]
+    return markdown_table(columns, table, "lrrccl" if goals else "lrc")
+
+
+def summaries_table(benchmarks: dict[str, dict[str, Any]], header: str) -> str:
+    """The benchmarks of a results file (:func:`summary`) as Markdown."""
+    return markdown_table(
+        [header, "median ns", "min", "max", "processes x values"],
+        [
+            [
+                name,
+                f"{s['median_ns']:.0f}",
+                f"{s['min_ns']:.0f}",
+                f"{s['max_ns']:.0f}",
+                f"{s['processes']} x {s['values'] // max(s['processes'], 1)}",
+            ]
+            for name, s in benchmarks.items()
+        ],
+        "lrrrr",
+    )
+
+
+def goal_rows(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows with a limit, as rows of the benchmarks page's goals table (a row's
+    label, ratio, limit, met, set by)."""
+    return "\n".join(
+        f"| {r['label']} | {r['ratio']:.2f}x | <= {r['limit']:g}x | "
+        f"{'yes' if r['met'] else '**no**'} | {r['set_by']} |"
+        for r in rows
+        if r["limit"] is not None
+    )

@@ -1,5 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shared timing helpers for the benchmarks: environment banner and repeated timings."""
+"""What the benchmarks share beyond pyperf: the machine and the code they ran on
+(:func:`machine`, :func:`source_state`), and the timing of the benchmarks that pair
+their variants inside one process (interleaved, or round by round) rather than
+through pyperf's worker processes (:mod:`benchmarks._pyperf`)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ import subprocess
 import sys
 import timeit
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,6 @@ class Timing:
     median_ns: float
     min_ns: float
     max_ns: float
-
-    def ratio_to(self, other: Timing) -> float:
-        return self.median_ns / other.median_ns
 
     @classmethod
     def of(cls, label: str, samples_ns: Sequence[float]) -> Timing:
@@ -147,49 +146,6 @@ def time_stmt(
         for t in timeit.repeat(stmt, globals=namespace, number=number, repeat=repeats)
     ]
     return Timing(label, statistics.median(runs), min(runs), max(runs))
-
-
-@attrs.frozen
-class Case:
-    """One statement to time: ``number`` calls per run, inside ``mode()`` if given
-    (a context manager factory, e.g. ``lambda: stepcache.debug("checks")``)."""
-
-    label: str
-    stmt: str
-    number: int = 200_000
-    mode: Callable[[], AbstractContextManager[Any]] | None = None
-
-
-def case_runs(
-    cases: Sequence[Case], namespace: dict[str, Any], *, repeats: int = 15
-) -> dict[str, list[float]]:
-    """Nanoseconds per call of every case in each of ``repeats`` runs, interleaved:
-    run 1 of each case, then run 2 of each, ...
-
-    On a shared machine the load changes while the benchmark runs; interleaving
-    spreads those changes over all cases alike, so ratios of medians stay fair. Each
-    statement runs once first (a miss warms its cache), and the cost of an empty loop
-    of the same length is subtracted.
-    """
-    timers = {c.label: timeit.Timer(c.stmt, globals=namespace) for c in cases}
-    empty: dict[int, float] = {}
-    for c in cases:
-        with _mode(c):
-            exec(c.stmt, namespace)
-        if c.number not in empty:
-            loop = timeit.Timer("pass")
-            empty[c.number] = min(loop.timeit(c.number) for _ in range(5))
-    runs: dict[str, list[float]] = {c.label: [] for c in cases}
-    for _ in range(repeats):
-        for c in cases:
-            with _mode(c):
-                t = timers[c.label].timeit(c.number)
-            runs[c.label].append((t - empty[c.number]) / c.number * 1e9)
-    return runs
-
-
-def _mode(case: Case) -> AbstractContextManager[Any]:
-    return case.mode() if case.mode is not None else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

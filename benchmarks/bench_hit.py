@@ -1,39 +1,47 @@
 # SPDX-License-Identifier: Apache-2.0
 """Hit cost of stepcache against functools, cachetools and hand-written caches.
 
-Run: ``python -m benchmarks.bench_hit [--quick] [--processes N] [--markdown PATH]``.
-Every row is timed in each of several fresh processes (5 by default, one after the
-other), interleaved within a process (run 1 of every row, then run 2, ...), and
-reported as the median over all runs with min and max. A goal is the median over the
-processes of the ratio of the two rows' medians in one process: a process's memory
-layout and string-hash seed move some rows by tens of percent for its whole life
-(measured: a keyed hit over ``functools.lru_cache``, 1.6x-1.8x in most processes and
-2.5x in one), which interleaving within one process cannot cancel.
+Run: ``python -m benchmarks.bench_hit [--fast] [--results PATH] [--rows TEXT]`` (and
+any other ``pyperf`` option: ``-p`` processes, ``-n`` values per process, ...).
+Every benchmark is one statement as written at a call site (``m.sc_key(3)``, no
+lambda around it), timed by pyperf in worker processes of its own (loops calibrated,
+one warm-up, then values), after its first call (a miss), with the cost of an empty
+loop of the same length subtracted. A row compares two benchmarks of one pyperf run,
+the two sides one after the other: the ratio of their medians, with the significance
+test of ``pyperf compare_to``. A process's memory layout and string-hash seed move
+some benchmarks by tens of percent for its whole life (measured with the earlier
+harness: a keyed hit over ``functools.lru_cache``, 1.6x-1.8x in most processes and
+2.5x in one), so each is timed in several processes and its values pooled.
 
-Two groups of rows:
+Two groups of benchmarks:
 
 * the request index, DSv4's ``token_to_req_indices(buffer)``: stepcache's
   (:mod:`stepcache.integrations.dsv4.request_index`: a hit re-checks two tensors and an
   int and returns the stored tensor) against stock vLLM's method (the seeds'
   hand-written hit of vLLM PR 47474, the same hit branch as vLLM 0.33's
   ``CommonAttentionMetadata.token_to_req_indices``: three asserts and a new slice each
-  call, :mod:`stepcache.integrations.dsv4.seed`, the seeds' code) and against a hand-written cache that keeps its slice
-  (returns it and checks nothing: the floor of a cache that stores the result);
+  call, :mod:`stepcache.integrations.dsv4.seed`, the seeds' code) and against a
+  hand-written cache that keeps its slice (returns it and checks nothing: the floor of
+  a cache that stores the result);
 * a generic method (``return k``): stepcache keyed and unkeyed, with and without a
   tensor dependency, in disabled mode, against the plain undecorated method,
   ``functools.lru_cache``, ``functools.cached_property``, ``cachetools.cachedmethod``
   and two hand-written caches.
 
-A goal has a limit set by an issue; a comparison is a ratio reported with no limit.
+A goal is a row with a limit set by an issue; a comparison is a row with no limit.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import functools
 import json
 import operator
-import statistics
+import sys
+import time
+import timeit
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -42,19 +50,19 @@ import cachetools
 import torch
 
 import stepcache
-from benchmarks._report import Goal, GoalResult, goals_table, markdown_table
-from benchmarks._timing import (
-    Case,
-    Timing,
-    case_runs,
-    environment,
-    in_fresh_process,
-    progress,
-    worker_spec,
-)
+from benchmarks import _pyperf
+from benchmarks._pyperf import Bench, Row, TimeFunc
+from benchmarks._timing import Timing
 from stepcache import step_cached
 from stepcache.integrations.dsv4 import request_index, seed
 from stepcache.integrations.dsv4 import sim as dsv4_sim
+
+MODULE = "benchmarks.bench_hit"
+RESULTS = _pyperf.ROOT / "docs" / "benchmarks" / "hit.json"
+#: worker processes per benchmark (``--fast``: half), values per process
+PROCESSES, VALUES = 6, 3
+#: loops of the empty statement whose time per loop is subtracted
+EMPTY_LOOPS = 100_000
 
 
 class Meta:
@@ -160,42 +168,32 @@ CPROP = "functools.cached_property"
 CT = "cachetools.cachedmethod"
 
 
-def _checks() -> Any:
-    return stepcache.debug("checks")
+#: what a benchmark's statement runs inside, entered around each value
+Mode = Callable[[], AbstractContextManager[Any]]
+CHECKS: Mode = functools.partial(stepcache.debug, "checks")
 
-
-def _scope() -> Any:
-    return stepcache.scope()
-
-
-def _disabled() -> Any:
-    return stepcache.disabled()
-
-
-def cases(number: int) -> list[Case]:
-    """Every row: its label, the statement timed, and how many calls per run."""
-    slow = max(number // 10, 1)
-    return [
-        Case(RIX, "rix(step, buf)", number),
-        Case(RIX_INFERENCE, "rix(step_inference, buf)", number),
-        # each run opens a scope: its first call joins the owner (a miss), then hits
-        Case(RIX_SCOPE, "rix(step_scoped, buf)", number, _scope),
-        Case(RIX_CHECKS, "rix(step_checks, buf)", slow, _checks),
-        Case(RIX_SEED, "seed.token_to_req_indices(buf)", number),
-        Case(RIX_KEPT, "kept.token_to_req_indices(buf)", number),
-        Case(KEY, "m.sc_key(3)", number),
-        Case(KEY_CHECKS, "m_checks.sc_key(3)", slow, _checks),
-        Case(KEY_DISABLED, "m_off.sc_key(3)", number, _disabled),
-        Case(PLAIN, "m.plain(3)", number),
-        Case("stepcache, key + one tensor dependency", "m.sc_key_dep(3)", number),
-        Case(GETTER, "m.sc_getter()", number),
-        Case("stepcache, getter + one tensor dependency", "m.sc_getter_dep()", number),
-        Case(LRU, "m.lru(3)", number),
-        Case(CPROP, "m.cprop", number),
-        Case(CT, "m.ct(3)", number),
-        Case("hand-written per-instance dict", "m.hand(3)", number),
-        Case("hand-written attribute cache", "m.attr_cache()", number),
-    ]
+#: every benchmark: its label, the statement timed, and the mode it runs in
+CALLS: list[tuple[str, str, Mode | None]] = [
+    (RIX, "rix(step, buf)", None),
+    (RIX_INFERENCE, "rix(step_inference, buf)", None),
+    # each value opens a scope: its first call joins the owner (a miss), then hits
+    (RIX_SCOPE, "rix(step_scoped, buf)", stepcache.scope),
+    (RIX_CHECKS, "rix(step_checks, buf)", CHECKS),
+    (RIX_SEED, "seed.token_to_req_indices(buf)", None),
+    (RIX_KEPT, "kept.token_to_req_indices(buf)", None),
+    (KEY, "m.sc_key(3)", None),
+    (KEY_CHECKS, "m_checks.sc_key(3)", CHECKS),
+    (KEY_DISABLED, "m_off.sc_key(3)", stepcache.disabled),
+    (PLAIN, "m.plain(3)", None),
+    ("stepcache, key + one tensor dependency", "m.sc_key_dep(3)", None),
+    (GETTER, "m.sc_getter()", None),
+    ("stepcache, getter + one tensor dependency", "m.sc_getter_dep()", None),
+    (LRU, "m.lru(3)", None),
+    (CPROP, "m.cprop", None),
+    (CT, "m.ct(3)", None),
+    ("hand-written per-instance dict", "m.hand(3)", None),
+    ("hand-written attribute cache", "m.attr_cache()", None),
+]
 
 
 def namespace() -> dict[str, Any]:
@@ -228,194 +226,134 @@ def namespace() -> dict[str, Any]:
     }
 
 
+def statement(stmt: str, mode: Mode | None) -> Callable[[], TimeFunc]:
+    """Prepare the timing of ``stmt`` in a fresh :func:`namespace`, inside ``mode()``:
+    its first call made (a miss), the empty loop's cost per loop measured."""
+
+    def prepare() -> TimeFunc:
+        enter = mode or contextlib.nullcontext
+        globals_ = namespace()
+        with enter():
+            exec(stmt, globals_)
+        timer = timeit.Timer(stmt, globals=globals_)
+        empty = timeit.Timer("pass")
+        per_loop = min(empty.timeit(EMPTY_LOOPS) for _ in range(5)) / EMPTY_LOOPS
+
+        def time_func(loops: int) -> float:
+            with enter():
+                seconds = timer.timeit(loops)
+            return seconds - per_loop * loops
+
+        return time_func
+
+    return prepare
+
+
+BENCHES: dict[str, Bench] = {
+    label: Bench(label, statement(stmt, mode)) for label, stmt, mode in CALLS
+}
+
+
+def _row(
+    measured: str, baseline: str, limit: float | None = None, set_by: str = ""
+) -> Row:
+    return Row(f"{measured} / {baseline}", measured, baseline, limit, set_by)
+
+
 GOALS = [
-    Goal(RIX, RIX_SEED, 0.25, "issue 5"),
-    Goal(RIX_SCOPE, RIX, 1.2, "issue 38"),
-    Goal(KEY, LRU, 2.0, "issues 2, 5"),
-    Goal(RIX_CHECKS, RIX, 5.0, "issues 3, 5"),
-    Goal(KEY_CHECKS, KEY, 5.0, "issues 3, 5"),
-    Goal(KEY, CT, 0.2, "issue 2"),
-    Goal(GETTER, CPROP, 1.5, "issue 2"),
+    _row(RIX, RIX_SEED, 0.25, "issue 5"),
+    _row(RIX_SCOPE, RIX, 1.2, "issue 38"),
+    _row(KEY, LRU, 2.0, "issues 2, 5"),
+    _row(RIX_CHECKS, RIX, 5.0, "issues 3, 5"),
+    _row(KEY_CHECKS, KEY, 5.0, "issues 3, 5"),
+    _row(KEY, CT, 0.2, "issue 2"),
+    _row(GETTER, CPROP, 1.5, "issue 2"),
 ]
 
-#: ratios reported with no limit (measured, baseline): what a reader needs to weigh
-#: the goals against the cheapest alternatives and against switching caching off
+#: rows with no limit: what a reader needs to weigh the goals against the cheapest
+#: alternatives and against switching caching off
 COMPARISONS = [
-    (RIX_SCOPE, RIX_SEED),
-    (RIX_INFERENCE, RIX_SEED),
-    (RIX_INFERENCE, RIX),
-    (RIX, RIX_KEPT),
-    (RIX_KEPT, RIX_SEED),
-    (KEY_DISABLED, PLAIN),
-    (KEY, PLAIN),
+    _row(RIX_SCOPE, RIX_SEED),
+    _row(RIX_INFERENCE, RIX_SEED),
+    _row(RIX_INFERENCE, RIX),
+    _row(RIX, RIX_KEPT),
+    _row(RIX_KEPT, RIX_SEED),
+    _row(KEY_DISABLED, PLAIN),
+    _row(KEY, PLAIN),
 ]
 
 
-#: how many fresh processes a full run times the rows in
-PROCESSES = 5
+def selected(rows: str) -> tuple[list[Row], list[Row], list[str]]:
+    """The goals and comparisons whose label contains ``rows``, and the benchmarks to
+    run in their order: each row's two sides one after the other, then (with no
+    ``rows`` given) the benchmarks of no row."""
+    goals = [r for r in GOALS if rows in r.label]
+    comparisons = [r for r in COMPARISONS if rows in r.label]
+    sides = [n for r in goals + comparisons for n in (r.measured, r.baseline)]
+    names = list(dict.fromkeys([*sides, *([] if rows else BENCHES)]))
+    return goals, comparisons, names
 
 
 @attrs.frozen
 class HitResults:
-    #: every row's runs of all processes, pooled
+    """The benchmarks of a results file, as :mod:`benchmarks._plots` plots them."""
+
     timings: dict[str, Timing]
-    #: each goal checked on the median over the processes of its ratio
-    goals: list[GoalResult]
-    number: int
-    #: runs per row in each process
-    repeats: int
-    #: each goal's ratio in each process (in the order of :data:`GOALS`)
-    goal_ratios: tuple[tuple[float, ...], ...]
-    #: each comparison's ratio in each process (in the order of :data:`COMPARISONS`)
-    comparison_ratios: tuple[tuple[float, ...], ...] = ()
 
-    def comparisons(self) -> list[tuple[str, str, float]]:
-        """(measured, baseline, median over the processes of the ratio) of each
-        comparison."""
-        return [
-            (measured, baseline, statistics.median(r))
-            for (measured, baseline), r in zip(
-                COMPARISONS, self.comparison_ratios, strict=True
-            )
-        ]
-
-    @property
-    def processes(self) -> int:
-        return len(self.goal_ratios[0])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "number": self.number,
-            "repeats": self.repeats,
-            "processes": self.processes,
-            "ns_per_call": {k: t.to_dict() for k, t in self.timings.items()},
-            "goals": [
-                {**g.to_dict(), "ratio_per_process": list(r)}
-                for g, r in zip(self.goals, self.goal_ratios, strict=True)
-            ],
-            "comparisons": [
-                {
-                    "measured": measured,
-                    "baseline": baseline,
-                    "ratio": ratio,
-                    "ratio_per_process": list(r),
-                }
-                for (measured, baseline, ratio), r in zip(
-                    self.comparisons(), self.comparison_ratios, strict=True
-                )
-            ],
-        }
-
-
-def process_runs(number: int, repeats: int) -> dict[str, list[float]]:
-    """Nanoseconds per call of every row in each of ``repeats`` runs, in this
-    process."""
-    runs = case_runs(cases(number), namespace(), repeats=repeats)
-    Meta.lru.cache_clear()  # it holds the Meta object, and so its step cache, alive
-    return runs
-
-
-def run(number: int = 100_000, repeats: int = 21, processes: int = 1) -> HitResults:
-    """Time every row: in this process (``processes=1``), or in ``processes`` fresh
-    ones, one after the other."""
-    if processes < 1:
-        raise ValueError(f"processes must be at least 1 (got {processes})")
-    rows = len(cases(number))
-    all_runs = []
-    for i in range(processes):
-        progress(
-            f"bench_hit: {rows} rows, {repeats} interleaved runs"
-            + (f", process {i + 1} of {processes}" if processes > 1 else "")
-        )
-        spec = {"number": number, "repeats": repeats}
-        all_runs.append(
-            process_runs(**spec)
-            if processes == 1
-            else in_fresh_process("benchmarks.bench_hit", spec)
-        )
-    timings = {
-        label: Timing.of(label, [ns for runs in all_runs for ns in runs[label]])
-        for label in all_runs[0]
-    }
-
-    def per_process(measured: str, baseline: str) -> tuple[float, ...]:
-        return tuple(
-            statistics.median(runs[measured]) / statistics.median(runs[baseline])
-            for runs in all_runs
+    @classmethod
+    def of(cls, results: dict[str, Any]) -> HitResults:
+        return cls(
+            {
+                name: Timing(name, s["median_ns"], s["min_ns"], s["max_ns"])
+                for name, s in results["ns_per_call"].items()
+            }
         )
 
-    ratios = tuple(per_process(g.measured, g.baseline) for g in GOALS)
-    goals = [g.check(statistics.median(r)) for g, r in zip(GOALS, ratios, strict=True)]
-    compared = tuple(per_process(m, b) for m, b in COMPARISONS)
-    return HitResults(timings, goals, number, repeats, ratios, compared)
 
-
-def render(results: HitResults) -> str:
-    rows = [
+def render(results: dict[str, Any]) -> str:
+    """The benchmarks, goals and comparisons of a results file, as Markdown."""
+    return "\n\n".join(
         [
-            t.label,
-            f"{t.median_ns:.0f}",
-            f"{t.min_ns:.0f}",
-            f"{t.max_ns:.0f}",
+            _pyperf.summaries_table(results["ns_per_call"], "call (ns per call)"),
+            _pyperf.rows_table(results["goals"], "goal (ratio of medians)", goals=True),
+            _pyperf.rows_table(
+                results["comparisons"],
+                "comparison (ratio of medians, no goal)",
+                goals=False,
+            ),
         ]
-        for t in results.timings.values()
-    ]
-    spread = "; ".join(
-        f"{g.goal.measured} / {g.goal.baseline}: {min(r):.2f}x-{max(r):.2f}x"
-        for g, r in zip(results.goals, results.goal_ratios, strict=True)
     )
-    compared = [
-        [f"{measured} / {baseline}", f"{ratio:.2f}x"]
-        for measured, baseline, ratio in results.comparisons()
-    ]
-    parts = [
-        markdown_table(["call", "median ns/call", "min", "max"], rows, "lrrr"),
-        goals_table(results.goals),
-        markdown_table(
-            ["comparison (ratio of medians, no goal)", "measured"], compared, "lr"
-        ),
-    ]
-    if results.processes > 1:
-        parts.append(
-            f"Each goal is the median over {results.processes} processes of the "
-            "ratio of the two rows' medians in one process. The ratios of the "
-            f"processes ranged: {spread}."
-        )
-    return "\n\n".join(parts)
 
 
-def main(argv: list[str] | None = None) -> None:
-    spec = worker_spec(argv)
-    if spec is not None:  # one timing process of a run
-        torch.set_num_threads(1)
-        print(json.dumps(process_runs(**spec)))
-        return
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0] if __doc__ else None
-    )
-    parser.add_argument(
-        "--markdown", type=Path, help="also write the tables to this file"
-    )
-    parser.add_argument("--number", type=int, default=100_000, help="calls per run")
-    parser.add_argument("--repeats", type=int, default=21, help="runs per row")
-    parser.add_argument(
-        "--processes",
-        type=int,
-        default=PROCESSES,
-        help="fresh processes to time the rows in, one after the other",
-    )
-    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
-    args = parser.parse_args(argv)
+def run(results: Path, options: Sequence[str] = ()) -> dict[str, Any]:
+    """Run this benchmark in a process of its own, with pyperf ``options``; its
+    results, as written to ``results``."""
+    return _pyperf.run_module(MODULE, results, options)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    runner = _pyperf.runner(MODULE, processes=PROCESSES, values=VALUES, results=RESULTS)
+    args = runner.parse_args(None if argv is None else list(argv))
     torch.set_num_threads(1)
-    number, repeats = (2_000, 3) if args.quick else (args.number, args.repeats)
-    processes = 1 if args.quick else args.processes
-    print(f"Environment: {environment()}")
-    text = render(run(number, repeats, processes))
-    print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text + "\n")
+    goals, comparisons, names = selected(args.rows)
+    started = time.time()
+    done = _pyperf.register(runner, [BENCHES[n] for n in names])
+    if args.worker:
+        return 0
+    given = sys.argv[1:] if argv is None else list(argv)
+    results = {
+        **_pyperf.results_header(["python", "-m", MODULE, *given], started),
+        "ns_per_call": {n: _pyperf.summary(done[n]) for n in names},
+        "goals": [_pyperf.row_result(r, done) for r in goals],
+        "comparisons": [_pyperf.row_result(r, done) for r in comparisons],
+    }
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(results, indent=2) + "\n")
+    print()
+    print(render(results))
+    print(f"\nbench_hit: wrote {args.results}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

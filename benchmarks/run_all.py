@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Run every CPU benchmark and write docs/benchmarks.md, its plots and README's figures.
 
-Run: ``python -m benchmarks.run_all`` (about 10 minutes on 2 cores) or
+Run: ``python -m benchmarks.run_all`` (tens of minutes on 2 cores: pyperf starts
+several worker processes per benchmark of ``bench_hit`` and ``bench_cold``) or
 ``python -m benchmarks.run_all --quick`` (a smoke run of a minute or so, written to
 ``build/benchmarks-quick/`` unless ``--out`` says otherwise). The page gets the
 command, the date, the commit, the machine, every table, the goals with met / not
@@ -35,6 +36,7 @@ from benchmarks import (
     _engine_page,
     _plots,
     _profile_page,
+    _pyperf,
     _readme,
     bench_cold,
     bench_dsv4,
@@ -45,13 +47,13 @@ from benchmarks import (
     bench_soak,
     bench_stages,
 )
-from benchmarks._report import GoalResult, goals_table
+from benchmarks._report import GoalResult, markdown_table
 from benchmarks._timing import environment, machine, progress, source_state
 
 ROOT = Path(__file__).resolve().parents[1]
 
 FULL: dict[str, Any] = {
-    "hit": {"number": 100_000, "repeats": 21, "processes": bench_hit.PROCESSES},
+    "hit": {"options": ()},
     "dsv4": {"rounds": bench_dsv4.ROUNDS, "processes": bench_dsv4.PROCESSES},
     "soak": {"steps": 100_000, "warmup": 1_000},
     "stages": {"layers": 8, "tokens": 4, "rounds": bench_stages.ROUNDS},
@@ -60,7 +62,7 @@ FULL: dict[str, Any] = {
     "cold": {"options": ()},
 }
 QUICK: dict[str, Any] = {
-    "hit": {"number": 2_000, "repeats": 3, "processes": 2},
+    "hit": {"options": ("--debug-single-value",)},
     "dsv4": {
         "tokens": bench_dsv4.QUICK_TOKENS,
         "layers": bench_dsv4.QUICK_LAYERS,
@@ -101,7 +103,7 @@ def page(
     started: datetime.datetime,
     minutes: float,
     quick: bool,
-    hit: bench_hit.HitResults,
+    hit: dict[str, Any],
     dsv4: bench_dsv4.Dsv4Results,
     soak: bench_soak.SoakResults,
     stages: bench_stages.StageResults,
@@ -124,15 +126,20 @@ def page(
         f"{'yes' if dsv4.goal_met else '**no**'} "
         f"({sum(g.met for g in dsv4.goals)} of {len(dsv4.goals)} points) | issue 5 |"
     )
-    goals = "\n".join(
-        [
-            goals_table(hit.goals),
-            bench_cold.goal_rows(cold),
-            dsv4_goal,
-            _soak_goals(soak),
-            *([bench_import.goal_rows(imports)] if imports else []),
-        ]
-    )
+    parts = [
+        markdown_table(
+            ["goal (ratio of medians)", "measured", "limit", "met", "set by"],
+            [],
+            "lrrcl",
+        ),
+        _pyperf.goal_rows(hit["goals"]),
+        bench_cold.goal_rows(cold),
+        dsv4_goal,
+        _soak_goals(soak),
+        *([bench_import.goal_rows(imports)] if imports else []),
+    ]
+    # a run of some rows only has no goal rows of a benchmark: no blank line
+    goals = "\n".join(part for part in parts if part)
     lines = [
         "# Benchmarks",
         "",
@@ -151,9 +158,10 @@ def page(
         f"{raw['machine']['memory_gib']} GiB of memory.",
         "",
         "Machines are noisy, so every number is the median over repeated runs, with the",
-        "minimum and maximum, and the rows compared by a goal are timed interleaved in",
-        "one process. Goals are ratios of medians; for the DSv4 step, the median of the",
-        "per-round ratios (below). The tests never assert on timings.",
+        "minimum and maximum: pyperf's worker processes for the hit and the cold path,",
+        "rounds interleaved in fresh processes for the DSv4 step. Goals are ratios of",
+        "medians; for the DSv4 step, the median of the per-round ratios (below). The",
+        "tests never assert on timings.",
         "The raw numbers, with the commit, the command and the machine, are in",
         "[`benchmarks/results.json`](benchmarks/results.json) beside this page; the",
         "figures in the README and on the home page are generated from it.",
@@ -164,12 +172,13 @@ def page(
         "",
         "## 1. Cache hit cost",
         "",
-        "`python -m benchmarks.bench_hit`: nanoseconds per call of a hit, "
-        f"{hit.repeats} interleaved runs of {hit.number:,} calls each (checks mode: a "
-        f"tenth of that) in each of {hit.processes} fresh processes, one after the "
-        "other, the cost of an empty loop subtracted. A process's memory layout and "
-        "string-hash seed move some rows for its whole life, so a goal is the median "
-        "over the processes of its ratio in one process.",
+        "`python -m benchmarks.bench_hit`, with pyperf: nanoseconds per call, each "
+        "call a statement as written at a call site, timed in worker processes of "
+        "its own (loops calibrated, one warm-up, then values) after its first call "
+        "(a miss), the cost of an empty loop subtracted; a row is the ratio of the "
+        "medians of two calls timed one after the other in one pyperf run, with the "
+        "significance test of `pyperf compare_to` (Student's t-test at 95%). Raw "
+        "numbers, with the commit: [hit.json](benchmarks/hit.json).",
         "",
         "- *request index*: DSv4's `token_to_req_indices(buffer)` on a step of 8",
         "  requests padded to 16 tokens, three ways that do different work on a hit.",
@@ -177,7 +186,8 @@ def page(
         "  as shipped: a hit re-checks its declared dependencies (two tensors, by",
         "  identity and version counter, and an int) and the version counter of its",
         "  result (`guard_result`), and returns the stored tensor. *stock vLLM's",
-        "  method* is the seeds' hand-written hit (vLLM PR 47474, `benchmarks/_seed.py`),",
+        "  method* is the seeds' hand-written hit (vLLM PR 47474,",
+        "  `stepcache/integrations/dsv4/seed.py`),",
         "  whose hit branch is the one vLLM 0.33 ships in",
         "  `CommonAttentionMetadata.token_to_req_indices` (a test compares the source):",
         "  three asserts (device, dtype, rows) and a new slice of the cached tensor on",
@@ -354,7 +364,7 @@ def page(
         "",
         "    python -m benchmarks.run_all            # everything, writes this page",
         "    python -m benchmarks.run_all --quick    # smoke run, into build/",
-        "    python -m benchmarks.bench_hit          # one benchmark, printed",
+        "    python -m benchmarks.bench_hit --fast   # the hit (pyperf)",
         "    python -m benchmarks.bench_cold --fast  # the cold path (pyperf)",
         "    python -m benchmarks.bench_dsv4",
         "    python -m benchmarks.bench_soak",
@@ -458,7 +468,11 @@ def main(argv: list[str] | None = None) -> int:
     # in fresh processes of its own: what this process has loaded does not matter
     imports = bench_import.run(**settings["imports"])
     print(bench_import.render(imports), "\n", flush=True)
-    hit = bench_hit.run(**settings["hit"])
+    figures = out / "benchmarks"
+    figures.mkdir(parents=True, exist_ok=True)
+    # pyperf allows one runner per process: each pyperf benchmark runs in its own
+    progress("bench_hit: pyperf, in processes of its own")
+    hit = bench_hit.run(figures / "hit.json", **settings["hit"])
     print(bench_hit.render(hit), "\n", flush=True)
     dsv4 = bench_dsv4.run(**settings["dsv4"])
     print(bench_dsv4.render(dsv4), "\n", flush=True)
@@ -466,8 +480,6 @@ def main(argv: list[str] | None = None) -> int:
     print(bench_stages.render(stages), "\n", flush=True)
     floor = bench_floor.run(**settings["floor"])
     print(bench_floor.render(floor), "\n", flush=True)
-    figures = out / "benchmarks"
-    figures.mkdir(parents=True, exist_ok=True)
     progress("bench_cold: pyperf, in processes of its own")
     cold = bench_cold.run(figures / "cold.json", **settings["cold"])
     print(bench_cold.render(cold), "\n", flush=True)
@@ -477,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     print(bench_soak.render(soak), "\n", flush=True)
     minutes = (time.monotonic() - t0) / 60
 
-    _plots.plot_hits(hit, figures / "hit_cost.png")
+    _plots.plot_hits(bench_hit.HitResults.of(hit), figures / "hit_cost.png")
     _plots.plot_dsv4_times(dsv4, figures / "dsv4_build_time.png")
     _plots.plot_dsv4_ratio(dsv4, figures / "dsv4_ratio.png")
     _plots.plot_soak(soak, figures / "soak.png")
@@ -488,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "environment": environment(),
         "minutes": minutes,
-        "hit": hit.to_dict(),
+        "hit": hit,
         "dsv4": dsv4.to_dict(),
         "soak": soak.to_dict(),
         "stages": stages.to_dict(),

@@ -33,37 +33,51 @@ from benchmarks import (  # noqa: E402
 from stepcache.integrations.dsv4.seed import SeedMetadata  # noqa: E402
 
 
-def test_hit_rows_and_goals() -> None:
-    results = bench_hit.run(number=20, repeats=1)
-    assert set(results.timings) == {c.label for c in bench_hit.cases(20)}
-    assert [g.goal for g in results.goals] == bench_hit.GOALS
+def test_hit_every_row_has_its_benchmarks() -> None:
+    goals, comparisons, names = bench_hit.selected("")
+    # a full run: every goal and comparison, every benchmark, each row's sides in turn
+    assert (goals, comparisons) == (bench_hit.GOALS, bench_hit.COMPARISONS)
+    assert set(names) == set(bench_hit.BENCHES) == {c[0] for c in bench_hit.CALLS}
+    for row in goals + comparisons:
+        assert {row.measured, row.baseline} <= set(bench_hit.BENCHES)
+        assert row.label == f"{row.measured} / {row.baseline}"
+    assert all(r.limit is not None for r in goals)
+    assert all(r.limit is None for r in comparisons)
+    for bench in bench_hit.BENCHES.values():
+        assert bench.prepare()(3) > 0  # loops -> seconds, as pyperf times it
+
+
+def test_hit_rows_under_pyperf(tmp_path: Path) -> None:
+    # two processes of two values each, fixed loops: what the JSON and the page get
+    results = bench_hit.run(
+        tmp_path / "hit.json",
+        ("-p", "2", "-n", "2", "-w", "0", "--loops", "50", "--rows", "/ functools.lru"),
+    )
+    (goal,) = results["goals"]
+    assert (goal["measured"], goal["baseline"], goal["limit"], goal["set_by"]) == (
+        bench_hit.KEY,
+        bench_hit.LRU,
+        2.0,
+        "issues 2, 5",
+    )
+    assert goal["ratio"] > 0 and isinstance(goal["met"], bool)
+    # pyperf's significance test: two samples of 4 values each
+    assert isinstance(goal["significant"], bool) and goal["t_score"] is not None
+    assert results["comparisons"] == []
+    assert {"command", "date", "source", "machine", "pyperf"} <= set(results)
+    assert list(results["ns_per_call"]) == [bench_hit.KEY, bench_hit.LRU]
+    for summary in results["ns_per_call"].values():
+        # every benchmark pools the values of both processes
+        assert (summary["processes"], summary["values"]) == (2, 4)
+        assert summary["min_ns"] <= summary["median_ns"] <= summary["max_ns"]
     text = bench_hit.render(results)
-    assert "stock vLLM's method" in text and "| goal (ratio of medians)" in text
-    assert [c[:2] for c in results.comparisons()] == bench_hit.COMPARISONS
-
-
-def test_hit_in_fresh_processes() -> None:
-    results = bench_hit.run(number=20, repeats=2, processes=2)
-    assert results.processes == 2
-    # every row pools the runs of both processes
-    assert all(t.min_ns <= t.median_ns <= t.max_ns for t in results.timings.values())
-    assert len(results.goal_ratios) == len(bench_hit.GOALS)
-    assert [len(r) for r in results.comparison_ratios] == [2] * len(
-        bench_hit.COMPARISONS
+    assert "| goal (ratio of medians)" in text and "| issues 2, 5 |" in text
+    assert "comparison (ratio of medians, no goal)" in text
+    timings = bench_hit.HitResults.of(results).timings
+    assert (
+        timings[bench_hit.LRU].median_ns
+        == results["ns_per_call"][bench_hit.LRU]["median_ns"]
     )
-    for (_, _, ratio), ratios in zip(
-        results.comparisons(), results.comparison_ratios, strict=True
-    ):
-        assert min(ratios) <= ratio <= max(ratios)
-    for goal, ratios in zip(results.goals, results.goal_ratios, strict=True):
-        assert len(ratios) == 2
-        assert min(ratios) <= goal.ratio <= max(ratios)
-    assert "median over 2 processes" in bench_hit.render(results)
-    assert results.to_dict()["goals"][0]["ratio_per_process"] == list(
-        results.goal_ratios[0]
-    )
-    with pytest.raises(ValueError, match="processes must be at least 1"):
-        bench_hit.run(number=20, repeats=1, processes=0)
 
 
 def test_dsv4_rounds_split_between_fresh_processes() -> None:
@@ -237,7 +251,7 @@ def test_run_all_writes_the_page_and_plots(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tiny: dict[str, Any] = {
-        "hit": {"number": 20, "repeats": 1},
+        "hit": {"options": ("--debug-single-value", "--rows", "no checks) / ")},
         "dsv4": {"tokens": (1, 4), "layers": (3, 4), "rounds": 1},
         "soak": {"steps": 20, "warmup": 2},
         "stages": {"layers": 3, "tokens": 2, "rounds": 1},
@@ -277,12 +291,15 @@ def test_run_all_writes_the_page_and_plots(
     assert raw["command"] == f"python -m benchmarks.run_all --quick --out {tmp_path}"
     assert set(raw["source"]) == {"commit", "dirty", "dirty_paths"}
     assert raw["machine"]["torch"] == torch.__version__
-    assert {c.label for c in bench_hit.cases(1)} <= set(raw["hit"]["ns_per_call"])
+    # the hit (its own pyperf run): one comparison's two sides, in the JSON and the page
+    assert list(raw["hit"]["ns_per_call"]) == [bench_hit.RIX_KEPT, bench_hit.RIX_SEED]
+    assert [r["measured"] for r in raw["hit"]["comparisons"]] == [bench_hit.RIX_KEPT]
+    assert json.loads((tmp_path / "benchmarks" / "hit.json").read_text()) == raw["hit"]
     assert "comparison (ratio of medians, no goal)" in page
     # no engine.json in the run's folder: the vLLM section says how to make one
     assert "## 5. The vLLM plugin against stock vLLM" in page
     assert _engine_page.section(None) in page
-    assert bench_hit.RIX_KEPT in page and bench_hit.KEY_DISABLED in page
+    assert bench_hit.RIX_KEPT in page and bench_hit.RIX_SEED in page
     # a run into another folder rewrites copies of the pages there, not the checkout's
     for name, docs in (("README.md", "docs/"), ("index.md", "")):
         text = (tmp_path / name).read_text()
