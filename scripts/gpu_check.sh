@@ -9,6 +9,8 @@
 #      It needs a CUDA build of torch, numpy, attrs and pytest, nothing else (no vLLM,
 #      no hypothesis, no network, no install). Ends with one line:
 #        gpu_check: SUMMARY tests/cuda: N passed, N skipped, N failed, N errors ...
+#   1b. benchmarks/bench_gpu.py --quick (about a minute): the request index per step
+#      against the seed's code, copies and synchronisations counted.
 #   2. only where this Python has a CUDA vLLM 0.33: vLLM's real engine with the tiny
 #      models of tests/engine, CUDA graphs on, plugin off, on and verify: the same
 #      greedy tokens, the worker's report; results in docs/benchmarks/gpu_engine.json
@@ -93,6 +95,13 @@ print(f"gpu_check: SUMMARY tests/cuda: {line}" + (f" ({why})" if why else "")
       + f": {verdict}")
 sys.exit(1 if bad else 0)
 PYEOF
+
+# 1b. the GPU benchmark (benchmarks/bench_gpu.py, one point: about a minute): host-to-
+#     device copies, synchronisations and CPU time per step of the request index
+#     (three consumers; V2's six groups) against the seed's code, and the DSv4 step
+timeout 300 "$PY" scripts/gpu_bench.py --quick ||
+  { echo "gpu_check: SUMMARY bench_gpu: FAILED"; exit 1; }
+echo "gpu_check: SUMMARY bench_gpu: OK (written under docs/benchmarks/)"
 
 # 2. the real engine on the GPU, if this Python has a CUDA vLLM
 if [ "$HAS_VLLM" != 1 ]; then

@@ -141,10 +141,10 @@ class CachedFunction:
         )
         self._deps_of = _reader(self.dep_names, self.index)
         self.absent = Entry.absent(len(self.dep_names))
+        _store.register(self.fid, self.keyed, self.absent)  # before the hit reads it
         self.wrapper = compile_hit(self)
         functools.update_wrapper(self.wrapper, fn)
         setattr(self.wrapper, "__stepcache__", self)  # noqa: B010
-        _store.register(self.fid, self.keyed, self.absent)
         _state.register(self)
         # a factory's functions come and go: what they left behind goes with them
         weakref.finalize(self, _forget, self.fid, self.label).atexit = False

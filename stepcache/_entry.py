@@ -76,10 +76,10 @@ class Typed:
 
 
 #: exact classes compared by value (`_typed` also takes their subclasses)
-_VALUE_CLASSES: Final[frozenset[type]] = frozenset(
+VALUE_CLASSES: Final[frozenset[type]] = frozenset(
     {int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device}
 )
-_SCALARS = (*_VALUE_CLASSES, enum.Enum, np.generic, slice)
+_SCALARS = (*VALUE_CLASSES, enum.Enum, np.generic, slice)
 _VALUE_TUPLES: Final = (tuple, frozenset)  # exact classes: a named tuple is an object
 # read on every miss: a module global is one lookup, ``torch.Tensor`` two
 _Tensor = torch.Tensor
@@ -137,7 +137,7 @@ def fingerprints(deps: Sequence[Any], scoped: bool = False) -> tuple[Any, ...]:
         cls = x.__class__
         if cls is _Tensor and not x.is_inference():
             flat += (x, x._version)  # the common case first
-        elif cls in _VALUE_CLASSES:
+        elif cls in VALUE_CLASSES:
             flat += (x, VAL)
         elif isinstance(x, _Tensor):
             if not x.is_inference():

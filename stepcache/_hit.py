@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from stepcache._entry import QUICK, Entry, match
+from stepcache._entry import QUICK, VAL, VALUE_CLASSES, Entry, match
 from stepcache._seams import Cached
 from stepcache._state import BYPASS, NO_STORE, SLOW, scopes
 from stepcache._store import StepCache
@@ -100,14 +100,13 @@ def source(fn: Cached, fname: str) -> str:
         f"        if {s} is _sc_NO_STORE:",
         f"            {w} = {s} = _sc_SCOPES.top",
     ]
-    # A function with dependencies, or keyed by kinds (only=), often misses in a real
-    # store: get() there; the others subscript (the placeholder answers every lookup)
-    lookup = f"{s}.table"
+    # A function's first lookup in a store (a scope's, say) finds no entry: get()
+    # with the absent entry, or for a keyed function its placeholder table, which
+    # answers every key with it, so no first call raises. Keys of kinds (only=)
+    # often miss: get() there too.
+    lookup = f"{s}.table.get({fn.fid}, _sc_{'KEYS' if fn.keyed else 'ABSENT'})"
     if fn.keyed:
-        lookup += f"[{fn.fid}].get({key}, _sc_ABSENT)" if fn.only else f"[{fn.fid}]"
-        lookup += "" if fn.only else f"[{key}]"
-    else:
-        lookup += f".get({fn.fid}, _sc_ABSENT)" if fn.dep_names else f"[{fn.fid}]"
+        lookup += f".get({key}, _sc_ABSENT)" if fn.only else f"[{key}]"
     out += [
         f"        {e} = {lookup}",
         f"        if {e} is _sc_ABSENT:",
@@ -155,11 +154,15 @@ def source(fn: Cached, fname: str) -> str:
     for i, x in enumerate(names):
         f = local(f"f{i}")
         prints.append(f"*{f}")
-        fast = f"({x}, {x}._version)"
-        out.append(
-            f"        {f} = {fast} if {x}.__class__ is _sc_Tensor and not "
-            f"{x}.is_inference() else _sc_PRINT({i}, {x}, {w})"
-        )
+        # a tensor with a version counter, a scalar: inline (`fingerprints`' rule)
+        out += [
+            f"        if {x}.__class__ is _sc_Tensor and not {x}.is_inference():",
+            f"            {f} = ({x}, {x}._version)",
+            f"        elif {x}.__class__ in _sc_VALUE_CLASSES:",
+            f"            {f} = ({x}, _sc_VAL)",
+            "        else:",
+            f"            {f} = _sc_PRINT({i}, {x}, {w})",
+        ]
     out += [
         f"        if {w} is _sc_NO_STORE:",
         f"            {w} = _sc_StepCache({owner})",
@@ -167,6 +170,8 @@ def source(fn: Cached, fname: str) -> str:
         f"                _sc_setattr({owner}, '_stepcache', {w})",
         "            except _sc_Exception:",  # no room for it: the slow path says why
         f"                {w} = None",
+        "        else:",  # the open scope's store, made at its first miss
+        f"            {w} = {w}.store",
         f"        if {w} is not None:",
         f"            {r} = _sc_FN({call})",
     ]
@@ -212,9 +217,12 @@ def cells_of(fn: Cached) -> dict[str, Any]:
         "_sc_INVALID": fn.invalid,
         "_sc_Entry": Entry,
         "_sc_Tensor": torch.Tensor,
+        "_sc_VALUE_CLASSES": VALUE_CLASSES,
+        "_sc_VAL": VAL,
         "_sc_KEY": fn.key_fn,
         "_sc_BYPASS": BYPASS,
         "_sc_ABSENT": fn.absent,
+        "_sc_KEYS": NO_STORE.table[fn.fid] if fn.keyed else None,
         "_sc_COUNTS": fn.counts,
         "_sc_match": match,
         "_sc_int": int,

@@ -8,6 +8,7 @@ from typing import Any
 
 from stepcache import _state
 from stepcache._errors import StepCacheError
+from stepcache._state import NO_STORE
 from stepcache._store import StepCache, restore
 
 
@@ -36,16 +37,20 @@ class Scope:
     """
 
     # Opened and closed once per metadata build, between long stretches of the
-    # engine's own code: kept to a few attribute writes. Its store is made when it
-    # opens: every first call of an owner inside it reads that store (`_Scopes.top`).
-    __slots__ = ("_joined", "_store", "open")
+    # engine's own code: kept to a few attribute writes. Its store is made at its
+    # first miss; until then its table is the placeholder's, which answers every
+    # lookup with an absent entry: a build that caches nothing makes nothing.
+    __slots__ = ("_entered", "_joined", "_store", "open", "table")
 
     def __init__(self) -> None:
         self._store: StepCache | None = None
         #: whether the scope is open (a closed one is never reopened)
         self.open = False
+        self._entered = False
         #: (weak reference to each joined owner, the store it had, or ``None``)
         self._joined: list[tuple[weakref.ref[Any], StepCache | None]] | None = None
+        #: what the first calls of owners without a store read (`_Scopes.top`)
+        self.table: dict[int, Any] = NO_STORE.table
 
     def __repr__(self) -> str:
         return f"<stepcache scope {'open' if self.open else 'closed'}>"
@@ -53,9 +58,10 @@ class Scope:
     @property
     def store(self) -> StepCache:
         """The store the owners of the scope share."""
-        if self._store is None:  # never opened: a store that serves nothing
-            self._store = StepCache()
-            self._store.scope = _ENDED
+        if self._store is None:
+            self._store = StepCache(None, self if self.open else _ENDED)
+            if self.open:
+                self.table = self._store.table
         return self._store
 
     def joined(self, owner: object, before: StepCache | None) -> None:
@@ -65,12 +71,11 @@ class Scope:
         self._joined.append((weakref.ref(owner), before))
 
     def __enter__(self) -> Scope:
-        if self._store is not None:
+        if self._entered:
             raise StepCacheError("a scope is entered once (make a new scope())")
-        store = self._store = StepCache(None, self)
-        self.open = True
+        self._entered = self.open = True
         scopes = _state.scopes  # this thread's
-        scopes.top = None if scopes.open else store  # `_Scopes.top`
+        scopes.top = None if scopes.open else self  # `_Scopes.top`
         scopes.open.append(self)
         return self
 
@@ -87,7 +92,10 @@ class Scope:
         stack.pop()
         scopes.changed()
         self.open = False
-        store: Any = self._store
+        self.table = NO_STORE.table
+        store = self._store
+        if store is None:
+            return
         if self._joined:
             for ref, before in reversed(self._joined):
                 if (owner := ref()) is not None:

@@ -110,7 +110,8 @@ class StepCache:
 
     def clear(self) -> None:
         """Drop every entry (and kept object); the store stays open for the same owner."""
-        self.table, self._kept = {}, None
+        self.table.clear()  # in place: an open scope reads this table too
+        self._kept = None
 
     def close(self) -> None:
         """End the step: drop every entry and refuse any later use."""

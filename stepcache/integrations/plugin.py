@@ -55,7 +55,16 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Final
 
-from .patching import Patch, Scope, SkipPatch, StockCheck, Undo, counters, install
+from .patching import (
+    Patch,
+    Scope,
+    SkipPatch,
+    StockCheck,
+    Undo,
+    counters,
+    install,
+    replace_attribute,
+)
 from .patching import when_imported as _when_imported
 
 __all__ = [
@@ -96,6 +105,11 @@ class _State:
         self.cancel: list[Callable[[], None]] = []
         #: the warnings given (register() may run more than once per process)
         self.warned: set[str] = set()
+        #: an object of ``scopes_for`` was made in this process (kept across
+        #: unregister(): the engine's builders are made once)
+        self.scopes_wanted = False
+        #: how to give back the classes ``scopes_for`` watches
+        self.unwatch: list[Undo] = []
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -119,6 +133,11 @@ class EnginePlugin:
     logger: logging.Logger
     distributions: tuple[str, ...] = ()
     find_installed: Callable[[], Installed | None] | None = None
+    #: ``(module, class)`` pairs: the engine's objects whose calls use a cached
+    #: function inside a scope (its metadata builders). The ``Scope`` patches apply
+    #: once one of them is made in the process, so an engine that makes none opens
+    #: no scope and pays nothing for them; empty: they apply with the others.
+    scopes_for: tuple[tuple[str, str], ...] = ()
     _state: _State = dataclasses.field(default_factory=_State, init=False, repr=False)
 
     # -- the switch and the version ----------------------------------------------------
@@ -227,9 +246,13 @@ class EnginePlugin:
             state.quiet = True
             try:
                 for patch in self.patches:
-                    state.cancel.append(
-                        _when_imported(patch.module, self._applier(patch))
-                    )
+                    if not self._deferred(patch):
+                        state.cancel.append(
+                            _when_imported(patch.module, self._applier(patch))
+                        )
+                if not state.scopes_wanted:
+                    for module, name in self.scopes_for:
+                        state.cancel.append(_when_imported(module, self._watcher(name)))
             finally:
                 state.quiet = False
             self._log_summary(f"{distribution} {version}", mode)
@@ -241,6 +264,9 @@ class EnginePlugin:
         with state.lock:
             for cancel in state.cancel:
                 cancel()
+            for unwatch in state.unwatch:
+                unwatch()
+            state.unwatch.clear()
             for patch in reversed(self.patches):
                 undo = state.undo.pop(patch.name, None)
                 if undo is not None:
@@ -264,6 +290,8 @@ class EnginePlugin:
                     out[patch.name] = "applied"
                 elif patch.name in state.skipped:
                     out[patch.name] = f"skipped: {state.skipped[patch.name]}"
+                elif state.registered and self._deferred(patch):
+                    out[patch.name] = "waiting for a builder that needs scopes"
                 elif state.registered:
                     out[patch.name] = f"waiting for {patch.module}"
                 else:
@@ -290,6 +318,60 @@ class EnginePlugin:
             if isinstance(p.wrap, Scope) and p.wrap.count_as is not None
         }
         return names
+
+    def _deferred(self, patch: Patch) -> bool:
+        """Whether ``patch`` waits for an object of ``scopes_for`` to be made."""
+        return (
+            isinstance(patch.wrap, Scope)
+            and bool(self.scopes_for)
+            and not self._state.scopes_wanted
+        )
+
+    def _watcher(self, name: str) -> Callable[[ModuleType], None]:
+        """Watch the class ``name`` of a module: making one applies the scopes."""
+        state = self._state
+
+        def watch(module: ModuleType) -> None:
+            cls = getattr(module, name, None)
+            if not isinstance(cls, type):
+                return  # not in this version: nothing of it will be made
+            init: Callable[..., None] = getattr(cls, "__init__")  # noqa: B009
+
+            def watched_init(obj: object, *args: object, **kwargs: object) -> None:
+                self.want_scopes()
+                init(obj, *args, **kwargs)
+
+            with state.lock:
+                if state.registered and not state.scopes_wanted:
+                    state.unwatch.append(
+                        replace_attribute(cls, "__init__", watched_init)
+                    )
+
+        return watch
+
+    def want_scopes(self) -> None:
+        """An object that needs scopes was made (one of ``scopes_for``, or a caller
+        that drives the engine's builds itself, a test say): apply the ``Scope``
+        patches, now and at every later registration in this process."""
+        state = self._state
+        with state.lock:
+            if state.scopes_wanted:
+                return
+            state.scopes_wanted = True
+            for unwatch in state.unwatch:
+                unwatch()
+            state.unwatch.clear()
+            if not state.registered:
+                return
+            for patch in self.patches:
+                if isinstance(patch.wrap, Scope):
+                    state.cancel.append(
+                        _when_imported(patch.module, self._applier(patch))
+                    )
+            self.logger.info(
+                "stepcache: a builder that calls cached functions was made: the "
+                "scopes apply"
+            )
 
     def _warn_once(self, message: str) -> None:
         if message not in self._state.warned:

@@ -259,3 +259,42 @@ def test_its_counters_are_its_own(
     PLUGIN.reset_counters()
     assert counters.to_dict()["vllm.some_patch"] == {"scopes": 1}
     counters.reset(["vllm.some_patch"])
+
+
+# -- scopes only for an engine whose builders call a cached function -------------------
+class Builder:
+    """A metadata builder of the engine whose builds call the cached function."""
+
+    def __init__(self, groups: int) -> None:
+        self.groups = groups
+
+
+def test_scopes_apply_once_a_builder_that_needs_them_is_made(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    attn.Builder = Builder  # type: ignore[attr-defined]
+    init = Builder.__init__
+    lazy = dataclasses.replace(PLUGIN, scopes_for=(("fakeengine.attn", "Builder"),))
+    monkeypatch.setenv(ENV, "1")
+    lazy.register()
+    try:
+        # no builder made: the build is the engine's own, unwrapped and unscoped
+        assert lazy.status()[BUILD] == "waiting for a builder that needs scopes"
+        assert lazy.status()[LENS] == "applied"
+        assert attn.build_metadata is build_metadata
+        assert all(s is None for _, s in attn.build_metadata(step(), 2))
+        Builder(2)  # the engine makes a builder whose builds call the cache
+        assert lazy.status()[BUILD] == "applied"
+        assert Builder.__init__ is init  # watched no longer
+        assert attn.build_metadata is not build_metadata
+        assert all(s is not None for _, s in attn.build_metadata(step(), 2))
+        assert lazy.counters()[BUILD] == {"scopes": 1}
+        # the engine's builders are made once: switched off and on, it keeps them
+        lazy.unregister()
+        lazy.register()
+        assert lazy.status()[BUILD] == "applied"
+    finally:
+        lazy.unregister()
+    assert attn.build_metadata is build_metadata

