@@ -93,28 +93,31 @@ def source(fn: Cached, fname: str) -> str:
     # the store has no entry, ``w`` says where the miss goes.
     s, w, r = local("s"), local("w"), local("r")
     names = [local(f"x{i}") for i in range(len(fn.dep_names))]
-    out += [f"    {w} = None", "    try:", f"        {s} = {owner}._stepcache"]
+    out += ["    try:", f"        {w} = {s} = {owner}._stepcache"]
     for x, dep in zip(names, fn.dep_names, strict=True):
         out.append(f"        {x} = {dep if dep in fn.index else f'{owner}.{dep}'}")
+    # On its own store a keyed function subscripts (its hit cost, the lru_cache
+    # goal), the others get() with the absent entry where they often miss. A first
+    # lookup in a scope's table finds nothing yet: get() with the absent entry (for a
+    # keyed function, its placeholder table, which answers every key with it), so
+    # no first call raises. Keys of kinds (only=) often miss: get() there too.
+    first = f"{s}.table.get({fn.fid}, _sc_{'KEYS' if fn.keyed else 'ABSENT'})"
+    own = f"{s}.table" + (
+        f"[{fn.fid}]" if fn.keyed or not fn.dep_names else f".get({fn.fid}, _sc_ABSENT)"
+    )
+    if fn.keyed:
+        first += f".get({key}, _sc_ABSENT)" if fn.only else f"[{key}]"
+        own += f".get({key}, _sc_ABSENT)" if fn.only else f"[{key}]"
     out += [
         f"        if {s} is _sc_NO_STORE:",
-        f"            {w} = {s} = _sc_SCOPES.top",
-    ]
-    # A function's first lookup in a store (a scope's, say) finds no entry: get()
-    # with the absent entry, or for a keyed function its placeholder table, which
-    # answers every key with it, so no first call raises. Keys of kinds (only=)
-    # often miss: get() there too.
-    lookup = f"{s}.table.get({fn.fid}, _sc_{'KEYS' if fn.keyed else 'ABSENT'})"
-    if fn.keyed:
-        lookup += f".get({key}, _sc_ABSENT)" if fn.only else f"[{key}]"
-    out += [
-        f"        {e} = {lookup}",
-        f"        if {e} is _sc_ABSENT:",
-        f"            {e} = None",
-    ]
-    out += [
+        f"            {s} = _sc_SCOPES.top",
+        f"            {e} = {first}",
         "        else:",
-        f"            {w} = None  # judged here, or by the slow path",
+        f"            {e} = {own}",
+        f"        if {e} is _sc_ABSENT:",  # no entry: an own store's, the slow path's
+        f"            if {w} is not _sc_NO_STORE:",
+        f"                {e} = None",
+        "        else:",
     ]
     tests = []
     if fn.dep_names:
@@ -143,13 +146,13 @@ def source(fn: Cached, fname: str) -> str:
         "            else:",
         f"                {e} = None",
         "    except _sc_Exception:",  # the slow path judges it
-        f"        {w} = {e} = None",
+        f"        {e} = None",
     ]
     key = key if fn.keyed else "None"
     # The miss of an owner without a store, its first call of a step, in production:
     # computed here with the dependencies read above (`miss` is the same for every
     # other miss); each fingerprint taken before the function runs.
-    out += [f"    if {w} is not None and not _sc_SLOW[0]:"]
+    out += [f"    if {e} is _sc_ABSENT and not _sc_SLOW[0]:"]
     prints = []
     for i, x in enumerate(names):
         f = local(f"f{i}")
@@ -161,17 +164,17 @@ def source(fn: Cached, fname: str) -> str:
             f"        elif {x}.__class__ in _sc_VALUE_CLASSES:",
             f"            {f} = ({x}, _sc_VAL)",
             "        else:",
-            f"            {f} = _sc_PRINT({i}, {x}, {w})",
+            f"            {f} = _sc_PRINT({i}, {x}, {s})",
         ]
     out += [
-        f"        if {w} is _sc_NO_STORE:",
+        f"        if {s} is _sc_NO_STORE:",  # no scope: a store of its own
         f"            {w} = _sc_StepCache({owner})",
         "            try:",
         f"                _sc_setattr({owner}, '_stepcache', {w})",
         "            except _sc_Exception:",  # no room for it: the slow path says why
         f"                {w} = None",
         "        else:",  # the open scope's store, made at its first miss
-        f"            {w} = {w}.store",
+        f"            {w} = {s}.store",
         f"        if {w} is not None:",
         f"            {r} = _sc_FN({call})",
     ]
@@ -195,7 +198,9 @@ def source(fn: Cached, fname: str) -> str:
         f"                {w}.missed({fn.fid})",
         f"            return {r}",
     ]
-    out.append(f"    return _sc_CALL({packed}, {key}, {e})")
+    out.append(
+        f"    return _sc_CALL({packed}, {key}, None if {e} is _sc_ABSENT else {e})"
+    )
     body = [*out, f"return {fname}"]
     cells = ", ".join(cells_of(fn))
     return f"def _sc_make({cells}):\n" + "".join(f"    {x}\n" for x in body)
