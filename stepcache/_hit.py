@@ -91,16 +91,17 @@ def source(fn: Cached, fname: str) -> str:
     # inside one scope it reads the scope's store without joining it, else it has
     # none (`_Scopes.top`; nested scopes: the slow path joins the innermost). Where
     # the store has no entry, ``w`` says where the miss goes.
-    s, w, r = local("s"), local("w"), local("r")
+    s, w, r = local("s"), local("w"), local("r")  # store, where it misses, result
     names = [local(f"x{i}") for i in range(len(fn.dep_names))]
-    out += ["    try:", f"        {w} = {s} = {owner}._stepcache"]
+    out += ["    try:", f"        {s} = {owner}._stepcache"]
     for x, dep in zip(names, fn.dep_names, strict=True):
         out.append(f"        {x} = {dep if dep in fn.index else f'{owner}.{dep}'}")
-    # On its own store a keyed function subscripts (its hit cost, the lru_cache
-    # goal), the others get() with the absent entry where they often miss. A first
-    # lookup in a scope's table finds nothing yet: get() with the absent entry (for a
-    # keyed function, its placeholder table, which answers every key with it), so
-    # no first call raises. Keys of kinds (only=) often miss: get() there too.
+    # On its own store a keyed or plain function subscripts (its hit cost, the
+    # lru_cache goal; the placeholder answers too), one with dependencies gets()
+    # with the absent entry, as it often misses. An owner without a store then
+    # reads the open scope's table, where a first lookup finds nothing yet: get()
+    # (a keyed function's placeholder table answers every key), so no first call
+    # raises. Keys of kinds (only=) often miss: get() there too.
     first = f"{s}.table.get({fn.fid}, _sc_{'KEYS' if fn.keyed else 'ABSENT'})"
     own = f"{s}.table" + (
         f"[{fn.fid}]" if fn.keyed or not fn.dep_names else f".get({fn.fid}, _sc_ABSENT)"
@@ -109,15 +110,11 @@ def source(fn: Cached, fname: str) -> str:
         first += f".get({key}, _sc_ABSENT)" if fn.only else f"[{key}]"
         own += f".get({key}, _sc_ABSENT)" if fn.only else f"[{key}]"
     out += [
-        f"        if {s} is _sc_NO_STORE:",
+        f"        {e} = {own}",
+        f"        if {e} is _sc_ABSENT and {s} is _sc_NO_STORE:",
         f"            {s} = _sc_SCOPES.top",
         f"            {e} = {first}",
-        "        else:",
-        f"            {e} = {own}",
-        f"        if {e} is _sc_ABSENT:",  # no entry: an own store's, the slow path's
-        f"            if {w} is not _sc_NO_STORE:",
-        f"                {e} = None",
-        "        else:",
+        f"        if {e} is not _sc_ABSENT:",
     ]
     tests = []
     if fn.dep_names:
@@ -152,7 +149,11 @@ def source(fn: Cached, fname: str) -> str:
     # The miss of an owner without a store, its first call of a step, in production:
     # computed here with the dependencies read above (`miss` is the same for every
     # other miss); each fingerprint taken before the function runs.
-    out += [f"    if {e} is _sc_ABSENT and not _sc_SLOW[0]:"]
+    # (a store of its own without the entry: the slow path's miss)
+    out += [
+        f"    if {e} is _sc_ABSENT and {s}.__class__ is not _sc_StepCache "
+        "and not _sc_SLOW[0]:"
+    ]
     prints = []
     for i, x in enumerate(names):
         f = local(f"f{i}")
