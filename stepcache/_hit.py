@@ -113,7 +113,8 @@ def source(fn: Cached, fname: str) -> str:
         f"        {e} = {own}",
         f"        if {e} is _sc_ABSENT and {s} is _sc_NO_STORE:",
         f"            {s} = _sc_SCOPES.top",
-        f"            {e} = {first}",
+        f"            if {s} is not _sc_NO_STORE:",  # no scope open: nothing to read
+        f"                {e} = {first}",
         f"        if {e} is not _sc_ABSENT:",
     ]
     tests = []

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -45,3 +46,19 @@ def persistent() -> Callable[[torch.Tensor], torch.Tensor]:
     are (allocated at start-up), and so what its in-place writes bump the version
     counter of."""
     return _persistent
+
+
+@pytest.fixture
+def plugin_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """``caplog`` listening on the vLLM plugin's logger, at DEBUG: vLLM's logging
+    setup stops "vllm.*" records at its own logger."""
+    from stepcache.integrations import vllm as plugin
+
+    logger = plugin.logger
+    old = logger.level, logger.propagate
+    logger.addHandler(caplog.handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    yield caplog
+    logger.removeHandler(caplog.handler)
+    logger.level, logger.propagate = old

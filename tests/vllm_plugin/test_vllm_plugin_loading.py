@@ -19,18 +19,8 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture
-def log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    # vLLM's logging setup stops "vllm.*" records at its own logger: listen on ours.
-    from stepcache.integrations import vllm as plugin
-
-    logger = plugin.logger
-    old = logger.level, logger.propagate
-    logger.addHandler(caplog.handler)
-    logger.setLevel(logging.DEBUG)
-    logger.propagate = False
-    yield caplog
-    logger.removeHandler(caplog.handler)
-    logger.level, logger.propagate = old
+def log(plugin_log: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    return plugin_log
 
 
 @pytest.fixture
