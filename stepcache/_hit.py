@@ -22,6 +22,8 @@ import torch
 
 from stepcache._entry import QUICK, VAL, VALUE_CLASSES, Entry, match
 from stepcache._seams import Cached
+from stepcache._spec import Arg
+from stepcache._spec_code import quick
 from stepcache._state import BYPASS, NO_STORE, SLOW, scopes
 from stepcache._store import StepCache
 
@@ -130,9 +132,10 @@ def source(fn: Cached, fname: str) -> str:
         tests.append(f"{e}.bound is {owner}.__weakref__")
     if fn.guard:  # the result's tensors were not written since it was stored
         tests.append(f"{e}.guard._version == {e}.gtag")
+    miss_check, hit_check = _checks(fn, r, f"{e}.value", {})
     if fn.arg_refs:  # expect's arguments: the ones it was checked against, or checked
         same = " and ".join(f"{n} is {e}.args[{i}]" for i, n in enumerate(fn.arg_refs))
-        tests.append(f"({same} or _sc_ARGS_OK({e}.value, {packed}))")
+        tests.append(f"({same} or {hit_check} or _sc_ARGS_OK({e}.value, {packed}))")
     out += ["            if (", *(f"                {t}" for t in tests[:1])]
     out += [f"                and {t}" for t in tests[1:]]
     # a hit in debug mode (or with caching off) goes to the slow path with its entry
@@ -180,12 +183,17 @@ def source(fn: Cached, fname: str) -> str:
         f"        if {w} is not None:",
         f"            {r} = _sc_FN({call})",
     ]
-    if fn.expect is not None:
+    if fn.expect is not None:  # the plain case inline, the rest by the full check
         bad = local("bad")
         out += [
-            f"            {bad} = _sc_VIOLATION({r}, {packed})",
-            f"            if {bad} is not None:",
-            f"                raise _sc_INVALID({key}, {bad})",
+            "            try:",
+            f"                {bad} = not {miss_check}",
+            "            except _sc_Exception:",
+            f"                {bad} = True",
+            f"            if {bad}:",
+            f"                {bad} = _sc_VIOLATION({r}, {packed})",
+            f"                if {bad} is not None:",
+            f"                    raise _sc_INVALID({key}, {bad})",
         ]
     args = "(" + "".join(n + ", " for n in fn.arg_refs) + ")" if fn.arg_refs else "None"
     deps = "(" + ", ".join(prints) + (",)" if len(prints) == 1 else ")")
@@ -208,9 +216,28 @@ def source(fn: Cached, fname: str) -> str:
     return f"def _sc_make({cells}):\n" + "".join(f"    {x}\n" for x in body)
 
 
+def _checks(
+    fn: Cached, value: str, cached: str, cells: dict[str, Any]
+) -> tuple[str, str]:
+    """`expect`'s plain case (`stepcache._spec_code`) for the miss's ``value`` and,
+    for the part that reads arguments, for a hit's ``cached`` value ("False": none);
+    their values go to ``cells``."""
+    owner = fn.owner_name
+
+    def ref(r: Any) -> str:
+        return r.name if type(r) is Arg else f"{owner}.{r.name}"
+
+    miss = "True" if fn.expect is None else quick(fn.expect, value, ref, cells)
+    hit = "False" if fn.of_args is None else quick(fn.of_args, cached, ref, cells)
+    return miss, hit
+
+
 def cells_of(fn: Cached) -> dict[str, Any]:
     """The values the hit reads, by cell name."""
+    checks: dict[str, Any] = {}
+    _checks(fn, "r", "e.value", checks)
     return {
+        **checks,
         "_sc_SLOW": SLOW,
         "_sc_CALL": fn.call,
         "_sc_ARGS_OK": fn.args_ok,

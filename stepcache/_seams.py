@@ -41,6 +41,7 @@ class Cached(Protocol):
     guard: bool
     expect: Spec | None
     arg_refs: tuple[str, ...]
+    of_args: Spec | None
     counts: Counts
     absent: Entry
     refs_of: Callable[[Any], tuple[Any, ...]]

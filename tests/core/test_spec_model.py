@@ -134,6 +134,24 @@ def test_expect_passes_exactly_the_values_the_model_passes(
         else:
             assert ok, f"{spec!r} passed {value!r}"
             assert result is value
+            # a hit with another caller's argument: what `expect` reads of it holds
+            other = torch.zeros(
+                data.draw(st.integers(0, 3)), dtype=data.draw(st.sampled_from(DTYPES))
+            )
+            values = value if isinstance(expect, tuple) else (value,)
+            specs_ = expect if isinstance(expect, tuple) else (expect,)
+            still = all(
+                model(v, s, owner, other)
+                for v, s in zip(values, specs_, strict=True)
+                if s is not None
+            )
+            try:
+                again = build(owner, other)
+            except CacheValidationError:
+                assert not still, f"{spec!r} refused {value!r} for {other!r}"
+            else:
+                assert still, f"{spec!r} passed {value!r} for {other!r}"
+                assert again is value
 
 
 def test_a_tuple_spec_refuses_a_value_of_another_length() -> None:
