@@ -111,20 +111,11 @@ def source(fn: Cached, fname: str) -> str:
     if fn.keyed:
         first += f".get({key}, _sc_ABSENT)" if fn.only else f"[{key}]"
         own += f".get({key}, _sc_ABSENT)" if fn.only else f"[{key}]"
-    out += [
-        f"        {e} = {own}",
-        f"        if {e} is _sc_ABSENT and {s} is _sc_NO_STORE:",
-        f"            {s} = _sc_SCOPES.top",
-        f"            if {s} is not _sc_NO_STORE:",  # no scope open: nothing to read
-        f"                {e} = {first}",
-        f"        if {e} is not _sc_ABSENT:",
-    ]
     tests = []
+    unpack = []
     if fn.dep_names:
         pairs = [(local(f"o{i}"), local(f"v{i}")) for i in range(len(names))]
-        out.append(
-            "            " + ", ".join(o + ", " + v for o, v in pairs) + f" = {e}.deps"
-        )
+        unpack.append(", ".join(o + ", " + v for o, v in pairs) + f" = {e}.deps")
         for x, (o, v) in zip(names, pairs, strict=True):
             quick = QUICK.format(x=x, o=o, v=v)
             tests.append(f"({quick} or _sc_match({x}, {o}, {v}))")
@@ -136,16 +127,31 @@ def source(fn: Cached, fname: str) -> str:
     if fn.arg_refs:  # expect's arguments: the ones it was checked against, or checked
         same = " and ".join(f"{n} is {e}.args[{i}]" for i, n in enumerate(fn.arg_refs))
         tests.append(f"({same} or {hit_check} or _sc_ARGS_OK({e}.value, {packed}))")
-    out += ["            if (", *(f"                {t}" for t in tests[:1])]
-    out += [f"                and {t}" for t in tests[1:]]
     # a hit in debug mode (or with caching off) goes to the slow path with its entry
+    serve = [
+        *unpack,
+        "if (",
+        *(f"    {t}" for t in tests[:1]),
+        *(f"    and {t}" for t in tests[1:]),
+        "):",
+        "    if not _sc_SLOW[0]:",
+        "        _sc_COUNTS.hits += 1",
+        f"        return {e}.value",
+        "else:",
+        f"    {e} = None",
+    ]
+    # the entry found is tested first: a hit on the owner's own store tests nothing
+    # else (the same lines serve an entry found in the scope's table)
     out += [
-        "            ):",
-        "                if not _sc_SLOW[0]:",
-        "                    _sc_COUNTS.hits += 1",
-        f"                    return {e}.value",
-        "            else:",
-        f"                {e} = None",
+        f"        {e} = {own}",
+        f"        if {e} is not _sc_ABSENT:",
+        *(f"            {x}" for x in serve),
+        f"        elif {s} is _sc_NO_STORE:",
+        f"            {s} = _sc_SCOPES.top",
+        f"            if {s} is not _sc_NO_STORE:",  # no scope open: nothing to read
+        f"                {e} = {first}",
+        f"                if {e} is not _sc_ABSENT:",
+        *(f"                    {x}" for x in serve),
         "    except _sc_Exception:",  # the slow path judges it
         f"        {e} = None",
     ]
