@@ -340,6 +340,8 @@ class CachedFunction:
         disabled, mode = _state.switches
         if disabled:
             return self.bypass(a)
+        if entry is not None and mode != "off":
+            return self.debug_hit(a, key, entry, mode)
         watch = None if mode == "off" else _debug.checks
         if key is NO_KEY and (self.keyed or self.only):
             key = self.key_of(a)
@@ -348,12 +350,8 @@ class CachedFunction:
                 watch.bypassed(self, a)
             return self.bypass(a)
         owner = a[self.owner_index]
-        info = None if entry is None else entry.info  # a hit found in debug mode
-        if info is not None and info.quiet and mode == "checks":
-            self.counts.hits += 1  # debug mode recorded nothing to check
-            return entry.value  # type: ignore[union-attr]
-        # a hit found by the generated code was read from owner._stepcache, a store
-        # (or the placeholder, where it read the scope's: joined here)
+        # a hit found by the generated code (debug mode went off since) was read from
+        # owner._stepcache, a store (or the placeholder: the scope's, joined here)
         store = owner._stepcache if entry is not None else None  # type: ignore[attr-defined]
         if not isinstance(store, _store.StepCache) or not store.belongs_to(owner):
             try:
@@ -376,6 +374,27 @@ class CachedFunction:
                 f"{self.where(key)}: on a hit, the cached value does not meet expect "
                 f"for this call's arguments{wrong}"
             )
+        self.counts.hits += 1
+        return value
+
+    def debug_hit(self, a: Args, key: Any, entry: Entry, mode: str) -> Any:
+        """A hit the generated code found in debug mode: debug mode checks it."""
+        info = entry.info
+        if info is not None and info.quiet and mode == "checks":
+            self.counts.hits += 1  # debug mode recorded nothing to check
+            return entry.value
+        owner = a[self.owner_index]
+        # read from owner._stepcache: a store, or the placeholder where the hit read
+        # the scope's table (joined here)
+        store = owner._stepcache  # type: ignore[attr-defined]
+        if store.__class__ is not _store.StepCache or not store.belongs_to(owner):
+            try:
+                store = _store.cache_of(owner)
+            except StaleCacheError as exc:
+                raise _debug.checks.closed(self, key, exc) from None
+            except OwnerError as exc:
+                raise self.owner_error(exc) from None
+        value = _debug.checks.hit(self, a, key, owner, store, (), entry)
         self.counts.hits += 1
         return value
 

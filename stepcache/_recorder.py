@@ -16,18 +16,20 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-__all__ = ["Recording", "Watch", "data_read", "watch"]
+__all__ = ["Recording", "Watch", "data_read", "unrecorded", "watch"]
 
 
 class _Patch:
     """One class with the recording ``__getattribute__`` in place."""
 
-    __slots__ = ("cls", "own", "users", "watchers", "wrapper")
+    __slots__ = ("cls", "original", "own", "users", "watchers", "wrapper")
 
-    def __init__(self, cls: type, own: Any) -> None:
+    def __init__(self, cls: type, own: Any, original: Any) -> None:
         self.cls = cls
         #: the class's own ``__getattribute__`` (``None``: it inherited one)
         self.own = own
+        #: the ``__getattribute__`` the recording one calls
+        self.original = original
         #: the watches now on this class
         self.users = 0
         #: id(object) -> the name set of each watch on it
@@ -44,7 +46,7 @@ def _patch(cls: type) -> _Patch | None:
     when the class cannot be patched (a built-in class)."""
     own = cls.__dict__.get("__getattribute__")
     original: Any = cls.__getattribute__
-    patch = _Patch(cls, own)
+    patch = _Patch(cls, own, original)
     watchers = patch.watchers
 
     def recording(obj: Any, name: str) -> Any:
@@ -74,6 +76,18 @@ def _unpatch(patch: _Patch) -> None:
         setattr(cls, "__getattribute__", patch.own)  # noqa: B010
     else:
         delattr(cls, "__getattribute__")  # noqa: B010
+
+
+def unrecorded(obj: object, name: str) -> Any:
+    """``getattr(obj, name)``, unseen by any watch: for a read that checks a value
+    and is no input of it (debug mode would watch an input on every hit)."""
+    patch = _patched.get(type(obj))
+    if patch is not None:
+        try:
+            return patch.original(obj, name)
+        except AttributeError:
+            pass  # a class's __getattr__ answers: through getattr
+    return getattr(obj, name)
 
 
 class Watch:

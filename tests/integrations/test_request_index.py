@@ -268,6 +268,22 @@ def test_boundaries_come_from_the_host_copy_and_debug_mode_compares() -> None:
         token_to_req_indices(meta, torch.zeros(8, dtype=torch.int32))
 
 
+def test_debug_mode_does_not_take_the_device_layout_for_an_input(
+    count_computations: Callable[[], int],
+) -> None:
+    # the device copy is only compared with the host's: a new device tensor with the
+    # same boundaries is no reason to compute again (the index reads the host copy)
+    meta = _meta([0, 1, 4])
+    buffer = torch.zeros(8, dtype=torch.int32)
+    with stepcache.debug("checks"):
+        first = token_to_req_indices(meta, buffer)
+        meta.query_start_loc = meta.query_start_loc.clone()
+        again = token_to_req_indices(meta, buffer)
+    assert count_computations() == 1
+    assert again.data_ptr() == first.data_ptr()
+    assert not stepcache.debug_report()
+
+
 def test_a_cpu_buffer_is_filled_without_pinned_staging(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
