@@ -95,7 +95,8 @@ def source(fn: Cached, fname: str) -> str:
     # the store has no entry, ``w`` says where the miss goes.
     s, w, r = local("s"), local("w"), local("r")  # store, where it misses, result
     names = [local(f"x{i}") for i in range(len(fn.dep_names))]
-    out += ["    try:", f"        {s} = {owner}._stepcache"]
+    stale = local("stale")  # an entry found that no longer serves
+    out += [f"    {stale} = None", "    try:", f"        {s} = {owner}._stepcache"]
     for x, dep in zip(names, fn.dep_names, strict=True):
         out.append(f"        {x} = {dep if dep in fn.index else f'{owner}.{dep}'}")
     # On its own store a keyed or plain function subscripts (its hit cost, the
@@ -127,7 +128,9 @@ def source(fn: Cached, fname: str) -> str:
     if fn.arg_refs:  # expect's arguments: the ones it was checked against, or checked
         same = " and ".join(f"{n} is {e}.args[{i}]" for i, n in enumerate(fn.arg_refs))
         tests.append(f"({same} or {hit_check} or _sc_ARGS_OK({e}.value, {packed}))")
-    # a hit in debug mode (or with caching off) goes to the slow path with its entry
+    # a hit in debug mode (or with caching off) goes to the slow path with its entry;
+    # an entry that no longer serves is ``stale`` (one whose value fails the caller's
+    # arguments goes to the slow path, which says so)
     serve = [
         *unpack,
         "if (",
@@ -138,6 +141,7 @@ def source(fn: Cached, fname: str) -> str:
         "        _sc_COUNTS.hits += 1",
         f"        return {e}.value",
         "else:",
+        *([] if fn.arg_refs else [f"    {stale} = {e}"]),
         f"    {e} = None",
     ]
     # the entry found is tested first: a hit on the owner's own store tests nothing
@@ -156,13 +160,30 @@ def source(fn: Cached, fname: str) -> str:
         f"        {e} = None",
     ]
     key = key if fn.keyed else "None"
-    # The miss of an owner without a store, its first call of a step, in production:
-    # computed here with the dependencies read above (`miss` is the same for every
-    # other miss); each fingerprint taken before the function runs.
-    # (a store of its own without the entry: the slow path's miss)
+    # The miss in production of an owner without a store (its first call of a step),
+    # or with a store of its own without the entry, or with an entry that no longer
+    # serves: computed here with the dependencies read above (the slow path's `miss`
+    # does the same for every other miss: a store of a copied owner, a closed one,
+    # one that joins the open scope). Each fingerprint is taken before the function
+    # runs.
+    where = local("where")  # what the fingerprints are for: a scope's or not
     out += [
-        f"    if {e} is _sc_ABSENT and {s}.__class__ is not _sc_StepCache "
-        "and not _sc_SLOW[0]:"
+        f"    if ({e} is _sc_ABSENT or {stale} is not None) and not _sc_SLOW[0]:",
+        f"        if {s}.__class__ is _sc_StepCache:",
+        f"            {where} = _sc_NO_STORE",
+        f"            {w} = {s} if (",
+        f"                {s}._first == _sc_id({owner}) and {s}.scope is None",
+        f"                and not {s}._closed and _sc_SCOPES.top is _sc_NO_STORE",
+        "            ) else None",
+        f"        elif {s} is _sc_NO_STORE:",  # no scope: a store of its own
+        f"            {where}, {w} = _sc_NO_STORE, _sc_StepCache({owner})",
+        "            try:",
+        f"                _sc_setattr({owner}, '_stepcache', {w})",
+        "            except _sc_Exception:",  # no room for it: the slow path says why
+        f"                {w} = None",
+        "        else:",  # the open scope's store, made at its first miss
+        f"            {where}, {w} = {s}, {s}.store",
+        f"        if {w} is not None:",
     ]
     prints = []
     for i, x in enumerate(names):
@@ -170,25 +191,14 @@ def source(fn: Cached, fname: str) -> str:
         prints.append(f"*{f}")
         # a tensor with a version counter, a scalar: inline (`fingerprints`' rule)
         out += [
-            f"        if {x}.__class__ is _sc_Tensor and not {x}.is_inference():",
-            f"            {f} = ({x}, {x}._version)",
-            f"        elif {x}.__class__ in _sc_VALUE_CLASSES:",
-            f"            {f} = ({x}, _sc_VAL)",
-            "        else:",
-            f"            {f} = _sc_PRINT({i}, {x}, {s})",
+            f"            if {x}.__class__ is _sc_Tensor and not {x}.is_inference():",
+            f"                {f} = ({x}, {x}._version)",
+            f"            elif {x}.__class__ in _sc_VALUE_CLASSES:",
+            f"                {f} = ({x}, _sc_VAL)",
+            "            else:",
+            f"                {f} = _sc_PRINT({i}, {x}, {where})",
         ]
-    out += [
-        f"        if {s} is _sc_NO_STORE:",  # no scope: a store of its own
-        f"            {w} = _sc_StepCache({owner})",
-        "            try:",
-        f"                _sc_setattr({owner}, '_stepcache', {w})",
-        "            except _sc_Exception:",  # no room for it: the slow path says why
-        f"                {w} = None",
-        "        else:",  # the open scope's store, made at its first miss
-        f"            {w} = {s}.store",
-        f"        if {w} is not None:",
-        f"            {r} = _sc_FN({call})",
-    ]
+    out += [f"            {r} = _sc_FN({call})"]
     if fn.expect is not None:  # the plain case inline, the rest by the full check
         bad = local("bad")
         out += [
@@ -206,7 +216,15 @@ def source(fn: Cached, fname: str) -> str:
     entry = f"_sc_Entry({r}, {owner}, {deps}, {fn.guard}, None, {args})"
     slot = f".setdefault({fn.fid}, {{}})[{key}]" if fn.keyed else f"[{fn.fid}]"
     out += [
+        # an invalidation, unless the entry was another owner's (`find`)
+        f"            if {stale} is not None and (",
+        f"                {stale}.bound is None or {stale}.bound() is {owner}",
+        "            ):",
+        "                _sc_COUNTS.invalidations += 1",
+        f"                {w}.counts({fn.fid}).invalidations += 1",
         f"            {w}.table{slot} = {entry}",
+        f"            if {w}._closed:",  # closed while it computed (`insert`)
+        f"                {w}.clear()",
         "            _sc_COUNTS.misses += 1",
         f"            if {w}._counts is None:",  # the store's first miss (`missed`)
         f"                {w}._counts = {fn.fid}",
@@ -266,6 +284,7 @@ def cells_of(fn: Cached) -> dict[str, Any]:
         "_sc_COUNTS": fn.counts,
         "_sc_match": match,
         "_sc_int": int,
+        "_sc_id": id,
         "_sc_Exception": Exception,  # builtins by _sc_ names: a parameter may be `int`
         **{f"_sc_D_{p.name}": p.default for p in fn.params if p.default is not P.empty},
         **{f"_sc_O_{i}": allowed for i, allowed in enumerate(fn.only.values())},

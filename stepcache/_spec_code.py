@@ -11,14 +11,14 @@ The expression may raise; the generated code takes that as "not sure" too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from stepcache._spec import Arg, Attr, Dim, Spec, TensorSpec
 
-__all__ = ["quick"]
+__all__ = ["predicate", "quick"]
 
 
 def quick(
@@ -79,3 +79,21 @@ def _dim(v: str, i: int, dim: Dim, op: str, ref: Callable[[Any], str]) -> str:
         return f"{v}.shape[{i}] {op} {dim}"
     r = ref(dim)  # an int here; a tensor (its first dim), None, ...: the full check
     return f"{r}.__class__ is _sc_q_int and {v}.shape[{i}] {op} {r}"
+
+
+def predicate(
+    expect: Spec, index: Mapping[str, int], owner: int
+) -> Callable[[Any, tuple[Any, ...]], bool]:
+    """`quick` as a function of a value and a call's arguments ``a`` (by position:
+    ``index`` maps a parameter's name to it, ``owner`` is the owner's), for the slow
+    path; it may raise, as the expression may."""
+
+    def ref(r: Arg | Attr) -> str:
+        return f"a[{index[r.name]}]" if type(r) is Arg else f"a[{owner}].{r.name}"
+
+    cells: dict[str, Any] = {}
+    text = quick(expect, "value", ref, cells)
+    made: Callable[[Any, tuple[Any, ...]], bool] = eval(  # noqa: S307
+        f"lambda value, a: {text}", cells
+    )
+    return made

@@ -275,6 +275,7 @@ def test_debug_mode_does_not_take_the_device_layout_for_an_input(
     # same boundaries is no reason to compute again (the index reads the host copy)
     meta = _meta([0, 1, 4])
     buffer = torch.zeros(8, dtype=torch.int32)
+    stepcache.clear_debug_report()
     with stepcache.debug("checks"):
         first = token_to_req_indices(meta, buffer)
         meta.query_start_loc = meta.query_start_loc.clone()

@@ -156,6 +156,40 @@ def test_layers_share_the_pair_but_keep_their_own_kv_cache(
     assert results[0][0] is kv_1 and results[1][0] is kv_2
 
 
+@pytest.mark.parametrize("kind", ["swa_only", "c128a"])
+@pytest.mark.parametrize("num_rows", [None, 3, 5])
+def test_a_hit_returns_what_stock_returns_when_its_dict_holds_the_pair(
+    fake_build: FakeBuild, kind: str, num_rows: int | None
+) -> None:
+    from stepcache.integrations import vllm as plugin
+
+    swa_metadata = make_swa_metadata()
+    # the lengths in a persistent buffer longer than the batch, as a CUDA graph's
+    swa_metadata.seq_lens = torch.tensor([8, 10, 7, 7], dtype=torch.int32)
+    build(make_attn(*KINDS[kind]), swa_metadata, kind, num_rows)  # builds
+    layer = make_attn(*KINDS[kind])  # another layer of the kind, its own tensors
+    kv_cache = torch.empty((1, 2, 512), dtype=torch.bfloat16)
+    swa_k_cache = torch.empty((1, 64, 512), dtype=torch.bfloat16)
+    attn_metadata = None if kind == "swa_only" else make_flashmla_metadata(True)
+    call = {
+        "kv_cache": None if kind == "swa_only" else kv_cache,
+        "swa_k_cache": swa_k_cache,
+        "swa_metadata": swa_metadata,
+        "attn_metadata": attn_metadata,
+        "swa_only": kind == "swa_only",
+        "num_rows": num_rows,
+    }
+    hit = layer._build_sparse_index_metadata(**call)
+    assert fake_build.calls == 1
+    plugin.unregister()  # stock vLLM, on the dict that holds the pair
+    stock = layer._build_sparse_index_metadata(**call)
+    assert fake_build.calls == 1
+    assert hit[0] is stock[0]
+    assert hit[1].dtype == stock[1].dtype and hit[1].tolist() == stock[1].tolist()
+    assert hit[1].data_ptr() == stock[1].data_ptr()  # a view of the same lengths
+    assert hit[2] is stock[2] and hit[3] is stock[3]
+
+
 def test_row_counts_are_separate_entries_and_steps_do_not_share(
     fake_build: FakeBuild,
 ) -> None:
@@ -204,9 +238,8 @@ def test_vllms_own_draft_update_clears_the_dict_the_plugin_keeps(
     assert len(cache) == 1
     cache.clear()  # what that method does on the same object
     assert len(cache) == 0
-    fresh = swa_metadata.flashinfer_sparse_index_cache  # a new dict: new pairs
-    assert fresh is not cache and len(fresh) == 0
-    build(attn, swa_metadata, "swa_only")
+    assert len(swa_metadata.flashinfer_sparse_index_cache) == 0
+    build(attn, swa_metadata, "swa_only")  # the pairs before the clear() do not serve
     assert fake_build.calls == 2
 
 

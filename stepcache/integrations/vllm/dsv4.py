@@ -12,12 +12,14 @@
   count) on the SWA metadata object, depending on its dict. The dict belongs to one
   metadata object (stock vLLM's is a dataclass field, which ``dataclasses.replace()``
   and ``copy.copy`` hand to metadata describing other tokens), and its ``clear()``
-  puts a fresh dict in its place, so the entries of the dict before no longer serve.
-  Everything else is vLLM's own code, called as is: a miss runs vLLM's method, which
-  builds with the module's ``build_flashinfer_mixed_sparse_indices`` looked up when it
-  runs (a test's fake put there, before or after the plugin loads, is what builds); a
-  hit hands vLLM's method the pair in the dict, where it finds it. C4A layers, whose
-  indices are their own, are vLLM's alone.
+  gives it a new token, so the entries of the dict before no longer serve. A miss
+  runs vLLM's method as is, which builds with the module's
+  ``build_flashinfer_mixed_sparse_indices`` looked up when it runs (a test's fake put
+  there, before or after the plugin loads, is what builds) and fills the dict. A hit
+  returns what vLLM's method returns when the dict holds the pair (the layer's cache
+  tensor, the requests' ``seq_lens`` and the pair), without the rest of its work,
+  which serves only a build. C4A layers, whose indices are their own, are vLLM's
+  alone.
 * ``_get_c128_boundary``: a pure function of the batch layout that every DSv4
   compressor builder of a step computes again (a Python loop over the requests),
   computed once per build by :func:`stepcache.step_cached`.
@@ -27,8 +29,8 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import sys
-import threading
 import weakref
 from collections.abc import Callable
 from types import ModuleType
@@ -76,20 +78,24 @@ _original: dict[str, Any] = {}
 Result = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+#: one token per dict and per clear(): an int, compared by value (the cheapest
+#: fingerprint), never the same twice in a process
+_tokens = itertools.count()
+
+
 class OwnedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
     """vLLM's per-step sparse-index dict, bound to the metadata object it serves.
 
     A plain ``dict`` to vLLM's code, which reads it with ``get``, fills it with
-    ``[key] = pair`` and empties it with ``clear()``; ``clear()`` also puts a fresh
-    one on the metadata. The cached pairs depend on its ``token``, one per dict (a
-    new dict: new pairs).
+    ``[key] = pair`` and empties it with ``clear()``. The cached pairs depend on its
+    ``token``: a new dict, or ``clear()``, gives new pairs.
     """
 
     __slots__ = ("_owner", "token")
 
     def __init__(self, owner: object, entries: dict[str, Any] | None = None) -> None:
         super().__init__(entries or {})
-        self.token = object()
+        self.token = next(_tokens)
         try:
             self._owner: Callable[[], object] = weakref.ref(owner)
         except TypeError:  # an owner without weak references: keep it alive
@@ -101,9 +107,7 @@ class OwnedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
 
     def clear(self) -> None:
         super().clear()
-        owner = self.owner()
-        if owner is not None and getattr(owner, _FIELD, None) is self:
-            setattr(owner, _FIELD, OwnedIndexCache(owner))
+        self.token = next(_tokens)  # the pairs of the dict before no longer serve
 
 
 def owned_index_cache(swa_metadata: Any) -> OwnedIndexCache:
@@ -138,11 +142,6 @@ def _v41_key(self: Any, swa_only: bool, num_rows: int | None) -> str | None:
     return "swa_only" if swa_only else None
 
 
-#: the result of vLLM's method in the call that built it (its layer's own tensors
-#: beside the pair), for that call to return: one per thread
-_built = threading.local()
-
-
 def _cached_pair(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """The stepcache cache of one version's pairs (its stats row is ``name``)."""
 
@@ -151,25 +150,26 @@ def _cached_pair(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
         owner="swa_metadata",
         # a new dict (after vLLM's clear(), or on another metadata object): new pairs
         depends_on=("token",),
-        # the layer and its tensors: every layer of a kind builds the same pair
-        ignore=("method", "layer", "kwargs"),
+        # the layer and its call: every layer of a kind builds the same pair
+        ignore=("method", "layer", "args", "built"),
         expect=PAIR_SPEC,
         name=name,
     )
     def sparse_pair(
         swa_metadata: Any,
         key: str,
-        token: object,
+        token: int,
         method: Any,
         layer: Any,
-        kwargs: dict[str, Any],
+        args: tuple[Any, ...],
+        built: list[Any],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``(sparse_indices, sparse_topk_lens)`` of layer kind ``key`` (with its
         row count) for the dict whose ``token`` is given, built by vLLM's ``method``
-        for ``layer`` with that dict emptied of ``key`` (so it builds)."""
+        called with ``layer`` and ``args`` and that dict emptied of ``key`` (so it
+        builds); the method's whole result goes to ``built``."""
         getattr(swa_metadata, _FIELD).pop(key, None)
-        result = method(layer, swa_metadata=swa_metadata, **kwargs)
-        _built.result = result
+        result = built[0] = method(layer, *args)
         return result[2], result[3]
 
     return sparse_pair
@@ -192,27 +192,35 @@ def _sparse_index_method(
         swa_only: bool,
         num_rows: int | None = None,
     ) -> Result:
-        cache = owned_index_cache(swa_metadata)
+        cache = swa_metadata.flashinfer_sparse_index_cache
+        if cache.__class__ is not OwnedIndexCache or cache.owner() is not swa_metadata:
+            cache = owned_index_cache(swa_metadata)
         key = key_of(self, swa_only, num_rows)
-        kwargs: dict[str, Any] = {
-            "kv_cache": kv_cache,
-            "swa_k_cache": swa_k_cache,
-            "attn_metadata": attn_metadata,
-            "swa_only": swa_only,
-        }
+        args: tuple[Any, ...] = (
+            kv_cache,
+            swa_k_cache,
+            swa_metadata,
+            attn_metadata,
+            swa_only,
+        )
         if has_num_rows:
-            kwargs["num_rows"] = num_rows
+            args += (num_rows,)
         if key is None:  # C4A: vLLM builds, every call
             counters.count(name, "uncached")
-            result = original(self, swa_metadata=swa_metadata, **kwargs)
-        else:
-            _built.result = None
-            pair = sparse_pair(swa_metadata, key, cache.token, original, self, kwargs)
-            result, _built.result = _built.result, None
-            if result is None:  # a hit: vLLM's method finds the pair in its dict
-                cache[key] = pair
-                result = original(self, swa_metadata=swa_metadata, **kwargs)
-        return result
+            return original(self, *args)
+        built: list[Any] = [None]
+        pair = sparse_pair(swa_metadata, key, cache.token, original, self, args, built)
+        if built[0] is not None:  # computed in this call: vLLM's whole result
+            return built[0]  # type: ignore[no-any-return]
+        cache[key] = pair  # vLLM's dict holds what stock's would
+        if not swa_only and kv_cache is None:
+            return original(self, *args)  # vLLM's own assertion says what is wrong
+        # A hit: what vLLM's method returns when its dict holds the pair (the layer's
+        # cache and the requests' lengths beside it), without its other work, which
+        # only a build uses. tests/vllm_plugin compares it with stock's.
+        num_reqs = swa_metadata.num_decodes + swa_metadata.num_prefills
+        compressed = kv_cache if not swa_only and kv_cache is not None else swa_k_cache
+        return compressed, swa_metadata.seq_lens[:num_reqs], pair[0], pair[1]
 
     if not has_num_rows:
 
