@@ -20,7 +20,16 @@ from typing import Any
 
 import torch
 
-from stepcache._entry import QUICK, VAL, VALUE_CLASSES, Entry, match
+from stepcache._entry import (
+    ID,
+    PLACED,
+    QUICK,
+    VAL,
+    VALUE_CLASSES,
+    Entry,
+    Placed,
+    match,
+)
 from stepcache._seams import Cached
 from stepcache._spec import Arg
 from stepcache._spec_code import quick
@@ -189,10 +198,18 @@ def source(fn: Cached, fname: str) -> str:
     for i, x in enumerate(names):
         f = local(f"f{i}")
         prints.append(f"*{f}")
-        # a tensor with a version counter, a scalar: inline (`fingerprints`' rule)
+        # a tensor, a scalar: inline (`fingerprints`' rule)
         out += [
-            f"            if {x}.__class__ is _sc_Tensor and not {x}.is_inference():",
-            f"                {f} = ({x}, {x}._version)",
+            f"            if {x}.__class__ is _sc_Tensor:",
+            f"                if not {x}.is_inference():",
+            f"                    {f} = ({x}, {x}._version)",
+            f"                elif {where} is not _sc_NO_STORE:",  # a scope's: itself
+            f"                    {f} = ({x}, _sc_ID)",
+            "                else:",  # outside a scope: its place
+            "                    try:",
+            f"                        {f} = (_sc_Placed({x}), _sc_PLACED)",
+            "                    except _sc_Exception:",  # no place: `fingerprints`
+            f"                        {f} = _sc_PRINT({i}, {x}, {where})",
             f"            elif {x}.__class__ in _sc_VALUE_CLASSES:",
             f"                {f} = ({x}, _sc_VAL)",
             "            else:",
@@ -277,6 +294,9 @@ def cells_of(fn: Cached) -> dict[str, Any]:
         "_sc_Tensor": torch.Tensor,
         "_sc_VALUE_CLASSES": VALUE_CLASSES,
         "_sc_VAL": VAL,
+        "_sc_ID": ID,
+        "_sc_PLACED": PLACED,
+        "_sc_Placed": Placed,
         "_sc_KEY": fn.key_fn,
         "_sc_BYPASS": BYPASS,
         "_sc_ABSENT": fn.absent,
