@@ -223,9 +223,10 @@ NO_STORE = SimpleNamespace(table=Absent())
 
 class _Scopes(threading.local):
     """This thread's open scopes, innermost last (`stepcache.scope`), and ``top``:
-    the store an owner without one uses, read by every first call of a step. It is
-    `NO_STORE` while no scope is open, the scope's store while one is, and ``None``
-    while several are (an owner then joins the innermost on the slow path)."""
+    where an owner without a store looks, read by every first call of a step. It is
+    `NO_STORE` while no scope is open, the scope while one is (as `Scope.__enter__`
+    sets it), and ``None`` while several are (an owner then joins the innermost on
+    the slow path)."""
 
     def __init__(self) -> None:
         self.open: list[Any] = []
@@ -234,9 +235,7 @@ class _Scopes(threading.local):
     def changed(self) -> None:
         """Set ``top`` after a scope opened or closed."""
         stack = self.open
-        self.top = (
-            NO_STORE if not stack else stack[0]._store if len(stack) == 1 else None
-        )
+        self.top = NO_STORE if not stack else stack[0] if len(stack) == 1 else None
 
 
 scopes = _Scopes()
