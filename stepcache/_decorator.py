@@ -346,13 +346,11 @@ class CachedFunction:
 
     # -- the slow path ------------------------------------------------------------------
     def call(self, a: Args, key: Any = NO_KEY, entry: Entry | None = None) -> Any:
-        """Every call the generated hit did not serve: a miss, a bypass, caching off,
-        or a hit it found (``entry``) in debug mode, which watches it."""
+        """Every call the generated hit did not serve: a miss, a bypass (`served`
+        takes a hit it found while caching is off or debug mode is on)."""
         disabled, mode = _state.switches
         if disabled:
             return self.bypass(a)
-        if entry is not None and mode != "off":
-            return self.debug_hit(a, key, entry, mode)
         watch = None if mode == "off" else _debug.checks
         if key is NO_KEY and (self.keyed or self.only):
             key = self.key_of(a)
@@ -388,8 +386,14 @@ class CachedFunction:
         self.counts.hits += 1
         return value
 
-    def debug_hit(self, a: Args, key: Any, entry: Entry, mode: str) -> Any:
-        """A hit the generated code found in debug mode: debug mode checks it."""
+    def served(self, a: Args, key: Any, entry: Entry) -> Any:
+        """A hit the generated code found while caching is off or debug mode is on:
+        debug mode checks it."""
+        disabled, mode = _state.switches
+        if disabled:
+            return self.bypass(a)
+        if mode == "off":  # switched off since the generated code looked
+            return self.call(a, key, entry)
         info = entry.info
         if info is not None and info.quiet and mode == "checks":
             self.counts.hits += 1  # debug mode recorded nothing to check
@@ -398,7 +402,9 @@ class CachedFunction:
         # read from owner._stepcache: a store, or the placeholder where the hit read
         # the scope's table (joined here)
         store = owner._stepcache  # type: ignore[attr-defined]
-        if store.__class__ is not _store.StepCache or not store.belongs_to(owner):
+        if store.__class__ is not _store.StepCache or (
+            store._first != id(owner) and not store.belongs_to(owner)
+        ):
             try:
                 store = _store.cache_of(owner)
             except StaleCacheError as exc:

@@ -137,7 +137,7 @@ def source(fn: Cached, fname: str) -> str:
     if fn.arg_refs:  # expect's arguments: the ones it was checked against, or checked
         same = " and ".join(f"{n} is {e}.args[{i}]" for i, n in enumerate(fn.arg_refs))
         tests.append(f"({same} or {hit_check} or _sc_ARGS_OK({e}.value, {packed}))")
-    # a hit in debug mode (or with caching off) goes to the slow path with its entry;
+    # a hit in debug mode (or with caching off) is served outside the try (`served`);
     # an entry that no longer serves is ``stale`` (one whose value fails the caller's
     # arguments goes to the slow path, which says so)
     serve = [
@@ -249,9 +249,12 @@ def source(fn: Cached, fname: str) -> str:
         f"                {w}.missed({fn.fid})",
         f"            return {r}",
     ]
-    out.append(
-        f"    return _sc_CALL({packed}, {key}, None if {e} is _sc_ABSENT else {e})"
-    )
+    # an entry that served, found while caching is off or debug mode is on
+    out += [
+        f"    if {e} is None or {e} is _sc_ABSENT:",
+        f"        return _sc_CALL({packed}, {key})",
+        f"    return _sc_SERVED({packed}, {key}, {e})",
+    ]
     body = [*out, f"return {fname}"]
     cells = ", ".join(cells_of(fn))
     return f"def _sc_make({cells}):\n" + "".join(f"    {x}\n" for x in body)
@@ -281,6 +284,7 @@ def cells_of(fn: Cached) -> dict[str, Any]:
         **checks,
         "_sc_SLOW": SLOW,
         "_sc_CALL": fn.call,
+        "_sc_SERVED": fn.served,
         "_sc_ARGS_OK": fn.args_ok,
         "_sc_NO_STORE": NO_STORE,
         "_sc_SCOPES": scopes,
