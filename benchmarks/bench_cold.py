@@ -38,23 +38,23 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyperf  # type: ignore[import-untyped]
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import stepcache
-from benchmarks._pyperf import Bench, Row, register, results_header, row_result, summary
+from benchmarks import _pyperf
+from benchmarks._pyperf import Bench, Row
 from benchmarks._report import markdown_table
 from stepcache.integrations.dsv4 import request_index, seed
 
 ROOT = Path(__file__).resolve().parents[1]
+MODULE = "benchmarks.bench_cold"
 RESULTS = ROOT / "docs" / "benchmarks" / "cold.json"
 #: worker processes per benchmark (``--fast``: 3), values per process
 PROCESSES, VALUES = 6, 3
@@ -367,29 +367,8 @@ ROWS = [
 ]
 
 
-def _worker_args(cmd: list[str], args: Any) -> None:
-    if args.rows:
-        cmd.extend(("--rows", args.rows))
-
-
 def render(results: dict[str, Any]) -> str:
     """The rows and the benchmarks of a results file, as Markdown."""
-    rows = []
-    for r in results["rows"]:
-        limit = "" if r["limit"] is None else f"<= {r['limit']}x"
-        met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
-        sig = {True: "yes", False: "no", None: "n/a"}[r["significant"]]
-        rows.append([r["label"], f"{r['ratio']:.2f}x", limit, met, sig])
-    benches = [
-        [
-            name,
-            f"{s['median_ns']:.0f}",
-            f"{s['min_ns']:.0f}",
-            f"{s['max_ns']:.0f}",
-            f"{s['processes']} x {s['values'] // max(s['processes'], 1)}",
-        ]
-        for name, s in results["benchmarks"].items()
-    ]
     work = [
         [shape, *(str(n) for n in by_variant.values())]
         for shape, by_variant in results["work_per_step"].items()
@@ -402,69 +381,40 @@ def render(results: dict[str, Any]) -> str:
                 work,
                 "l" + "r" * len(variants),
             ),
-            markdown_table(
-                ["row (ratio of medians)", "measured", "limit", "met", "significant"],
-                rows,
-                "lrrcc",
-            ),
-            markdown_table(
-                ["benchmark", "median ns", "min", "max", "processes x values"],
-                benches,
-                "lrrrr",
-            ),
+            _pyperf.rows_table(results["rows"], "row (ratio of medians)", goals=True),
+            _pyperf.summaries_table(results["benchmarks"], "benchmark"),
         ]
     )
 
 
 def goal_rows(results: dict[str, Any]) -> str:
     """The rows with a limit, as rows of the benchmarks page's goals table."""
-    return "\n".join(
-        f"| {r['label']} | {r['ratio']:.2f}x | <= {r['limit']}x | "
-        f"{'yes' if r['met'] else '**no**'} | {r['set_by']} |"
-        for r in results["rows"]
-        if r["limit"] is not None
-    )
+    return _pyperf.goal_rows(results["rows"])
 
 
 def run(results: Path, options: Sequence[str] = ()) -> dict[str, Any]:
     """Run this benchmark in a process of its own (pyperf allows one runner per
     process), with pyperf ``options``; its results, as written to ``results``."""
-    command = [sys.executable, "-m", "benchmarks.bench_cold", "--quiet"]
-    subprocess.run(
-        [*command, "--results", str(results), *options], cwd=ROOT, check=True
-    )
-    loaded: dict[str, Any] = json.loads(results.read_text())
-    return loaded
+    return _pyperf.run_module(MODULE, results, options)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    runner = pyperf.Runner(
-        processes=PROCESSES,
-        values=VALUES,
-        program_args=("-m", "benchmarks.bench_cold"),
-        add_cmdline_args=_worker_args,
-    )
-    runner.argparser.add_argument(
-        "--results", type=Path, default=RESULTS, help=f"JSON to write ({RESULTS})"
-    )
-    runner.argparser.add_argument(
-        "--rows", default="", help="only the rows whose label contains this text"
-    )
+    runner = _pyperf.runner(MODULE, processes=PROCESSES, values=VALUES, results=RESULTS)
     args = runner.parse_args(None if argv is None else list(argv))
     torch.set_num_threads(1)
     rows = [r for r in ROWS if args.rows in r.label]
     names = list(dict.fromkeys(n for r in rows for n in (r.measured, r.baseline)))
     started = time.time()
     work = {} if args.worker else work_per_step()
-    done = register(runner, [BENCHES[n] for n in names])
+    done = _pyperf.register(runner, [BENCHES[n] for n in names])
     if args.worker:
         return 0
     given = sys.argv[1:] if argv is None else list(argv)
     results = {
-        **results_header(["python", "-m", "benchmarks.bench_cold", *given], started),
+        **_pyperf.results_header(["python", "-m", MODULE, *given], started),
         "work_per_step": work,
-        "benchmarks": {n: summary(done[n]) for n in names},
-        "rows": [row_result(r, done) for r in rows],
+        "benchmarks": {n: _pyperf.summary(done[n]) for n in names},
+        "rows": [_pyperf.row_result(r, done) for r in rows],
     }
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(results, indent=2) + "\n")
