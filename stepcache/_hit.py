@@ -229,7 +229,8 @@ def source(fn: Cached, fname: str) -> str:
             f"                    raise _sc_INVALID({key}, {bad})",
         ]
     args = "(" + "".join(n + ", " for n in fn.arg_refs) + ")" if fn.arg_refs else "None"
-    deps = "(" + ", ".join(prints) + (",)" if len(prints) == 1 else ")")
+    # one dependency's fingerprint is the entry's deps as it is (one tuple fewer)
+    deps = prints[0][1:] if len(prints) == 1 else "(" + ", ".join(prints) + ")"
     entry = f"_sc_Entry({r}, {owner}, {deps}, {fn.guard}, None, {args})"
     slot = f".setdefault({fn.fid}, {{}})[{key}]" if fn.keyed else f"[{fn.fid}]"
     out += [
