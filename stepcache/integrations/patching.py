@@ -137,8 +137,8 @@ class Scope:
 
 @dataclasses.dataclass(frozen=True)
 class Verify:
-    """Install the stand-in; in verify mode also compute stock's value and compare
-    (:func:`verified`). ``stock(*args, **kwargs)`` computes it (default: the original
+    """Install the stand-in (as it is, in production); in verify mode also compute
+    stock's value and compare (:func:`verified`). ``stock(*args, **kwargs)`` computes it (default: the original
     on the same arguments; a stand-in that fills the engine's own cache needs stock on
     a copy that has none); ``when(*args, **kwargs)``, asked before the call, leaves
     the calls it is false for uncompared (those the engine's own cache answers)."""
@@ -317,6 +317,10 @@ def scoped(
     index = [p.name for p in params].index(unless) if unless else len(params)
     default = params[index].default if unless else None
 
+    # counted inline, in the counters' own table: this runs once per build
+    counts, opened = counters.table(), (name, "scopes")
+    open_scope = stepcache.scope
+
     @functools.wraps(original)
     def in_scope(*args: Any, **kwargs: Any) -> Any:
         if unless is not None and (
@@ -324,8 +328,8 @@ def scoped(
         ):
             counters.count(name, "unscoped")
             return original(*args, **kwargs)
-        counters.count(name, "scopes")
-        with stepcache.scope():
+        counts[opened] = counts.get(opened, 0) + 1
+        with open_scope():
             return original(*args, **kwargs)
 
     return marked(in_scope, name)
@@ -340,26 +344,23 @@ def verified(
     stock: Callable[..., Any] | None = None,
     when: Callable[..., bool] | None = None,
 ) -> Callable[..., Any]:
-    """What the patch ``name`` installs in place of ``original``: ``stand_in`` (its
-    step-cached replacement); with a ``check`` (verify mode) also ``stock`` (default
-    ``original``) on the same arguments, compared, for the calls ``when`` allows
-    (default: every call). It has ``original``'s signature, and the module of
-    ``stand_in``."""
-    # One closure per mode, chosen once: a call in production tests no switch.
+    """What the patch ``name`` installs in place of ``original``: without a
+    ``check`` (production), ``stand_in`` itself (its step-cached replacement, which
+    takes ``original``'s parameters); with one (verify mode), a function of
+    ``original``'s signature, in the module of ``stand_in``, that also computes
+    ``stock`` (default ``original``) on the same arguments and compares, for the calls
+    ``when`` allows (default: every call)."""
     if check is None:
+        # no pass-through call in front of the cache: the engine calls it directly
+        return marked(stand_in, name)
+    compute_stock = original if stock is None else stock
 
-        def patched(*args: Any, **kwargs: Any) -> Any:
-            return stand_in(*args, **kwargs)
-
-    else:
-        compute_stock = original if stock is None else stock
-
-        def patched(*args: Any, **kwargs: Any) -> Any:
-            compare = when is None or when(*args, **kwargs)
-            result = stand_in(*args, **kwargs)
-            if compare:
-                check(name, result, compute_stock(*args, **kwargs))
-            return result
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        compare = when is None or when(*args, **kwargs)
+        result = stand_in(*args, **kwargs)
+        if compare:
+            check(name, result, compute_stock(*args, **kwargs))
+        return result
 
     functools.update_wrapper(patched, original)
     patched.__module__ = getattr(stand_in, "__module__", original.__module__)
@@ -377,6 +378,11 @@ class Counters:
 
     def __init__(self) -> None:
         self._counts: dict[tuple[str, str], int] = {}
+
+    def table(self) -> dict[tuple[str, str], int]:
+        """The counts by ``(name, event)``, the dict itself (kept for the process's
+        life: :meth:`reset` empties it), for a caller that counts inline."""
+        return self._counts
 
     def count(self, name: str, event: str) -> None:
         key = (name, event)

@@ -361,6 +361,37 @@ def test_another_layout_computes_again(
     assert counted["split"] == 2 + 3 and counted["computed"] == 2 + 2
 
 
+def test_flags_and_rows_of_another_dtype_or_shape_are_another_input(
+    plugin_on: ModuleType, cpu: None
+) -> None:
+    """The split's is_prefilling and the chunk metadata's prefill rows, with the
+    values of a cached call in another dtype (``1 == True``) or shape: stock's value,
+    or stock's error, never the cached value."""
+    from vllm.v1.attention.backends import gdn_attn
+
+    split = functools.partial(
+        gdn_attn.split_decodes_and_prefills,
+        decode_threshold=1,
+        treat_short_extends_as_decodes=False,
+    )
+    cm = real_builders.common_metadata(layout(*DECODES))
+    builder = real_builders.gdn_builder()
+    with stepcache.scope(), torch.inference_mode():
+        assert split(cm.replace(is_prefilling=torch.tensor([False, True, False]))) == (
+            1,
+            2,
+            1,
+            2,
+        )
+        for flags in (torch.tensor([0, 1, 0]), torch.tensor([[False, True, False]])):
+            with pytest.raises(RuntimeError, match="output"):
+                split(cm.replace(is_prefilling=flags))
+        for dtype in (torch.int32, torch.int64):
+            rows = torch.tensor([0, 70, 75], dtype=dtype)
+            indices, _ = builder._build_chunk_metadata(rows, rows, rows.device)
+            assert indices.dtype == dtype
+
+
 def test_outside_a_scope_every_call_computes(
     counted: dict[str, int], register_plugin: Any
 ) -> None:

@@ -13,10 +13,10 @@ what each group's builder computes again:
   depends on the layout the function reads
   (``query_start_loc_cpu``, ``num_reqs``, ``num_actual_tokens``, ``max_query_len``)
   and keys on its arguments and, where it reads it
-  (``treat_short_extends_as_decodes=False``), on the values of ``is_prefilling``, a
-  CPU tensor of one flag per request, which the patch passes to it as an argument
-  (a key function reading them would be undeclared to checks mode). It returns four
-  ints. Only the GDN module's
+  (``treat_short_extends_as_decodes=False``), on the dtype and values of
+  ``is_prefilling``, a CPU vector of one flag per request: the stand-in makes the
+  key and passes it as an argument (checks mode sees what it is made of; the key
+  function only returns it). It returns four ints. Only the GDN module's
   binding is replaced: vLLM imports that module in every engine, and the other
   builders ask once per build (nothing to share, a key to pay).
 * ``GDNAttentionMetadataBuilder._build_chunk_metadata``: FLA's chunk indices and
@@ -51,7 +51,6 @@ from ..patching import (
     expect_dataclass_fields,
     expect_function,
 )
-from .in_scope import cpu_values, key_in_scope
 
 __all__ = [
     "CHUNK_NAME",
@@ -79,16 +78,8 @@ Split = tuple[int, int, int, int]
 
 
 # -- split_decodes_and_prefills ----------------------------------------------------------
-#: ``prefilling`` when is_prefilling's values cannot be read (``None``, on a device)
-_UNREAD: Any = object()
-
-
 @stepcache.step_cached(
-    key=lambda common_attn_metadata, threshold, uniform, short, prefilling: (
-        stepcache.BYPASS
-        if prefilling is _UNREAD
-        else key_in_scope((threshold, uniform, short, prefilling))
-    ),
+    key=lambda common_attn_metadata, threshold, uniform, short, key: key,
     depends_on=SPLIT_DEPENDS_ON,
     name=SPLIT_NAME,
 )
@@ -97,7 +88,7 @@ def _cached_split(
     threshold: int,
     uniform: bool,
     short: bool,
-    prefilling: Any,
+    key: Any,
 ) -> Split:
     result: Split = _original[SPLIT_NAME](
         common_attn_metadata,
@@ -114,20 +105,28 @@ def _split(
     require_uniform: bool = False,
     treat_short_extends_as_decodes: bool = True,
 ) -> Split:
-    # is_prefilling, where vLLM reads it, is a new tensor per group with the same
-    # values: its values are an argument, so the key is made of arguments only
-    prefilling = None
-    if not treat_short_extends_as_decodes:
+    # The key, made here of the arguments and, where vLLM reads them, of
+    # is_prefilling's values (a new tensor per group, the same flags): one argument,
+    # so the key function only returns it.
+    key: Any
+    if stepcache.active_scope() is None:
+        key = stepcache.BYPASS
+    elif treat_short_extends_as_decodes:
+        key = (decode_threshold, require_uniform, True)
+    else:
         flags = common_attn_metadata.is_prefilling
-        # None: vLLM's assert fails, uncached; on a device: reading it would sync
-        values = None if flags is None else cpu_values(flags)
-        prefilling = _UNREAD if values is None else values
+        # a CPU vector of flags (the dtype too: 1 == True); anything else is left to
+        # vLLM (None fails its assert, a device tensor would sync to be read)
+        if isinstance(flags, torch.Tensor) and flags.is_cpu and flags.dim() == 1:
+            key = (decode_threshold, require_uniform, flags.dtype, *flags.tolist())
+        else:
+            key = stepcache.BYPASS
     return _cached_split(
         common_attn_metadata,
         decode_threshold,
         require_uniform,
         treat_short_extends_as_decodes,
-        prefilling,
+        key,
     )
 
 
@@ -153,34 +152,39 @@ def find_split(module: ModuleType) -> Target:
 Chunks = tuple[torch.Tensor, torch.Tensor]
 
 
-def _chunk_key(
-    self: Any,
-    prefill_query_start_loc: torch.Tensor,
-    prefill_query_start_loc_cpu: torch.Tensor,
-    device: torch.device,
-) -> Any:
-    backend = getattr(self, "gdn_prefill_backend", None)
-    if backend in (None, "cutedsl") or prefill_query_start_loc_cpu is None:
-        return stepcache.BYPASS  # cutedsl reads the device copy
-    values = cpu_values(prefill_query_start_loc_cpu)
-    if values is None:
-        return stepcache.BYPASS
-    return key_in_scope((backend, values))
-
-
 @stepcache.step_cached(
-    key=_chunk_key, depends_on=("device", "gdn_prefill_backend"), name=CHUNK_NAME
+    key=lambda self, loc, loc_cpu, device, key: key,
+    depends_on=("device", "gdn_prefill_backend"),
+    name=CHUNK_NAME,
 )
 def _cached_chunks(
+    self: Any, loc: torch.Tensor, loc_cpu: torch.Tensor, device: torch.device, key: Any
+) -> Chunks:
+    result: Chunks = _original[CHUNK_NAME](self, loc, loc_cpu, device)
+    return result
+
+
+def _chunks(
     self: Any,
     prefill_query_start_loc: torch.Tensor,
     prefill_query_start_loc_cpu: torch.Tensor,
     device: torch.device,
 ) -> Chunks:
-    result: Chunks = _original[CHUNK_NAME](
-        self, prefill_query_start_loc, prefill_query_start_loc_cpu, device
-    )
-    return result
+    # The key, made here (see _split): the backend, and the dtype and values of the
+    # prefill rows' host copy, a CPU vector; cutedsl reads the device copy instead,
+    # and anything else is left to vLLM.
+    backend = getattr(self, "gdn_prefill_backend", None)
+    loc = prefill_query_start_loc_cpu
+    key: Any
+    if (
+        backend in (None, "cutedsl")
+        or stepcache.active_scope() is None
+        or not (isinstance(loc, torch.Tensor) and loc.is_cpu and loc.dim() == 1)
+    ):
+        key = stepcache.BYPASS
+    else:
+        key = (backend, loc.dtype, *loc.tolist())
+    return _cached_chunks(self, prefill_query_start_loc, loc, device, key)
 
 
 _CHUNK_PARAMS = (
@@ -205,4 +209,4 @@ def find_chunk_metadata(module: ModuleType) -> Target:
             "gdn_prefill_backend"
         )
     _original[CHUNK_NAME] = original
-    return Target(cls, "_build_chunk_metadata", original, _cached_chunks)
+    return Target(cls, "_build_chunk_metadata", original, _chunks)
