@@ -90,7 +90,8 @@ class Scope:
             while stack[-1] is not self:  # an inner one left open: closed with it
                 stack[-1].__exit__()
         stack.pop()
-        scopes.changed()
+        # `_Scopes.top` for the scopes still open
+        scopes.top = NO_STORE if not stack else None if len(stack) > 1 else stack[0]
         self.open = False
         self.table = NO_STORE.table
         store = self._store

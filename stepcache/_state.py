@@ -232,11 +232,6 @@ class _Scopes(threading.local):
         self.open: list[Any] = []
         self.top: Any = NO_STORE
 
-    def changed(self) -> None:
-        """Set ``top`` after a scope opened or closed."""
-        stack = self.open
-        self.top = NO_STORE if not stack else stack[0] if len(stack) == 1 else None
-
 
 scopes = _Scopes()
 
