@@ -345,7 +345,7 @@ class CachedFunction:
         return True
 
     # -- the slow path ------------------------------------------------------------------
-    def call(self, a: Args, key: Any = NO_KEY, entry: Entry | None = None) -> Any:
+    def call(self, a: Args, key: Any = NO_KEY) -> Any:
         """Every call the generated hit did not serve: a miss, a bypass (`served`
         takes a hit it found while caching is off or debug mode is on)."""
         disabled, mode = _state.switches
@@ -359,22 +359,11 @@ class CachedFunction:
                 watch.bypassed(self, a)
             return self.bypass(a)
         owner = a[self.owner_index]
-        # a hit found by the generated code (debug mode went off since) was read from
-        # owner._stepcache, a store (or the placeholder: the scope's, joined here)
-        store = owner._stepcache if entry is not None else None  # type: ignore[attr-defined]
-        if not isinstance(store, _store.StepCache) or not store.belongs_to(owner):
-            try:
-                store = _store.cache_of(owner)
-            except StaleCacheError as exc:
-                raise exc if watch is None else watch.closed(self, key, exc) from None
-            except OwnerError as exc:
-                raise self.owner_error(exc) from None
-        deps: Args = ()  # a hit found matched them: debug mode reads them if it doubts
+        store = self.store_of(owner, key, watch)
+        deps = self.deps_of(a, owner)
+        entry = self.find(store, key, owner, deps)
         if entry is None:
-            deps = self.deps_of(a, owner)
-            entry = self.find(store, key, owner, deps)
-            if entry is None:
-                return self.miss(a, key, owner, store, deps, watch)
+            return self.miss(a, key, owner, store, deps, watch)
         value = entry.value
         if watch is not None:
             value = watch.hit(self, a, key, owner, store, deps, entry)
@@ -387,33 +376,38 @@ class CachedFunction:
         return value
 
     def served(self, a: Args, key: Any, entry: Entry) -> Any:
-        """A hit the generated code found while caching is off or debug mode is on:
-        debug mode checks it."""
+        """A hit the generated code found (every test passed) while caching is off or
+        debug mode is on: debug mode checks it."""
         disabled, mode = _state.switches
         if disabled:
             return self.bypass(a)
-        if mode == "off":  # switched off since the generated code looked
-            return self.call(a, key, entry)
         info = entry.info
-        if info is not None and info.quiet and mode == "checks":
-            self.counts.hits += 1  # debug mode recorded nothing to check
+        if mode == "off" or (info is not None and info.quiet and mode == "checks"):
+            # switched off since the generated code looked, or nothing to check
+            self.counts.hits += 1
             return entry.value
         owner = a[self.owner_index]
-        # read from owner._stepcache: a store, or the placeholder where the hit read
-        # the scope's table (joined here)
-        store = owner._stepcache  # type: ignore[attr-defined]
+        # the generated code read owner._stepcache: its own store, or the placeholder
+        # where it found the entry in the scope's table (joined by store_of)
+        store = owner._stepcache
         if store.__class__ is not _store.StepCache or (
             store._first != id(owner) and not store.belongs_to(owner)
         ):
-            try:
-                store = _store.cache_of(owner)
-            except StaleCacheError as exc:
-                raise _debug.checks.closed(self, key, exc) from None
-            except OwnerError as exc:
-                raise self.owner_error(exc) from None
+            store = self.store_of(owner, key, _debug.checks)
+        # the hit matched the dependencies: debug mode reads them if it doubts
         value = _debug.checks.hit(self, a, key, owner, store, (), entry)
         self.counts.hits += 1
         return value
+
+    def store_of(self, owner: Any, key: Any, watch: Watch | None) -> _store.StepCache:
+        """`cache_of(owner)`: its store, made or joined to the open scope, or the
+        typed error of an owner that cannot have one (``watch`` records it)."""
+        try:
+            return _store.cache_of(owner)
+        except StaleCacheError as exc:
+            raise exc if watch is None else watch.closed(self, key, exc) from None
+        except OwnerError as exc:
+            raise self.owner_error(exc) from None
 
     def find(
         self, store: _store.StepCache, key: Any, owner: object, deps: Args

@@ -178,18 +178,18 @@ def source(fn: Cached, fname: str) -> str:
     where = local("where")  # what the fingerprints are for: a scope's or not
     out += [
         f"    if ({e} is _sc_ABSENT or {stale} is not None) and not _sc_SLOW[0]:",
-        f"        if {s}.__class__ is _sc_StepCache:",
-        f"            {where} = _sc_NO_STORE",
-        f"            {w} = {s} if (",
-        f"                {s}._first == _sc_id({owner}) and {s}.scope is None",
-        f"                and not {s}._closed and _sc_SCOPES.top is _sc_NO_STORE",
-        "            ) else None",
-        f"        elif {s} is _sc_NO_STORE:",  # no scope: a store of its own
+        f"        if {s} is _sc_NO_STORE:",  # no scope: a store of its own (most often)
         f"            {where}, {w} = _sc_NO_STORE, _sc_StepCache({owner})",
         "            try:",
         f"                _sc_setattr({owner}, '_stepcache', {w})",
         "            except _sc_Exception:",  # no room for it: the slow path says why
         f"                {w} = None",
+        f"        elif {s}.__class__ is _sc_StepCache:",
+        f"            {where} = _sc_NO_STORE",
+        f"            {w} = {s} if (",
+        f"                {s}._first == _sc_id({owner}) and {s}.scope is None",
+        f"                and not {s}._closed and _sc_SCOPES.top is _sc_NO_STORE",
+        "            ) else None",
         "        else:",  # the open scope's store, made at its first miss
         f"            {where}, {w} = {s}, {s}.store",
         f"        if {w} is not None:",
