@@ -122,17 +122,23 @@ class StockCheck:
 @dataclasses.dataclass(frozen=True)
 class Scope:
     """Wrap the original in a :func:`stepcache.scope` (:func:`scoped`): unless its
-    parameter ``unless`` is true in the call; counted under ``count_as`` (default:
-    the patch's name), so patches of one lifetime in several classes share a row."""
+    parameter ``unless`` is true in the call, or its parameter ``longest`` (the
+    build's longest query, in tokens) is at most 1: a build of decodes only, where
+    the builders the engine made share nothing (:attr:`EnginePlugin.scopes_for
+    <stepcache.integrations.plugin.EnginePlugin.scopes_for>` says which share in
+    such builds; the plugin drops ``longest`` once one of those is made). Counted
+    under ``count_as`` (default: the patch's name), so patches of one lifetime in
+    several classes share a row."""
 
     kind: ClassVar[str] = "scope"
     unless: str | None = None
     count_as: str | None = None
+    longest: str | None = None
 
     def build(self, name: str, target: Target, check: StockCheck | None) -> Any:
         """The function to install for the patch ``name``."""
         counted = self.count_as or name
-        return marked(scoped(target.original, counted, self.unless), name)
+        return marked(scoped(target.original, counted, self.unless, self.longest), name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,27 +312,42 @@ def replace_everywhere(module: ModuleType, name: str, value: object) -> Undo:
     return undo
 
 
+def _argument(params: list[inspect.Parameter], name: str) -> tuple[int, Any]:
+    """Where the parameter ``name`` is in a call: its position, and its default."""
+    index = [p.name for p in params].index(name)
+    return index, params[index].default
+
+
 def scoped(
-    original: Callable[..., Any], name: str, unless: str | None = None
+    original: Callable[..., Any],
+    name: str,
+    unless: str | None = None,
+    longest: str | None = None,
 ) -> Callable[..., Any]:
     """``original`` run inside a :func:`stepcache.scope` (the lifetime it names: one
     metadata build, one draft step), unless its parameter ``unless`` is true in the
-    call; each scope opened is counted as ``scopes``, each call left out as
-    ``unscoped``."""
+    call or its parameter ``longest`` is at most 1 (:class:`Scope`); each scope
+    opened is counted as ``scopes``, each call left out as ``unscoped``."""
     params = list(inspect.signature(original).parameters.values())
-    index = [p.name for p in params].index(unless) if unless else len(params)
-    default = params[index].default if unless else None
+    no = (len(params), None)  # a position no call reaches: the test is skipped
+    index, default = _argument(params, unless) if unless else no
+    at, fallback = _argument(params, longest) if longest else no
 
     # counted inline, in the counters' own table: this runs once per build
-    counts, opened = counters.table(), (name, "scopes")
+    counts, opened, left = counters.table(), (name, "scopes"), (name, "unscoped")
     open_scope = stepcache.scope
 
     @functools.wraps(original)
     def in_scope(*args: Any, **kwargs: Any) -> Any:
-        if unless is not None and (
+        skip = unless is not None and (
             kwargs.get(unless, default) if index >= len(args) else args[index]
-        ):
-            counters.count(name, "unscoped")
+        )
+        if longest is not None and not skip:
+            n = kwargs.get(longest, fallback) if at >= len(args) else args[at]
+            # an int of at most 1: decodes only (anything else opens the scope)
+            skip = n.__class__ is int and n <= 1
+        if skip:
+            counts[left] = counts.get(left, 0) + 1
             return original(*args, **kwargs)
         counts[opened] = counts.get(opened, 0) + 1
         with open_scope():

@@ -53,7 +53,7 @@ import re
 import threading
 from collections.abc import Callable
 from types import ModuleType
-from typing import Final
+from typing import Final, NamedTuple
 
 from .patching import (
     Patch,
@@ -70,6 +70,7 @@ from .patching import when_imported as _when_imported
 __all__ = [
     "MODES",
     "EnginePlugin",
+    "Sharer",
     "SwitchError",
     "installed_distribution",
 ]
@@ -82,6 +83,19 @@ _ON: Final = ("1", "on", "true", "yes")
 
 #: ``(distribution, version)``
 Installed = tuple[str, str]
+
+
+class Sharer(NamedTuple):
+    """One of an engine's objects whose calls use a cached function inside a scope
+    (a metadata builder): its module and class, and whether a build of decodes only
+    (every query one token) has anything to share. ``False`` for a builder that
+    calls its cached functions only for prefill rows: while the engine has made no
+    builder that shares in decodes, the scopes of :class:`~.patching.Scope` patches
+    that name the build's ``longest`` query stay shut in such builds."""
+
+    module: str
+    name: str
+    decode: bool = True
 
 
 class SwitchError(ValueError):
@@ -108,6 +122,8 @@ class _State:
         #: an object of ``scopes_for`` was made in this process (kept across
         #: unregister(): the engine's builders are made once)
         self.scopes_wanted = False
+        #: one of them shares values in builds of decodes only
+        self.decode_wanted = False
         #: how to give back the classes ``scopes_for`` watches
         self.unwatch: list[Undo] = []
 
@@ -133,11 +149,14 @@ class EnginePlugin:
     logger: logging.Logger
     distributions: tuple[str, ...] = ()
     find_installed: Callable[[], Installed | None] | None = None
-    #: ``(module, class)`` pairs: the engine's objects whose calls use a cached
-    #: function inside a scope (its metadata builders). The ``Scope`` patches apply
-    #: once one of them is made in the process, so an engine that makes none opens
-    #: no scope and pays nothing for them; empty: they apply with the others.
-    scopes_for: tuple[tuple[str, str], ...] = ()
+    #: The engine's objects whose calls use a cached function inside a scope (its
+    #: metadata builders), each a :class:`Sharer` or a ``(module, class)`` pair
+    #: (one that shares in every build). The ``Scope`` patches apply once one of
+    #: them is made in the process, so an engine that makes none opens no scope and
+    #: pays nothing for them; while none made shares in builds of decodes only, those
+    #: builds open none either (:class:`~.patching.Scope`'s ``longest``). Empty: the
+    #: scopes apply with the other patches, in every build.
+    scopes_for: tuple[Sharer | tuple[str, str], ...] = ()
     _state: _State = dataclasses.field(default_factory=_State, init=False, repr=False)
 
     # -- the switch and the version ----------------------------------------------------
@@ -250,9 +269,12 @@ class EnginePlugin:
                         state.cancel.append(
                             _when_imported(patch.module, self._applier(patch))
                         )
-                if not state.scopes_wanted:
-                    for module, name in self.scopes_for:
-                        state.cancel.append(_when_imported(module, self._watcher(name)))
+                for sharer in (Sharer(*entry) for entry in self.scopes_for):
+                    if not state.scopes_wanted or (
+                        sharer.decode and not state.decode_wanted
+                    ):
+                        watch = self._watcher(sharer.name, sharer.decode)
+                        state.cancel.append(_when_imported(sharer.module, watch))
             finally:
                 state.quiet = False
             self._log_summary(f"{distribution} {version}", mode)
@@ -327,8 +349,9 @@ class EnginePlugin:
             and not self._state.scopes_wanted
         )
 
-    def _watcher(self, name: str) -> Callable[[ModuleType], None]:
-        """Watch the class ``name`` of a module: making one applies the scopes."""
+    def _watcher(self, name: str, decode: bool) -> Callable[[ModuleType], None]:
+        """Watch the class ``name`` of a module: making one applies the scopes (in
+        builds of decodes only too, if ``decode``)."""
         state = self._state
 
         def watch(module: ModuleType) -> None:
@@ -338,45 +361,70 @@ class EnginePlugin:
             init: Callable[..., None] = getattr(cls, "__init__")  # noqa: B009
 
             def watched_init(obj: object, *args: object, **kwargs: object) -> None:
-                self.want_scopes()
+                self.want_scopes(decode)
                 init(obj, *args, **kwargs)
 
             with state.lock:
-                if state.registered and not state.scopes_wanted:
+                if state.registered and not state.decode_wanted:
                     state.unwatch.append(
                         replace_attribute(cls, "__init__", watched_init)
                     )
 
         return watch
 
-    def want_scopes(self) -> None:
+    def want_scopes(self, decode: bool = True) -> None:
         """An object that needs scopes was made (one of ``scopes_for``, or a caller
         that drives the engine's builds itself, a test say): apply the ``Scope``
-        patches, now and at every later registration in this process."""
+        patches, now and at every later registration in this process; in builds of
+        decodes only too if ``decode`` (:class:`Sharer`)."""
         state = self._state
         with state.lock:
-            if state.scopes_wanted:
+            if state.decode_wanted or (state.scopes_wanted and not decode):
                 return
+            first = not state.scopes_wanted
             state.scopes_wanted = True
-            for unwatch in state.unwatch:
-                unwatch()
-            state.unwatch.clear()
+            if decode:
+                state.decode_wanted = True
+                for unwatch in state.unwatch:
+                    unwatch()
+                state.unwatch.clear()
             if not state.registered:
                 return
             for patch in self.patches:
-                if isinstance(patch.wrap, Scope):
-                    state.cancel.append(
-                        _when_imported(patch.module, self._applier(patch))
-                    )
+                if not isinstance(patch.wrap, Scope):
+                    continue
+                if not first:  # applied already: again, if it shut decode builds
+                    undo = state.undo.get(patch.name)
+                    if patch.wrap.longest is None or undo is None:
+                        continue
+                    del state.undo[patch.name]
+                    undo()
+                state.cancel.append(_when_imported(patch.module, self._applier(patch)))
             self.logger.info(
-                "stepcache: a builder that calls cached functions was made: the "
-                "scopes apply"
+                "stepcache: a builder that calls cached functions%s was made: the "
+                "scopes apply%s",
+                " in decodes" if decode else "",
+                "" if decode else " (in builds with a prefill)",
             )
 
     def _warn_once(self, message: str) -> None:
         if message not in self._state.warned:
             self._state.warned.add(message)
             self.logger.warning("%s", message)
+
+    def _installed(self, patch: Patch) -> Patch:
+        """``patch`` as it is installed now: a scope that shuts in builds of decodes
+        only opens in every build once a builder that shares there was made."""
+        wrap = patch.wrap
+        if (
+            isinstance(wrap, Scope)
+            and wrap.longest is not None
+            and self._state.decode_wanted
+        ):
+            return dataclasses.replace(
+                patch, wrap=dataclasses.replace(wrap, longest=None)
+            )
+        return patch
 
     def _applier(self, patch: Patch) -> Callable[[ModuleType], None]:
         state, log = self._state, self.logger
@@ -386,7 +434,9 @@ class EnginePlugin:
                 if not state.registered or patch.name in state.undo:
                     return
                 try:
-                    state.undo[patch.name] = install(patch, module, state.check)
+                    state.undo[patch.name] = install(
+                        self._installed(patch), module, state.check
+                    )
                 except SkipPatch as exc:
                     state.skipped[patch.name] = str(exc)
                     log.warning("stepcache: left %s unpatched: %s", patch.name, exc)

@@ -125,11 +125,19 @@ def test_on_patches_the_worker_and_reports_from_it(
     steps = worker["steps"]
     assert steps >= 8 if uses_spec(model, runner) else steps >= 24
     counters = worker["counters"]
-    if model in STATS_ROWS:
+    if SPLIT in STATS_ROWS.get(model, ()):
         # one scope per step: the runner builds the step's metadata once (the counts
         # start with the probed generate(); capture builds, which open none, are off)
         assert status[BUILD[runner]] == "applied", status
         assert counters[BUILD[runner]] == {"scopes": steps}, counters
+    elif model in STATS_ROWS:
+        # Mamba-family builders only: they share values in prefill builds, one per
+        # step with a prefill (the first call of each computes the prefill rows);
+        # builds of decodes only open none
+        assert status[BUILD[runner]] == "applied", status
+        built = counters[BUILD[runner]]
+        assert built["scopes"] + built["unscoped"] == steps, counters
+        assert 1 <= built["scopes"] == worker["stats"][PREFILL]["misses"], counters
     else:  # no builder that calls a cached function: no scope, no wrapper
         assert status[BUILD[runner]] == "waiting for a builder that needs scopes"
         assert BUILD[runner] not in counters, counters

@@ -298,3 +298,101 @@ def test_scopes_apply_once_a_builder_that_needs_them_is_made(
     finally:
         lazy.unregister()
     assert attn.build_metadata is build_metadata
+
+
+# -- scopes in builds of decodes only ---------------------------------------------------
+class Decoder:
+    """A metadata builder whose builds share values in decodes too."""
+
+
+def build_step(metadata: Metadata, groups: int, longest: Any) -> list[Any]:
+    """A build that names its longest query (``max_query_len`` in vLLM)."""
+    return build_metadata(metadata, groups)
+
+
+def find_step(module: types.ModuleType) -> Target:
+    params = (("metadata", REQUIRED), ("groups", REQUIRED), ("longest", REQUIRED))
+    return Target(module, "build_step", expect_function(module, "build_step", params))
+
+
+STEP = "fakeengine.build_step"
+
+
+def scopes(built: list[Any]) -> list[bool]:
+    return [s is not None for _, s in built]
+
+
+def test_builds_of_decodes_open_no_scope_until_a_builder_shares_there(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    from stepcache.integrations.patching import counters
+    from stepcache.integrations.plugin import Sharer
+
+    attn.Builder, attn.Decoder = Builder, Decoder  # type: ignore[attr-defined]
+    attn.build_step = build_step  # type: ignore[attr-defined]
+    inits = Builder.__init__, Decoder.__init__
+    lazy = dataclasses.replace(
+        PLUGIN,
+        patches=(Patch(STEP, "fakeengine.attn", find_step, Scope(longest="longest")),)
+        + PLUGIN.patches[1:],
+        scopes_for=(
+            Sharer("fakeengine.attn", "Builder", decode=False),
+            ("fakeengine.attn", "Decoder"),
+        ),
+    )
+    monkeypatch.setenv(ENV, "1")
+    lazy.register()
+    try:
+        assert lazy.status()[STEP] == "waiting for a builder that needs scopes"
+        Builder(2)  # it calls the cache for prefill rows only
+        assert lazy.status()[STEP] == "applied"
+        assert scopes(attn.build_step(step(), 2, 1)) == [False, False]  # decodes
+        assert lazy.counters()[STEP] == {"unscoped": 1}
+        # a prefill: one scope, the groups share
+        engine.stock_calls = 0  # type: ignore[attr-defined]
+        assert scopes(attn.build_step(step(), 2, 3)) == [True, True]
+        assert engine.stock_calls == 1  # type: ignore[attr-defined]
+        # anything but an int of at most 1 opens it (sharing is only saved work)
+        assert scopes(attn.build_step(step(), 2, None)) == [True, True]
+        assert scopes(attn.build_step(step(), 2, longest=0)) == [False, False]
+        assert lazy.counters()[STEP] == {"unscoped": 2, "scopes": 2}
+        # a builder that shares in decodes: every build opens one, for good
+        Decoder()
+        assert (Builder.__init__, Decoder.__init__) == inits  # watched no longer
+        assert scopes(attn.build_step(step(), 2, 1)) == [True, True]
+        lazy.unregister()
+        lazy.register()
+        assert scopes(attn.build_step(step(), 2, 1)) == [True, True]
+    finally:
+        lazy.unregister()
+        counters.reset([STEP])
+    assert attn.build_step is build_step
+
+
+def test_a_builder_that_shares_in_decodes_made_first_opens_every_builds_scope(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    from stepcache.integrations.plugin import Sharer
+
+    attn.Builder, attn.Decoder = Builder, Decoder  # type: ignore[attr-defined]
+    attn.build_step = build_step  # type: ignore[attr-defined]
+    lazy = dataclasses.replace(
+        PLUGIN,
+        patches=(Patch(STEP, "fakeengine.attn", find_step, Scope(longest="longest")),),
+        scopes_for=(
+            Sharer("fakeengine.attn", "Builder", decode=False),
+            Sharer("fakeengine.attn", "Decoder"),
+        ),
+    )
+    monkeypatch.setenv(ENV, "1")
+    lazy.register()
+    try:
+        Decoder()
+        Builder(1)  # changes nothing: the scopes open in every build already
+        assert scopes(attn.build_step(step(), 1, 1)) == [True]
+    finally:
+        lazy.unregister()

@@ -504,3 +504,44 @@ def test_verify_catches_chunk_metadata_that_differs_from_stock(
         monkeypatch.setattr(fla_utils, "FLA_CHUNK_SIZE", 32)
         with pytest.raises(stepcache.StaleCacheError, match=_gdn.CHUNK_NAME):
             builders[1]._build_chunk_metadata(qsl, qsl, qsl.device)
+
+
+def test_a_build_of_decodes_opens_no_scope_while_only_mamba_builders_are_made(
+    cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Mamba family's builders share values for prefill rows only: an engine
+    that made no other builder opens a scope in V1's builds with a prefill, not in
+    builds of decodes only (``max_query_len`` 1); once a GDN builder is made, its
+    groups share in every build."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from stepcache.integrations import vllm as plugin_module
+
+    plugin_module.unregister()
+    seen: list[bool] = []
+
+    def build(
+        self: Any,
+        num_tokens: int,
+        num_reqs: int,
+        max_query_len: int,
+        *args: Any,
+        for_cudagraph_capture: bool = False,
+    ) -> None:
+        seen.append(stepcache.active_scope() is not None)
+
+    monkeypatch.setattr(GPUModelRunner, "_build_attention_metadata", build)
+    # a process whose engine has made no builder yet
+    fresh = dataclasses.replace(plugin_module.PLUGIN)
+    monkeypatch.setenv(plugin_module.ENV, "1")
+    fresh.register()
+    try:
+        real_builders.mamba2_builder()
+        GPUModelRunner._build_attention_metadata(None, 3, 3, 1)  # decodes
+        GPUModelRunner._build_attention_metadata(None, 12, 3, 9)  # a prefill
+        GPUModelRunner._build_attention_metadata(None, 3, 3, max_query_len=1)
+        real_builders.gdn_builder()
+        GPUModelRunner._build_attention_metadata(None, 3, 3, 1)
+        assert seen == [False, True, False, True]
+    finally:
+        fresh.unregister()

@@ -248,7 +248,15 @@ def test_the_plugin_gives_each_draft_step_its_own_index(
 
 # -- the other lifetimes, through probes in vLLM's place -------------------------------
 def probe(seen: list[Any]) -> Callable[..., None]:
-    def record(self: Any, *args: Any, for_cudagraph_capture: bool = False) -> None:
+    # the parameters the scope's patch reads, where the V1 build has them
+    def record(
+        self: Any,
+        num_tokens: int = 2,
+        num_reqs: int = 1,
+        max_query_len: int = 2,
+        *args: Any,
+        for_cudagraph_capture: bool = False,
+    ) -> None:
         seen.append(stepcache.active_scope())
 
     return record

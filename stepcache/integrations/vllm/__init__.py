@@ -39,7 +39,7 @@ import logging
 from typing import Final
 
 from ..patching import Patch, Scope, Verify
-from ..plugin import MODES, EnginePlugin
+from ..plugin import MODES, EnginePlugin, Sharer
 from .computed_tokens import (
     COMPUTED_NAME,
     computes,
@@ -68,6 +68,7 @@ from .scopes import (
     DRAFT_V1_NAME,
     DRAFT_V1_STEP3P5_NAME,
     DRAFT_V2_NAME,
+    LONGEST,
     find_build_v1,
     find_build_v2,
     find_draft_v1,
@@ -126,7 +127,7 @@ PATCHES: tuple[Patch, ...] = (
         BUILD_V2_NAME,
         "vllm.v1.worker.gpu.attn_utils",
         find_build_v2,
-        Scope(unless=CAPTURE),
+        Scope(unless=CAPTURE, longest=LONGEST),
     ),
     Patch(
         DRAFT_V2_NAME,
@@ -138,7 +139,7 @@ PATCHES: tuple[Patch, ...] = (
         BUILD_V1_NAME,
         "vllm.v1.worker.gpu_model_runner",
         find_build_v1,
-        Scope(unless=CAPTURE),
+        Scope(unless=CAPTURE, longest=LONGEST),
     ),
     Patch(
         DRAFT_V1_NAME, "vllm.v1.spec_decode.llm_base_proposer", find_draft_v1, Scope()
@@ -204,13 +205,19 @@ def installed_vllm() -> tuple[str, str] | None:
 #: (``dataclasses.replace(PLUGIN, patches=...)``): the functions here look it up.
 #: The metadata builders that call a cached function inside a build (DeepSeek V4's
 #: three, GDN's, the Mamba family's): the scopes apply once the engine makes one of
-#: them, so a model without them (Llama, say) runs its builds unwrapped.
+#: them, so a model without them (Llama, say) runs its builds unwrapped. The Mamba
+#: family's builders call theirs for prefill rows only (``num_prefills > 0``): while
+#: they are the only ones made, a build of decodes only opens no scope.
 SCOPES_FOR: Final = (
-    (_SPARSE_SWA, "DeepseekSparseSWAMetadataBuilder"),
-    (_DSV4_COMPRESSOR, "CompressorMetadataBuilder"),
-    ("vllm.models.deepseek_v4.sparse_mla", "DeepseekV4SparseMLAMetadataBuilder"),
-    (_GDN, "GDNAttentionMetadataBuilder"),
-    ("vllm.v1.attention.backends.mamba_attn", "BaseMambaAttentionMetadataBuilder"),
+    Sharer(_SPARSE_SWA, "DeepseekSparseSWAMetadataBuilder"),
+    Sharer(_DSV4_COMPRESSOR, "CompressorMetadataBuilder"),
+    Sharer("vllm.models.deepseek_v4.sparse_mla", "DeepseekV4SparseMLAMetadataBuilder"),
+    Sharer(_GDN, "GDNAttentionMetadataBuilder"),
+    Sharer(
+        "vllm.v1.attention.backends.mamba_attn",
+        "BaseMambaAttentionMetadataBuilder",
+        decode=False,
+    ),
 )
 
 PLUGIN = EnginePlugin(

