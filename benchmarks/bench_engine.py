@@ -15,7 +15,12 @@ Its sections, written to ``docs/benchmarks/engine.json``:
   cached) and where it applies on a miss.
 * ``tokens_per_s``: the engine's generate() throughput with the plugin off and on,
   switched back and forth within one engine process (processes differ by up to 20x on
-  a shared machine; calls in one process much less), in several fresh processes.
+  a shared machine; calls in one process much less), in several fresh processes. Both
+  sides register the plugin before their ``generate()`` and the off side unregisters
+  it again (``engine_run.set_plugin``): what a registration leaves behind slows the
+  next ``generate()`` a little whether or not the plugin's code is on the path (a
+  model that runs none, Llama, measured slower "on" while only the on side
+  registered), and an engine registers once, when it starts.
 * ``cold_groups``: on vLLM 0.33's real function, GDN's split as one build asks it of
   three KV-cache groups, stock against the plugin, each group's call timed, with the
   CPU caches evicted before each build (what a build's code finds in the engine) and

@@ -293,13 +293,19 @@ def read_probe(worker: Any) -> Any:
 
 
 def set_plugin(worker: Any, on: bool) -> str:
-    """Register (``STEPCACHE_VLLM=1``) or unregister the plugin in this process."""
+    """Register (``STEPCACHE_VLLM=1``) or unregister the plugin in this process.
+
+    Off registers it too, then unregisters: switching is the benchmarks' own doing
+    (an engine registers once, when it starts), and what a registration leaves
+    behind (importlib.metadata's lookup of the installed vLLM, classes patched and
+    given back) slows the next ``generate()`` a little with or without the plugin's
+    code on the path; both sides pay it, so the difference is that code."""
     from stepcache.integrations import vllm as plugin
 
-    if on:
-        os.environ["STEPCACHE_VLLM"] = "1"
-        plugin.register()
-    else:
+    os.environ["STEPCACHE_VLLM"] = "1"
+    plugin.unregister()
+    plugin.register()
+    if not on:
         plugin.unregister()
     return plugin.active_mode()
 
