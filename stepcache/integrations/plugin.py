@@ -122,7 +122,7 @@ class _State:
         #: an object of ``scopes_for`` was made in this process (kept across
         #: unregister(): the engine's builders are made once)
         self.scopes_wanted = False
-        #: one of them shares values in builds of decodes only
+        #: one of them shares values in builds of decodes only too (`Sharer.decode`)
         self.decode_wanted = False
         #: how to give back the classes ``scopes_for`` watches
         self.unwatch: list[Undo] = []
