@@ -128,10 +128,9 @@ class CachedFunction:
             dict.fromkeys(r.name for r in refs if type(r) is Arg)
         )
         self.of_args = of_args(expect) if self.arg_refs else None
+        #: `expect`'s plain case, tested before its full check (``None``: no expect)
         self.meets = (
-            _anything
-            if expect is None
-            else predicate(expect, self.index, self.owner_index)
+            None if expect is None else predicate(expect, self.index, self.owner_index)
         )
         loose = sorted(
             {r.name for r in refs if type(r) is not Arg} - set(self.dep_names)
@@ -314,7 +313,7 @@ class CachedFunction:
 
     def violation(self, value: Any, a: Args) -> str | None:
         """What ``value`` breaks of ``expect`` (``": result ..."``), or ``None``."""
-        if self.expect is None:
+        if self.expect is None or self.meets is None:
             return None
         try:
             if self.meets(value, a):  # the plain case (`stepcache._spec_code`)
@@ -466,10 +465,6 @@ class CachedFunction:
         """A call left out of the cache (a `BYPASS` key, only=, or caching off)."""
         self.counts.bypasses += 1
         return self.run(a)
-
-
-def _anything(value: Any, a: Args) -> bool:
-    return True
 
 
 def step_cached(

@@ -144,10 +144,11 @@ class Scope:
 @dataclasses.dataclass(frozen=True)
 class Verify:
     """Install the stand-in (as it is, in production); in verify mode also compute
-    stock's value and compare (:func:`verified`). ``stock(*args, **kwargs)`` computes it (default: the original
-    on the same arguments; a stand-in that fills the engine's own cache needs stock on
-    a copy that has none); ``when(*args, **kwargs)``, asked before the call, leaves
-    the calls it is false for uncompared (those the engine's own cache answers)."""
+    stock's value and compare (:func:`verified`). ``stock(*args, **kwargs)``
+    computes it (default: the original on the same arguments; a stand-in that fills
+    the engine's own cache needs stock on a copy that has none);
+    ``when(*args, **kwargs)``, asked before the call, leaves the calls it is false for
+    uncompared (those the engine's own cache answers)."""
 
     kind: ClassVar[str] = "verify"
     stock: Callable[..., Any] | None = None
@@ -353,7 +354,7 @@ def scoped(
         with open_scope():
             return original(*args, **kwargs)
 
-    return marked(in_scope, name)
+    return in_scope
 
 
 # -- verify mode -----------------------------------------------------------------------

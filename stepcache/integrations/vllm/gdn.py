@@ -51,6 +51,7 @@ from ..patching import (
     expect_dataclass_fields,
     expect_function,
 )
+from .in_scope import key_in_scope
 
 __all__ = [
     "CHUNK_NAME",
@@ -99,28 +100,32 @@ def _cached_split(
     return result
 
 
+def _vector_key(head: tuple[Any, ...], vector: Any) -> Any:
+    """The key of a call that reads ``vector``, a new tensor per group with the same
+    values: ``head`` and its dtype (1 == True) and values, inside a scope. Outside
+    one, or for anything but a CPU vector (``None`` fails vLLM's assert, a device
+    tensor would sync to be read), :data:`stepcache.BYPASS`: vLLM computes."""
+    if stepcache.active_scope() is None or not (
+        isinstance(vector, torch.Tensor) and vector.is_cpu and vector.dim() == 1
+    ):
+        return stepcache.BYPASS
+    return (head, vector.dtype, *vector.tolist())
+
+
 def _split(
     common_attn_metadata: Any,
     decode_threshold: int = 1,
     require_uniform: bool = False,
     treat_short_extends_as_decodes: bool = True,
 ) -> Split:
-    # The key, made here of the arguments and, where vLLM reads them, of
-    # is_prefilling's values (a new tensor per group, the same flags): one argument,
-    # so the key function only returns it.
-    key: Any
-    if stepcache.active_scope() is None:
-        key = stepcache.BYPASS
-    elif treat_short_extends_as_decodes:
-        key = (decode_threshold, require_uniform, True)
-    else:
-        flags = common_attn_metadata.is_prefilling
-        # a CPU vector of flags (the dtype too: 1 == True); anything else is left to
-        # vLLM (None fails its assert, a device tensor would sync to be read)
-        if isinstance(flags, torch.Tensor) and flags.is_cpu and flags.dim() == 1:
-            key = (decode_threshold, require_uniform, flags.dtype, *flags.tolist())
-        else:
-            key = stepcache.BYPASS
+    # The key is made here, of the arguments and, where vLLM reads them,
+    # is_prefilling's values: one argument, so the key function only returns it.
+    head = (decode_threshold, require_uniform)
+    key = (
+        key_in_scope(head)
+        if treat_short_extends_as_decodes
+        else _vector_key(head, common_attn_metadata.is_prefilling)
+    )
     return _cached_split(
         common_attn_metadata,
         decode_threshold,
@@ -170,21 +175,17 @@ def _chunks(
     prefill_query_start_loc_cpu: torch.Tensor,
     device: torch.device,
 ) -> Chunks:
-    # The key, made here (see _split): the backend, and the dtype and values of the
-    # prefill rows' host copy, a CPU vector; cutedsl reads the device copy instead,
-    # and anything else is left to vLLM.
+    # The key, made here (see _split): the backend and the prefill rows' host copy;
+    # cutedsl reads the device copy instead
     backend = getattr(self, "gdn_prefill_backend", None)
-    loc = prefill_query_start_loc_cpu
-    key: Any
-    if (
-        backend in (None, "cutedsl")
-        or stepcache.active_scope() is None
-        or not (isinstance(loc, torch.Tensor) and loc.is_cpu and loc.dim() == 1)
-    ):
-        key = stepcache.BYPASS
-    else:
-        key = (backend, loc.dtype, *loc.tolist())
-    return _cached_chunks(self, prefill_query_start_loc, loc, device, key)
+    key = (
+        stepcache.BYPASS
+        if backend in (None, "cutedsl")
+        else _vector_key((backend,), prefill_query_start_loc_cpu)
+    )
+    return _cached_chunks(
+        self, prefill_query_start_loc, prefill_query_start_loc_cpu, device, key
+    )
 
 
 _CHUNK_PARAMS = (
