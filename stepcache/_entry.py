@@ -16,12 +16,13 @@ from __future__ import annotations
 import enum
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import torch
 
 from stepcache._errors import OwnerError
+from stepcache._source import method
 
 #: an input's ``v``, where it is not a tensor's version counter: compared by value and
 #: type, by identity, by a snapshot of the contents, by where an inference tensor lies
@@ -281,36 +282,57 @@ def weak(owner: object) -> weakref.ref[Any]:
         raise no_weakref(owner) from None
 
 
+def fill_entry(
+    e: str, value: str, owner: str, deps: str, guard: str, info: str, args: str, p: str
+) -> list[str]:
+    """The lines that give new entry ``e`` its slots: the one rule, which
+    `Entry.__init__` runs and the generated miss inlines. Each argument is a name or
+    a literal (the compiler folds a literal ``False`` guard away); the names of
+    `ENTRY_NAMES` are read with prefix ``p``."""
+    return [
+        f"{e}.value = {value}",
+        f"{e}.deps = {deps}",
+        f"{e}.info = {info}",
+        f"{e}.args = {args}",
+        # the bound rule: nothing else tells the owner's calls from another owner's
+        f"{e}.bound = None if {deps} else {p}weak({owner})",
+        f"if {guard}:",
+        f"    {e}.guard, {e}.gtag = {p}result_guard({value})",
+        "else:",
+        f"    {e}.guard = {e}.gtag = None",
+    ]
+
+
 class Entry:
     """One cached value: ``value``; ``deps``, its dependencies' fingerprints, flat
     (``o0, v0, o1, v1, ...``); ``bound``, for an entry without dependencies, a weak
     reference to the owner that computed it, the only owner it serves (``None``
     otherwise); ``guard``/``gtag``, the result's guard (``guard_result``) or ``None``;
     ``info``, what debug mode recorded (or ``None``); ``args``, the arguments
-    `expect` was checked against (``None``: it reads none)."""
+    `expect` was checked against (``None``: it reads none).
+
+    Its ``__init__`` is compiled from `fill_entry`, as attrs writes one from its
+    fields: the generated miss makes entries with the same lines, without a call."""
 
     __slots__ = ("args", "bound", "deps", "gtag", "guard", "info", "value")
+    value: Any
+    deps: tuple[Any, ...]
+    info: Any
+    args: tuple[Any, ...] | None
+    bound: Any
+    guard: Any
+    gtag: Any
+    if TYPE_CHECKING:
 
-    def __init__(
-        self,
-        value: Any,
-        owner: object,
-        deps: tuple[Any, ...],
-        guard: bool,
-        info: Any,
-        args: tuple[Any, ...] | None = None,
-    ) -> None:
-        # made on every miss: one write per slot, no tuple packing
-        self.value = value
-        self.deps = deps
-        self.info = info
-        self.args = args
-        # the bound rule: nothing else tells the owner's calls from another owner's
-        self.bound: Any = None if deps else weak(owner)
-        self.guard: Any = None
-        self.gtag: Any = None
-        if guard:
-            self.guard, self.gtag = result_guard(value)
+        def __init__(
+            self,
+            value: Any,
+            owner: object,
+            deps: tuple[Any, ...],
+            guard: bool,
+            info: Any,
+            args: tuple[Any, ...] | None = None,
+        ) -> None: ...
 
     def serves(self, owner: object, xs: Sequence[Any]) -> bool:
         """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``
@@ -335,3 +357,11 @@ class Entry:
 
 
 _NOTHING: Final = object()
+#: the names `fill_entry`'s lines read (after their prefix)
+ENTRY_NAMES: Final = {"weak": weak, "result_guard": result_guard}
+Entry.__init__ = method(  # type: ignore[method-assign]
+    "<stepcache Entry.__init__>",
+    "__init__(self, value, owner, deps, guard, info, args=None)",
+    fill_entry("self", "value", "owner", "deps", "guard", "info", "args", ""),
+    ENTRY_NAMES,
+)

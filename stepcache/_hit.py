@@ -14,13 +14,13 @@ tracebacks, pdb and `inspect.getsource`.
 from __future__ import annotations
 
 import inspect
-import linecache
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from stepcache._entry import (
+    ENTRY_NAMES,
     ID,
     PLACED,
     QUICK,
@@ -28,13 +28,15 @@ from stepcache._entry import (
     VALUE_CLASSES,
     Entry,
     Placed,
+    fill_entry,
     match,
 )
 from stepcache._seams import Cached
+from stepcache._source import compiled
 from stepcache._spec import Arg
 from stepcache._spec_code import quick
 from stepcache._state import BYPASS, NO_STORE, SLOW, scopes
-from stepcache._store import StepCache
+from stepcache._store import STORE_NAMES, StepCache, fill_store
 
 P = inspect.Parameter
 #: how a parameter of each kind is passed on (to the function, or its key function)
@@ -179,9 +181,16 @@ def source(fn: Cached, fname: str) -> str:
     out += [
         f"    if ({e} is _sc_ABSENT or {stale} is not None) and not _sc_SLOW[0]:",
         f"        if {s} is _sc_NO_STORE:",  # no scope: a store of its own (most often)
-        f"            {where}, {w} = _sc_NO_STORE, _sc_StepCache({owner})",
-        "            try:",
-        f"                _sc_setattr({owner}, '_stepcache', {w})",
+        f"            {where}, {w} = _sc_NO_STORE, _sc_new(_sc_StepCache)",
+        *(
+            f"            {x}"
+            for x in fill_store(w, f"_sc_id({owner})", "None", "_sc_")
+        ),
+        "            try:",  # past a frozen class's __setattr__ (a plain one's: quicker)
+        f"                if {owner}.__class__.__setattr__ is _sc_setattr:",
+        f"                    {owner}._stepcache = {w}",
+        "                else:",
+        f"                    _sc_setattr({owner}, '_stepcache', {w})",
         "            except _sc_Exception:",  # no room for it: the slow path says why
         f"                {w} = None",
         f"        elif {s}.__class__ is _sc_StepCache:",
@@ -231,7 +240,8 @@ def source(fn: Cached, fname: str) -> str:
     args = "(" + "".join(n + ", " for n in fn.arg_refs) + ")" if fn.arg_refs else "None"
     # one dependency's fingerprint is the entry's deps as it is (one tuple fewer)
     deps = prints[0][1:] if len(prints) == 1 else "(" + ", ".join(prints) + ")"
-    entry = f"_sc_Entry({r}, {owner}, {deps}, {fn.guard}, None, {args})"
+    d, new = local("d"), local("new")  # the new entry's fingerprints, the entry
+    entry = fill_entry(new, r, owner, d, str(fn.guard), "None", args, "_sc_")
     slot = f".setdefault({fn.fid}, {{}})[{key}]" if fn.keyed else f"[{fn.fid}]"
     out += [
         # an invalidation, unless the entry was another owner's (`find`)
@@ -240,7 +250,9 @@ def source(fn: Cached, fname: str) -> str:
         "            ):",
         "                _sc_COUNTS.invalidations += 1",
         f"                {w}.counts({fn.fid}).invalidations += 1",
-        f"            {w}.table{slot} = {entry}",
+        f"            {d}, {new} = {deps}, _sc_new(_sc_Entry)",
+        *(f"            {x}" for x in entry),
+        f"            {w}.table{slot} = {new}",
         f"            if {w}._closed:",  # closed while it computed (`insert`)
         f"                {w}.clear()",
         "            _sc_COUNTS.misses += 1",
@@ -290,12 +302,14 @@ def cells_of(fn: Cached) -> dict[str, Any]:
         "_sc_NO_STORE": NO_STORE,
         "_sc_SCOPES": scopes,
         "_sc_StepCache": StepCache,
-        "_sc_setattr": object.__setattr__,  # past a frozen class's __setattr__
+        "_sc_setattr": object.__setattr__,
         "_sc_FN": fn.fn,
         "_sc_PRINT": fn.fingerprint,
         "_sc_VIOLATION": fn.violation,
         "_sc_INVALID": fn.invalid,
         "_sc_Entry": Entry,
+        "_sc_new": object.__new__,  # with the lines of __init__: no call
+        **{f"_sc_{n}": v for n, v in (*ENTRY_NAMES.items(), *STORE_NAMES.items())},
         "_sc_Tensor": torch.Tensor,
         "_sc_VALUE_CLASSES": VALUE_CLASSES,
         "_sc_VAL": VAL,
@@ -320,8 +334,5 @@ def compile_hit(fn: Cached) -> Callable[..., Any]:
     """``fn``'s hit function; its source is kept in `linecache` under ``fn.label``."""
     name = getattr(fn.fn, "__name__", "")
     text = source(fn, name if name.isidentifier() else "wrapper")
-    linecache.cache[fn.label] = (len(text), None, text.splitlines(True), fn.label)
-    namespace: dict[str, Any] = {}
-    exec(compile(text, fn.label, "exec"), namespace)
-    made: Callable[..., Any] = namespace["_sc_make"](**cells_of(fn))
+    made: Callable[..., Any] = compiled(fn.label, text, {}, "_sc_make")(**cells_of(fn))
     return made

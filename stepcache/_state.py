@@ -217,8 +217,9 @@ class Absent(dict[Any, Any]):
 
 #: What a hit reads for an owner with no store yet (`stepcache._store` sets it on
 #: owner classes): each function's absent entry, not a raise. A namespace: CPython
-#: specializes reads of its attributes.
-NO_STORE = SimpleNamespace(table=Absent())
+#: specializes reads of its attributes; a plain dict: its get() is quicker than a
+#: subclass's (a function that is gone has no entry: the hit's lookup raises).
+NO_STORE = SimpleNamespace(table={})
 
 
 class _Scopes(threading.local):

@@ -11,13 +11,14 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import torch
 
 from stepcache._entry import Entry, no_weakref, strided, walk, weak
 from stepcache._errors import OwnerError, StaleCacheError, StepCacheError
+from stepcache._source import method
 from stepcache._state import NO_STORE, Absent, Counts, by_name, scopes
 
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
@@ -26,11 +27,45 @@ ATTR = "_stepcache"
 #: Every store alive, once `live_caches()` was called.
 _live: dict[weakref.ref[StepCache], None] = {}
 _live_pop = _live.pop  # a dead store's reference removes itself: no Python code runs
-_tracking = False
+#: ``TRACKING[0]``: `live_caches()` was called, so each new store registers itself
+TRACKING = [False]
 _tracking_lock = threading.Lock()
 #: id(owner) -> (weak reference to it, its store), for owners with no room for one.
 _side: dict[int, tuple[weakref.ref[Any], StepCache]] = {}
 _attach_lock = threading.Lock()
+
+
+def fill_store(w: str, first: str, scope: str, p: str) -> list[str]:
+    """The lines that give new store ``w`` its slots (``first``: its owner's id, or
+    ``None``; ``scope``: the scope whose store it is, or ``None``): the one rule, which
+    `StepCache.__init__` runs and the generated miss inlines (it makes a store on
+    every owner's first call of a step). The names of `STORE_NAMES` are read with
+    prefix ``p``."""
+    # no weak reference, no counts, no member table until something needs them
+    # (fewer objects for the collector to walk)
+    return [
+        # function id -> entry, or {key: entry} for a keyed function: what a hit reads
+        f"{w}.table = {{}}",
+        # the id of the owner that made it: an object that holds this store and has
+        # this id is that owner (a copy that holds it was made while it was alive)
+        f"{w}._first = {first}",
+        # id -> weak reference of each attached owner (`attach`); replaced, never
+        # changed (no lock to read)
+        f"{w}._members = None",
+        f"{w}._closed = False",
+        # function id -> its misses and invalidations; until one is needed, the id
+        # of the one function that missed once (`missed`)
+        f"{w}._counts = None",
+        f"{w}._kept = None",  # made by keep_alive()
+        f"{w}.scope = {scope}",  # the `stepcache.scope` whose store this is
+        f"if {p}TRACKING[0]:",
+        f"    {p}track({w})",
+    ]
+
+
+def track(store: StepCache) -> None:
+    """Register a store with `live_caches()`."""
+    _live[weakref.ref(store, _live_pop)] = None
 
 
 class StepCache:
@@ -60,6 +95,7 @@ class StepCache:
         stepcache.StaleCacheError: the step cache of this Meta was closed (the step is over), and it was used again. Fix: build a new metadata object for the new step, or call clear() instead of close() if the object is meant to be reused.
     """
 
+    # Its __init__ is compiled from `fill_store`, as attrs writes one from its fields.
     __slots__ = (
         "__weakref__",
         "_closed",
@@ -70,28 +106,17 @@ class StepCache:
         "scope",
         "table",
     )
+    table: dict[int, Any]
+    _first: int | None
+    _members: dict[int, weakref.ref[Any]] | None
+    _closed: bool
+    _counts: dict[int, Counts] | int | None
+    _kept: list[Any] | None
+    scope: Any
 
-    def __init__(self, owner: object | None = None, scope: Any = None) -> None:
-        # Made on every owner's first call of a step: no weak reference, no counts,
-        # no member table until something needs them (fewer objects for the
-        # collector to walk).
-        #: function id -> entry, or {key: entry} for a keyed function: what a hit reads
-        self.table: dict[int, Any] = {}
-        #: the id of the owner that made it: an object that holds this store and has
-        #: this id is that owner (a copy that holds it was made while it was alive)
-        self._first = None if owner is None else id(owner)
-        #: id -> weak reference of each attached owner (`attach`); replaced, never
-        #: changed (no lock to read)
-        self._members: dict[int, weakref.ref[Any]] | None = None
-        self._closed = False
-        #: function id -> its misses and invalidations; until one is needed, the id
-        #: of the one function that missed once (`missed`)
-        self._counts: dict[int, Counts] | int | None = None
-        self._kept: list[Any] | None = None  # made by keep_alive()
-        #: the `stepcache.scope` whose store this is (``None``: an owner's own)
-        self.scope = scope
-        if _tracking:
-            _live[weakref.ref(self, _live_pop)] = None
+    if TYPE_CHECKING:
+
+        def __init__(self, owner: object | None = None, scope: Any = None) -> None: ...
 
     @property
     def closed(self) -> bool:
@@ -202,6 +227,16 @@ class StepCache:
         for fid, slot in list(self.table.items()):
             for entry in list(slot.values()) if isinstance(slot, dict) else (slot,):
                 yield fid, entry
+
+
+#: the names `fill_store`'s lines read (after their prefix)
+STORE_NAMES: Final = {"TRACKING": TRACKING, "track": track}
+StepCache.__init__ = method(  # type: ignore[method-assign]
+    "<stepcache StepCache.__init__>",
+    "__init__(self, owner=None, scope=None)",
+    fill_store("self", "None if owner is None else id(owner)", "scope", ""),
+    STORE_NAMES,
+)
 
 
 def measure(stores: Iterable[StepCache]) -> dict[int, tuple[int, int]]:
@@ -448,15 +483,14 @@ def restore(owner: object, scope_store: StepCache, store: StepCache | None) -> N
 def live_caches() -> list[StepCache]:
     """Every store alive: tracked from the first call, which finds those alive then
     among the garbage collector's objects."""
-    global _tracking
     with _tracking_lock:
-        if not _tracking:
+        if not TRACKING[0]:
             # flag first: a later store registers itself, an earlier one is in the scan
-            _tracking = True
+            TRACKING[0] = True
             for obj in gc.get_objects():
                 # not one torch.compile's tracing made without __init__, now garbage
                 if type(obj) is StepCache and hasattr(obj, "table"):
-                    _live[weakref.ref(obj, _live_pop)] = None
+                    track(obj)
     # no duplicates: live weak references to one store are equal keys
     return [store for ref in list(_live) if (store := ref()) is not None]
 

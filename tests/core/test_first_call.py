@@ -204,3 +204,26 @@ def test_an_owner_whose_class_refuses_class_attributes_still_works() -> None:
         m = Owner(n)
         assert m.f(2) == 2 * n and m.f(2) == 2 * n
     assert "_stepcache" not in vars(Owner)
+
+
+def test_a_first_call_keeps_its_store_past_the_owners_own_setattr() -> None:
+    writes: list[str] = []
+
+    class Logged:
+        def __init__(self, n: int) -> None:
+            object.__setattr__(self, "n", n)
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            writes.append(name)
+            object.__setattr__(self, name, value)
+
+        @step_cached(depends_on=("n",))
+        def f(self) -> int:
+            return self.n * 2
+
+    Logged(0).f()  # the class's first store sets its placeholder
+    owners = [Logged(n) for n in (1, 2, 3)]
+    assert [m.f() for m in owners] == [2, 4, 6] == [m.f() for m in owners]
+    assert writes == []  # as a frozen dataclass's: its __setattr__ is not called
+    for m in owners:
+        assert stepcache.cache_of(m).stats()[Logged.f.__stepcache__.name]["misses"] == 1

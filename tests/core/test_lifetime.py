@@ -168,10 +168,10 @@ dead = Meta(4)
 dead.rows()
 del dead
 # not tracked yet: no store registered itself
-assert not _store._tracking and len(_store._live) == 0
+assert not _store.TRACKING[0] and len(_store._live) == 0
 # the first call finds the live stores by scanning the heap, and only those
 found = _store.live_caches()
-assert _store._tracking
+assert _store.TRACKING[0]
 assert {id(s) for s in found} == {id(stepcache.cache_of(m)) for m in early}, found
 assert stepcache.stats()["t.rows"].live_entries == 3
 del found
