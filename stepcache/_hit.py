@@ -111,7 +111,7 @@ def source(fn: Cached, fname: str) -> str:
     for x, dep in zip(names, fn.dep_names, strict=True):
         out.append(f"        {x} = {dep if dep in fn.index else f'{owner}.{dep}'}")
     # On its own store a keyed or plain function subscripts (its hit cost, the
-    # lru_cache goal; the placeholder answers too), one with dependencies gets()
+    # lru_cache goal; the placeholder answers a keyed one too), one with dependencies gets()
     # with the absent entry, as it often misses. An owner without a store then
     # reads the open scope's table, where a first lookup finds nothing yet: get()
     # (a keyed function's placeholder table answers every key), so no first call
@@ -120,6 +120,8 @@ def source(fn: Cached, fname: str) -> str:
     own = f"{s}.table" + (
         f"[{fn.fid}]" if fn.keyed or not fn.dep_names else f".get({fn.fid}, _sc_ABSENT)"
     )
+    # nothing to read: no entry, a key hashed all the same (an unhashable one raises)
+    nothing = f"_sc_KEYS.get({key}, _sc_ABSENT)" if fn.keyed else "_sc_ABSENT"
     if fn.keyed:
         first += f".get({key}, _sc_ABSENT)" if fn.only else f"[{key}]"
         own += f".get({key}, _sc_ABSENT)" if fn.only else f"[{key}]"
@@ -155,21 +157,28 @@ def source(fn: Cached, fname: str) -> str:
         *([] if fn.arg_refs else [f"    {stale} = {e}"]),
         f"    {e} = None",
     ]
-    # the entry found is tested first: a hit on the owner's own store tests nothing
-    # else (the same lines serve an entry found in the scope's table)
-    out += [
-        f"        {e} = {own}",
-        f"        if {e} is not _sc_ABSENT:",
-        *(f"            {x}" for x in serve),
-        f"        elif {s} is _sc_NO_STORE:",
-        f"            {s} = _sc_SCOPES.top",
-        f"            if {s} is not _sc_NO_STORE:",  # no scope open: nothing to read
-        f"                {e} = {first}",
-        f"                if {e} is not _sc_ABSENT:",
-        *(f"                    {x}" for x in serve),
-        "    except _sc_Exception:",  # the slow path judges it
-        f"        {e} = None",
+    # An owner's own store, or the open scope's table (no scope open: no entry). A
+    # keyed function looks in its own store first and tests nothing before it
+    # serves (its hit is the lru_cache goal; the placeholder answers too); any other
+    # tests for the placeholder first, which saves an owner in a scope (the
+    # plugin's calls) the placeholder's lookup.
+    look = [
+        f"{s} = _sc_SCOPES.top",
+        f"{e} = {nothing} if {s} is _sc_NO_STORE else {first}",
     ]
+    found = [f"if {e} is not _sc_ABSENT:", *(f"    {x}" for x in serve)]
+    if fn.keyed:
+        out += [f"        {e} = {own}", *(f"        {x}" for x in found)]
+        out += [f"        elif {s} is _sc_NO_STORE:"]
+        out += [f"            {x}" for x in (*look, *found)]
+    else:
+        out += [f"        if {s} is not _sc_NO_STORE:", f"            {e} = {own}"]
+        out += ["        else:", *(f"            {x}" for x in look)]
+        out += [f"        {x}" for x in found]
+    out += [
+        "    except _sc_Exception:",
+        f"        {e} = None",
+    ]  # the slow path judges it
     key = key if fn.keyed else "None"
     # The miss in production of an owner without a store (its first call of a step),
     # or with a store of its own without the entry, or with an entry that no longer
