@@ -146,7 +146,8 @@ class CachedFunction:
         )
         self._deps_of = _reader(self.dep_names, self.index)
         self.absent = Entry.absent(len(self.dep_names))
-        _store.register(self.fid, self.keyed, self.absent)  # before the hit reads it
+        if self.keyed:  # before the hit reads it
+            _store.register(self.fid, self.absent)
         self.wrapper = compile_hit(self)
         functools.update_wrapper(self.wrapper, fn)
         setattr(self.wrapper, "__stepcache__", self)  # noqa: B010

@@ -216,9 +216,10 @@ class Absent(dict[Any, Any]):
 
 
 #: What a hit reads for an owner with no store yet (`stepcache._store` sets it on
-#: owner classes): each function's absent entry, not a raise. A namespace: CPython
-#: specializes reads of its attributes; a plain dict: its get() is quicker than a
-#: subclass's (a function that is gone has no entry: the hit's lookup raises).
+#: owner classes): for each keyed function, a table whose every key finds its absent
+#: entry, not a raise. A namespace: CPython specializes reads of its attributes; a
+#: plain dict: its get() is quicker than a subclass's (a scope's table is this one
+#: until its store is made).
 NO_STORE = SimpleNamespace(table={})
 
 

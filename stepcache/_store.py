@@ -259,13 +259,15 @@ def measure(stores: Iterable[StepCache]) -> dict[int, tuple[int, int]]:
     return out
 
 
-def register(fid: int, keyed: bool, absent: Entry) -> None:
-    """Give the placeholder store's table the absent entry of a new function."""
-    NO_STORE.table[fid] = Absent(absent) if keyed else absent
+def register(fid: int, absent: Entry) -> None:
+    """Give the placeholder's table a new keyed function's table, which answers every
+    key with its absent entry: its hit looks in an owner's store before it tests for
+    the placeholder (any other function tests first, and reads nothing there)."""
+    NO_STORE.table[fid] = Absent(absent)
 
 
 def unregister(fid: int) -> None:
-    """Drop the placeholder's entry of a function that is gone."""
+    """Drop the placeholder's table of a keyed function that is gone."""
     NO_STORE.table.pop(fid, None)
 
 
