@@ -5,10 +5,11 @@ to the slow path (``CachedFunction.call``).
 
 As cachetools picks a wrapper per option and attrs writes ``__init__``, the hit is
 written at decoration for the function's own signature, owner, key and dependencies,
-so it tests no option: one line per check. Its values are named cells of a closure
-(``_sc_`` names, which no parameter may have; its locals get names no parameter has);
-its source is in `linecache` under ``<stepcache generated hit NAME #ID>``, for
-tracebacks, pdb and `inspect.getsource`.
+so it tests no option: one line per check. The values it reads are its own globals
+(``_sc_`` names, which no parameter may have; its locals get names no parameter has):
+a closure's cells would be copied into the frame on every call. Its source is in
+`linecache` under ``<stepcache generated hit NAME #ID>``, for tracebacks, pdb and
+`inspect.getsource`.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ def _signature(params: Sequence[inspect.Parameter]) -> str:
 
 
 def source(fn: Cached, fname: str) -> str:
-    """The hit's source: ``_sc_make(cells...)`` returns a function named ``fname``
-    with the decorated signature (``fn``: the `CachedFunction`)."""
+    """The hit's source: a function named ``fname`` with the decorated signature,
+    which reads `names_of` as globals (``fn``: the `CachedFunction`)."""
     taken = set(fn.names)
 
     def local(name: str) -> str:  # a local name no parameter has
@@ -274,29 +275,27 @@ def source(fn: Cached, fname: str) -> str:
         f"        return _sc_CALL({packed}, {key})",
         f"    return _sc_SERVED({packed}, {key}, {e})",
     ]
-    body = [*out, f"return {fname}"]
-    cells = ", ".join(cells_of(fn))
-    return f"def _sc_make({cells}):\n" + "".join(f"    {x}\n" for x in body)
+    return "".join(f"{x}\n" for x in out)
 
 
 def _checks(
-    fn: Cached, value: str, cached: str, cells: dict[str, Any]
+    fn: Cached, value: str, cached: str, names: dict[str, Any]
 ) -> tuple[str, str]:
     """`expect`'s plain case (`stepcache._spec_code`) for the miss's ``value`` and,
     for the part that reads arguments, for a hit's ``cached`` value ("False": none);
-    their values go to ``cells``."""
+    their values go to ``names``."""
     owner = fn.owner_name
 
     def ref(r: Any) -> str:
         return r.name if type(r) is Arg else f"{owner}.{r.name}"
 
-    miss = "True" if fn.expect is None else quick(fn.expect, value, ref, cells)
-    hit = "False" if fn.of_args is None else quick(fn.of_args, cached, ref, cells)
+    miss = "True" if fn.expect is None else quick(fn.expect, value, ref, names)
+    hit = "False" if fn.of_args is None else quick(fn.of_args, cached, ref, names)
     return miss, hit
 
 
-def cells_of(fn: Cached) -> dict[str, Any]:
-    """The values the hit reads, by cell name."""
+def names_of(fn: Cached) -> dict[str, Any]:
+    """The values the hit reads, by name: its globals."""
     checks: dict[str, Any] = {}
     _checks(fn, "r", "e.value", checks)
     return {
@@ -339,6 +338,9 @@ def cells_of(fn: Cached) -> dict[str, Any]:
 def compile_hit(fn: Cached) -> Callable[..., Any]:
     """``fn``'s hit function; its source is kept in `linecache` under ``fn.label``."""
     name = getattr(fn.fn, "__name__", "")
-    text = source(fn, name if name.isidentifier() else "wrapper")
-    made: Callable[..., Any] = compiled(fn.label, text, {}, "_sc_make")(**cells_of(fn))
+    # its name is a global of its namespace: none of the values it reads
+    fname = name if name.isidentifier() and not name.startswith("_sc_") else "wrapper"
+    made: Callable[..., Any] = compiled(
+        fn.label, source(fn, fname), names_of(fn), fname
+    )
     return made
