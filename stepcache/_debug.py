@@ -231,6 +231,8 @@ class _Info:
     ]  # each tensor of the value: `_versioned`
     watched: dict[str, tuple[Any, Any]]  # fingerprints of undeclared owner attributes
     ignored: dict[str, tuple[Any, Any]]  # fingerprints of the ignored arguments
+    #: the same as (position in the call, fingerprint): what a hit tests
+    ignored_at: tuple[tuple[int, Any, Any], ...]
     refs: tuple[Any, ...]  # what `expect`'s references held when it was validated
     #: nothing to check on a hit in checks mode (the slow path serves it at once)
     quiet: bool
@@ -500,9 +502,9 @@ class Checks:
         )
         if recheck and (wrong := fn.violation(entry.value, a)):
             raise detect("validation", fn, key, error=wrong)
-        if info is not None and info.ignored:
-            for name, (o, v) in info.ignored.items():
-                x = a[fn.index[name]]
+        if info is not None and info.ignored_at:
+            for i, o, v in info.ignored_at:
+                x = a[i]
                 if x is not o or (v.__class__ is int and x._version != v):
                     # another argument (a buffer on another device): expect first
                     if fn.expect is not None and (
@@ -559,7 +561,8 @@ class Checks:
         deps = [record for record in miss.recorded if isinstance(record[1], arrays)]
         quiet = not (deps or versions or watched or ignored or refs)
         quiet = quiet and miss.store.scope is None
-        return _Info(deps, versions, watched, ignored, refs, quiet, value)
+        at = tuple((fn.index[n], o, v) for n, (o, v) in ignored.items())
+        return _Info(deps, versions, watched, ignored, at, refs, quiet, value)
 
     def hand_out(self, fn: Cached, key: Any, entry: Entry, store: StepCache) -> Any:
         """What a call through ``store`` hands out: the value, its tensors as guarded
