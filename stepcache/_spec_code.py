@@ -22,16 +22,16 @@ __all__ = ["predicate", "quick"]
 
 
 def quick(
-    expect: Spec, value: str, ref: Callable[[Arg | Attr], str], cells: dict[str, Any]
+    expect: Spec, value: str, ref: Callable[[Arg | Attr], str], names: dict[str, Any]
 ) -> str:
     """An expression true only where ``value`` (an expression) meets ``expect``;
     ``ref`` gives the expression of a reference (an `Arg` or an `Attr`). The values
-    it names are added to ``cells`` (``_sc_q_`` names)."""
-    cells.update(_sc_q_Tensor=torch.Tensor, _sc_q_int=int, _sc_q_tuple=tuple)
+    it names are added to ``names`` (``_sc_q_`` names: globals of the code it joins)."""
+    names.update(_sc_q_Tensor=torch.Tensor, _sc_q_int=int, _sc_q_tuple=tuple)
 
     def const(x: Any) -> str:
-        name = f"_sc_q_{len(cells)}"
-        cells[name] = x
+        name = f"_sc_q_{len(names)}"
+        names[name] = x
         return name
 
     def one(spec: TensorSpec, v: str) -> str:
@@ -91,9 +91,9 @@ def predicate(
     def ref(r: Arg | Attr) -> str:
         return f"a[{index[r.name]}]" if type(r) is Arg else f"a[{owner}].{r.name}"
 
-    cells: dict[str, Any] = {}
-    text = quick(expect, "value", ref, cells)
+    names: dict[str, Any] = {}
+    text = quick(expect, "value", ref, names)
     made: Callable[[Any, tuple[Any, ...]], bool] = eval(  # noqa: S307
-        f"lambda value, a: {text}", cells
+        f"lambda value, a: {text}", names
     )
     return made
