@@ -127,6 +127,25 @@ def test_signature_and_metadata_are_kept() -> None:
         g(m, a=1)  # type: ignore[call-arg]
 
 
+def test_a_function_named_like_the_generated_code_s_own_names_works() -> None:
+    """The generated code reads its values under ``_sc_`` names; a function that has
+    one of them as its name (here the slow path's) still computes once and keeps its
+    name, on the hit and through the slow path (``stats``, a miss)."""
+    calls = []
+
+    def _sc_CALL(self: Meta, n: int) -> int:  # noqa: N802 - the name is the point
+        calls.append(n)
+        return n * 2
+
+    g = step_cached(key="n", name="ex.sc_named")(_sc_CALL)
+    m = Meta()
+    assert g(m, 3) == 6 and g(m, 3) == 6 and g(m, 4) == 8
+    assert calls == [3, 4]
+    assert g.__name__ == "_sc_CALL"
+    row = stepcache.stats()["ex.sc_named"]
+    assert (row.hits, row.misses) == (1, 2)
+
+
 def test_keyword_and_positional_calls_share_an_entry() -> None:
     m = Meta()
     m.by_kind_rows("x", 1)
