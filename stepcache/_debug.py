@@ -230,9 +230,8 @@ class _Info:
         tuple[torch.Tensor, Any, Any]
     ]  # each tensor of the value: `_versioned`
     watched: dict[str, tuple[Any, Any]]  # fingerprints of undeclared owner attributes
-    ignored: dict[str, tuple[Any, Any]]  # fingerprints of the ignored arguments
-    #: the same as (position in the call, fingerprint): what a hit tests
-    ignored_at: tuple[tuple[int, Any, Any], ...]
+    #: (position in the call, fingerprint) of each ignored argument
+    ignored: tuple[tuple[int, Any, Any], ...]
     refs: tuple[Any, ...]  # what `expect`'s references held when it was validated
     #: nothing to check on a hit in checks mode (the slow path serves it at once)
     quiet: bool
@@ -502,8 +501,8 @@ class Checks:
         )
         if recheck and (wrong := fn.violation(entry.value, a)):
             raise detect("validation", fn, key, error=wrong)
-        if info is not None and info.ignored_at:
-            for i, o, v in info.ignored_at:
+        if info is not None and info.ignored:
+            for i, o, v in info.ignored:
                 x = a[i]
                 if x is not o or (v.__class__ is int and x._version != v):
                     # another argument (a buffer on another device): expect first
@@ -511,8 +510,11 @@ class Checks:
                         wrong := fn.violation(entry.value, a)
                     ):
                         raise detect("validation", fn, key, error=wrong)
+                    prints = {fn.names[j]: (p, q) for j, p, q in info.ignored}
                     read = lambda n: a[fn.index[n]]  # noqa: E731
-                    _recheck("ignored-argument", fn, a, key, entry, info.ignored, read)
+                    _recheck("ignored-argument", fn, a, key, entry, prints, read)
+                    # what it remembered, for the next hit
+                    info.ignored = tuple((fn.index[n], *f) for n, f in prints.items())
                     break
         if _state.switches[1] == "verify" and (diff := _recompute(fn, a, entry)):
             fix = _fix(fn, info) + ("" if scope is None else _IN_SCOPE)
@@ -552,7 +554,9 @@ class Checks:
         _check_deps("builder-mutates-dependency", fn, key, miss.recorded)
         read = data_read(owner, miss.reads.names, {*fn.dep_names, "_stepcache"})
         watched = {name: fp.fingerprint(getattr(owner, name)) for name in read}
-        ignored = {n: fp.fingerprint(a[fn.index[n]]) for n in fn.ignored}
+        ignored = tuple(
+            (fn.index[n], *fp.fingerprint(a[fn.index[n]])) for n in fn.ignored
+        )
         versions = [_versioned(t) for t in fp.tensors(value)]
         refs = fn.refs_of(owner) if fn.expect is not None else ()
         # a hit matches tensors and arrays by identity: they are checked on hits; a list
@@ -561,8 +565,7 @@ class Checks:
         deps = [record for record in miss.recorded if isinstance(record[1], arrays)]
         quiet = not (deps or versions or watched or ignored or refs)
         quiet = quiet and miss.store.scope is None
-        at = tuple((fn.index[n], o, v) for n, (o, v) in ignored.items())
-        return _Info(deps, versions, watched, ignored, at, refs, quiet, value)
+        return _Info(deps, versions, watched, ignored, refs, quiet, value)
 
     def hand_out(self, fn: Cached, key: Any, entry: Entry, store: StepCache) -> Any:
         """What a call through ``store`` hands out: the value, its tensors as guarded

@@ -112,8 +112,8 @@ def source(fn: Cached, fname: str) -> str:
     for x, dep in zip(names, fn.dep_names, strict=True):
         out.append(f"        {x} = {dep if dep in fn.index else f'{owner}.{dep}'}")
     # On its own store a keyed or plain function subscripts (its hit cost, the
-    # lru_cache goal; the placeholder answers a keyed one too), one with
-    # dependencies gets() with the absent entry, as it often misses. An owner without a store then
+    # lru_cache goal; the placeholder answers a keyed one too), one with dependencies
+    # gets() with the absent entry, as it often misses. An owner without a store then
     # reads the open scope's table, where a first lookup finds nothing yet: get()
     # (a keyed function's placeholder table answers every key), so no first call
     # raises. Keys of kinds (only=) often miss: get() there too.

@@ -101,6 +101,30 @@ def test_expect_failing_on_a_hit_reports_the_violation(checks: None) -> None:
         md.rows(other)
 
 
+def test_an_ignored_argument_found_changed_is_compared_once(checks: None) -> None:
+    """Another buffer where the ignored one was: the hit computes again to compare,
+    the value is the same, and the new buffer is remembered: later hits with it
+    compute nothing."""
+
+    class Rows:
+        computed = 0
+
+        @step_cached(ignore=("buffer",))
+        def rows(self, buffer: torch.Tensor) -> int:
+            Rows.computed += 1
+            return 4
+
+    r = Rows()
+    first, second = torch.zeros(8), torch.zeros(8)
+    assert r.rows(first) == 4 and r.rows(first) == 4
+    assert Rows.computed == 1
+    assert r.rows(second) == 4  # compared: computed again
+    assert Rows.computed == 2
+    assert all(r.rows(second) == 4 for _ in range(3))
+    assert Rows.computed == 2
+    assert len(stepcache.debug_report()) == 0
+
+
 def test_watched_attributes_are_compared_on_each_hit(checks: None) -> None:
     class Reads:
         def __init__(self) -> None:
