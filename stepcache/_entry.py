@@ -5,7 +5,7 @@ the one rule that says whether it still serves a call (:func:`match`,
 
 A fingerprint is a pair ``(o, v)``: a tensor and its version counter; an inference
 tensor (no version counter) and `ID` inside a scope, where its identity is the whole
-promise, or outside one a `Placed` and `PLACED`; a scalar and `VAL`; a tuple of scalars
+promise, or outside one the tensor and its place (`placed`) and `PLACED`; a scalar and `VAL`; a tuple of scalars
 and its snapshot (a `Typed`); a snapshot of a list, dict or set of scalars and `SNAP`;
 any other object and `ID`. docs/concepts.md ("Dependencies and fingerprints") says what
 each one sees and misses.
@@ -34,9 +34,28 @@ PLACED: Final = "PLACED"
 Place = tuple[int, torch.Size, tuple[int, ...], torch.dtype, torch.device]
 
 
-def place(t: torch.Tensor) -> Place:
-    """Where tensor ``t``'s data lies and how: an inference tensor's tag."""
-    return t.data_ptr(), t.shape, t.stride(), t.dtype, t.device
+#: Where tensor ``{t}``'s data lies and how, as source text: what an inference
+#: tensor's fingerprint outside a scope keeps. The generated miss inlines it
+#: (`placed`), and `place` is compiled from it.
+PLACE: Final = "({t}.data_ptr(), {t}.shape, {t}.stride(), {t}.dtype, {t}.device)"
+
+
+def placed(t: str) -> str:
+    """The fingerprint ``(o, PLACED)`` of inference tensor ``t`` (a name) outside a
+    scope, as source text: ``o`` is the tensor and its place, a tuple, so that the
+    hit's identity test leaves it to `match`. The one rule, which `fingerprints` runs
+    and the generated miss inlines (prefix ``_sc_``)."""
+    return f"(({t}, {PLACE.format(t=t)}), _sc_PLACED)"
+
+
+#: the place of tensor ``t``: `PLACE`, run
+place: Callable[[torch.Tensor], Place] = method(
+    "<stepcache place>", "place(t)", [f"return {PLACE.format(t='t')}"], {}
+)
+#: the fingerprint of inference tensor ``x`` outside a scope: `placed`, run
+_placed: Callable[[torch.Tensor], tuple[Any, str]] = method(
+    "<stepcache placed>", "placed(x)", [f"return {placed('x')}"], {"_sc_PLACED": PLACED}
+)
 
 
 def strided(t: torch.Tensor) -> bool:
@@ -51,16 +70,6 @@ def tag(t: torch.Tensor) -> int | Place | str:
     if not t.is_inference():
         return t._version
     return place(t) if strided(t) else ID
-
-
-class Placed:
-    """The ``o`` of an inference tensor outside a scope: the tensor and its place.
-    Not the tensor itself, so that the hit's identity test leaves it to `match`."""
-
-    __slots__ = ("place", "tensor")
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor, self.place = tensor, place(tensor)
 
 
 class Typed:
@@ -147,7 +156,7 @@ def fingerprints(deps: Sequence[Any], scoped: bool = False) -> tuple[Any, ...]:
                 flat += (x, ID)
             else:
                 try:
-                    flat += (Placed(x), PLACED)
+                    flat += _placed(x)
                 except RuntimeError:  # sparse or nested: no place, its identity
                     flat += (x, ID)
         elif isinstance(x, _SCALARS):
@@ -195,7 +204,7 @@ def match(x: Any, o: Any, v: Any) -> bool:
     if v is VAL:
         return bool(x.__class__ is o.__class__ and x == o)
     if v is PLACED:
-        return bool(x is o.tensor and place(x) == o.place)
+        return bool(x is o[0] and place(x) == o[1])
     if v is SNAP:
         return bool(snapshot(x) == o)
     return v.__class__ is Typed and snapshot(x) == v.snap

@@ -28,9 +28,9 @@ from stepcache._entry import (
     VAL,
     VALUE_CLASSES,
     Entry,
-    Placed,
     fill_entry,
     match,
+    placed,
 )
 from stepcache._seams import Cached
 from stepcache._source import compiled
@@ -158,6 +158,23 @@ def source(fn: Cached, fname: str) -> str:
         *([] if fn.arg_refs else [f"    {stale} = {e}"]),
         f"    {e} = None",
     ]
+
+    # A subscript that finds no entry (a new key, a function with no table in the
+    # store yet) is a miss too, here: its KeyError costs less than the slow path,
+    # which a keyed function took on each new key. In an owner's own store only if
+    # it is a store (anything else there is the slow path's), in a scope's table.
+    def lookup(what: str, own_store: bool) -> list[str]:
+        check = [f"    if {s}.__class__ is not _sc_StepCache:", "        raise"]
+        if fn.keyed:  # no table of the function: its key unhashed yet
+            check.append(f"    _sc_hash({key})")
+        return [
+            "try:",
+            f"    {e} = {what}",
+            "except _sc_KeyError:",
+            *(check if own_store else []),
+            f"    {e} = _sc_ABSENT",
+        ]
+
     # An owner's own store, or the open scope's table (no scope open: no entry). A
     # keyed function looks in its own store first and tests nothing before it
     # serves (its hit is the lru_cache goal; the placeholder answers too); any other
@@ -165,15 +182,19 @@ def source(fn: Cached, fname: str) -> str:
     # plugin's calls) the placeholder's lookup.
     look = [
         f"{s} = _sc_SCOPES.top",
-        f"{e} = {nothing} if {s} is _sc_NO_STORE else {first}",
+        f"if {s} is _sc_NO_STORE:",
+        f"    {e} = {nothing}",
+        "else:",
+        *(f"    {x}" for x in lookup(first, False)),
     ]
     found = [f"if {e} is not _sc_ABSENT:", *(f"    {x}" for x in serve)]
     if fn.keyed:
-        out += [f"        {e} = {own}", *(f"        {x}" for x in found)]
+        out += [f"        {x}" for x in (*lookup(own, True), *found)]
         out += [f"        elif {s} is _sc_NO_STORE:"]
         out += [f"            {x}" for x in (*look, *found)]
     else:
-        out += [f"        if {s} is not _sc_NO_STORE:", f"            {e} = {own}"]
+        out += [f"        if {s} is not _sc_NO_STORE:"]
+        out += [f"            {x}" for x in lookup(own, True)]
         out += ["        else:", *(f"            {x}" for x in look)]
         out += [f"        {x}" for x in found]
     out += ["    except _sc_Exception:", f"        {e} = None"]  # the slow path judges
@@ -223,7 +244,7 @@ def source(fn: Cached, fname: str) -> str:
             f"                    {f} = ({x}, _sc_ID)",
             "                else:",  # outside a scope: its place
             "                    try:",
-            f"                        {f} = (_sc_Placed({x}), _sc_PLACED)",
+            f"                        {f} = {placed(x)}",
             "                    except _sc_Exception:",  # no place: `fingerprints`
             f"                        {f} = _sc_PRINT({i}, {x}, {where})",
             f"            elif {x}.__class__ in _sc_VALUE_CLASSES:",
@@ -320,7 +341,6 @@ def names_of(fn: Cached) -> dict[str, Any]:
         "_sc_VAL": VAL,
         "_sc_ID": ID,
         "_sc_PLACED": PLACED,
-        "_sc_Placed": Placed,
         "_sc_KEY": fn.key_fn,
         "_sc_BYPASS": BYPASS,
         "_sc_ABSENT": fn.absent,
@@ -330,6 +350,8 @@ def names_of(fn: Cached) -> dict[str, Any]:
         "_sc_int": int,
         "_sc_id": id,
         "_sc_Exception": Exception,  # builtins by _sc_ names: a parameter may be `int`
+        "_sc_KeyError": KeyError,
+        "_sc_hash": hash,
         **{f"_sc_D_{p.name}": p.default for p in fn.params if p.default is not P.empty},
         **{f"_sc_O_{i}": allowed for i, allowed in enumerate(fn.only.values())},
     }

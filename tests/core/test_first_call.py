@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+import types
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -113,6 +114,35 @@ def test_a_keyed_function_raises_only_for_a_new_key_in_its_table() -> None:
         assert _raised_in_stepcache(lambda: s.keyed(1)) == []
         assert _raised_in_stepcache(s.plain) == []
         assert _raised_in_stepcache(s.index) == []
+
+
+def test_new_keys_on_a_store_that_has_one_compute_once_each() -> None:
+    # what that KeyError means: a miss, computed and counted as any other
+    meta = _make_class()
+    m = meta(2)
+    m.index()  # a store of its own
+    keyed, plain = (f"{meta.__qualname__}.{f}" for f in ("keyed", "plain"))
+    hits = stepcache.stats()[keyed].hits if keyed in stepcache.stats() else 0
+    assert [m.keyed(k) for k in (1, 2, 3, 1, 2, 3)] == [3, 4, 5, 3, 4, 5]
+    assert m.plain() == m.plain() == 2
+    stats = stepcache.cache_of(m).stats()
+    assert [stats[n]["misses"] for n in (keyed, plain)] == [3, 1]
+    assert [stats[n]["entries"] for n in (keyed, plain)] == [3, 1]
+    assert stepcache.stats()[keyed].hits == hits + 3
+
+
+def test_an_owner_holding_something_else_as_its_store_is_served_right() -> None:
+    # an attribute named like the store, holding an object with a table: not a
+    # store, so the slow path decides (here: the value, every time)
+    meta = _make_class()
+
+    class Odd(meta):  # type: ignore[misc,valid-type]
+        def __init__(self, n: int) -> None:
+            super().__init__(n)
+            self._stepcache = types.SimpleNamespace(table={})
+
+    odd = Odd(2)
+    assert [odd.keyed(1), odd.keyed(1), odd.plain(), odd.plain()] == [3, 3, 2, 2]
 
 
 def test_the_placeholders_never_hold_an_entry() -> None:

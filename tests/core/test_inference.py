@@ -78,6 +78,44 @@ def test_a_resized_inference_dependency_recomputes_in_production() -> None:
     assert md.lens().tolist() == [1, 1, 1] and md.builds == 2
 
 
+def _transposed(x: torch.Tensor) -> None:
+    x.t_()  # the same shape (square), other strides
+
+
+def _moved(x: torch.Tensor) -> None:
+    x.set_(torch.tensor([[1, 2], [3, 4]]))  # the same shape, other data
+
+
+def _retyped(x: torch.Tensor) -> None:
+    x.data = x.view(torch.float64)  # the same data, shape and strides; another dtype
+
+
+@pytest.mark.parametrize("change", [_transposed, _moved, _retyped])
+def test_an_inference_dependency_changed_in_its_place_recomputes(
+    change: object,
+) -> None:
+    # what an inference tensor's fingerprint keeps outside a scope: its data
+    # pointer, shape, strides and dtype (and device), each of which moves here
+    # while the object stays the same
+    class Square:
+        def __init__(self) -> None:
+            with torch.inference_mode():
+                self.m = torch.tensor([[0, 1], [2, 3]])
+            self.builds = 0
+
+        @step_cached(depends_on=("m",), name="inference.square")
+        def rows(self) -> list[list[float]]:
+            self.builds += 1
+            return self.m.tolist()
+
+    sq = Square()
+    assert sq.rows() == sq.rows() == [[0, 1], [2, 3]] and sq.builds == 1
+    with torch.inference_mode():
+        change(sq.m)  # type: ignore[operator]
+    assert sq.rows() == sq.m.tolist() and sq.builds == 2
+    assert sq.rows() == sq.m.tolist() and sq.builds == 2  # and then it hits
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_an_inference_result_is_handed_out_and_guarded(mode: str) -> None:
     @step_cached(guard_result=True, name="inference.result")
