@@ -14,8 +14,7 @@ a closure's cells would be copied into the frame on every call. Its source is in
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,37 +32,11 @@ from stepcache._entry import (
     placed,
 )
 from stepcache._seams import Cached
-from stepcache._source import compiled
+from stepcache._source import compiled, defaults, passed, signature
 from stepcache._spec import Arg
 from stepcache._spec_code import quick
 from stepcache._state import BYPASS, NO_STORE, SLOW, scopes
 from stepcache._store import STORE_NAMES, StepCache, fill_store
-
-P = inspect.Parameter
-#: how a parameter of each kind is passed on (to the function, or its key function)
-_PASS: dict[Any, str] = {
-    P.VAR_POSITIONAL: "*{}",
-    P.VAR_KEYWORD: "**{}",
-    P.KEYWORD_ONLY: "{0}={0}",
-}
-
-
-class _Cell(str):
-    """A default value, written in the signature as the name of the cell holding it."""
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-def _signature(params: Sequence[inspect.Parameter]) -> str:
-    plain = [
-        p.replace(
-            annotation=P.empty,
-            default=p.default if p.default is P.empty else _Cell(f"_sc_D_{p.name}"),
-        )
-        for p in params
-    ]
-    return str(inspect.Signature(plain))[1:-1]
 
 
 def source(fn: Cached, fname: str) -> str:
@@ -78,9 +51,9 @@ def source(fn: Cached, fname: str) -> str:
 
     owner, params = fn.owner_name, fn.params
     packed = "(" + "".join(p.name + ", " for p in params) + ")"
-    call = ", ".join(_PASS.get(p.kind, "{}").format(p.name) for p in params)
+    call = passed(params)
     e, k = local("e"), local("k")
-    out = [f"def {fname}({_signature(params)}):"]
+    out = [f"def {fname}({signature(params)}):"]
     key = k
     if fn.key_fn is not None:
         # a key function that raises gets its typed error from the slow path
@@ -352,7 +325,7 @@ def names_of(fn: Cached) -> dict[str, Any]:
         "_sc_Exception": Exception,  # builtins by _sc_ names: a parameter may be `int`
         "_sc_KeyError": KeyError,
         "_sc_hash": hash,
-        **{f"_sc_D_{p.name}": p.default for p in fn.params if p.default is not P.empty},
+        **defaults(fn.params),
         **{f"_sc_O_{i}": allowed for i, allowed in enumerate(fn.only.values())},
     }
 

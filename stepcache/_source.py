@@ -1,13 +1,55 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Functions written as source text (the generated hit, and the constructors whose
-lines the hit's miss inlines): compiled with their text kept in `linecache`, so that
-tracebacks, pdb and `inspect.getsource` show it."""
+"""Functions written as source text (the generated hit, the constructors whose
+lines the hit's miss inlines, the vLLM plugin's scope around a build): compiled with
+their text kept in `linecache`, so that tracebacks, pdb and `inspect.getsource` show
+it."""
 
 from __future__ import annotations
 
+import inspect
 import linecache
 from collections.abc import Sequence
 from typing import Any
+
+P = inspect.Parameter
+EMPTY = P.empty
+#: how a parameter of each kind is passed on (to the function, or its key function)
+_PASS: dict[Any, str] = {
+    P.VAR_POSITIONAL: "*{}",
+    P.VAR_KEYWORD: "**{}",
+    P.KEYWORD_ONLY: "{0}={0}",
+}
+
+
+class _Default(str):
+    """A default value, written in the signature as the name of the global holding
+    it."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def signature(params: Sequence[inspect.Parameter]) -> str:
+    """``params`` as the text of a ``def``'s parameters, without annotations; a
+    default is the global ``_sc_D_{name}`` (`defaults` gives them)."""
+    plain = [
+        p.replace(
+            annotation=EMPTY,
+            default=p.default if p.default is EMPTY else _Default(f"_sc_D_{p.name}"),
+        )
+        for p in params
+    ]
+    return str(inspect.Signature(plain))[1:-1]
+
+
+def defaults(params: Sequence[inspect.Parameter]) -> dict[str, Any]:
+    """The globals `signature`'s defaults name."""
+    return {f"_sc_D_{p.name}": p.default for p in params if p.default is not EMPTY}
+
+
+def passed(params: Sequence[inspect.Parameter]) -> str:
+    """The arguments of a call that passes each of ``params`` on, by its name."""
+    return ", ".join(_PASS.get(p.kind, "{}").format(p.name) for p in params)
 
 
 def compiled(label: str, text: str, namespace: dict[str, Any], name: str) -> Any:

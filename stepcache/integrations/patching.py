@@ -36,6 +36,7 @@ from typing import Any, ClassVar, Final
 
 import stepcache
 from stepcache import first_difference
+from stepcache._source import defaults, method, passed, signature
 
 __all__ = [
     "Hook",
@@ -313,12 +314,6 @@ def replace_everywhere(module: ModuleType, name: str, value: object) -> Undo:
     return undo
 
 
-def _argument(params: list[inspect.Parameter], name: str) -> tuple[int, Any]:
-    """Where the parameter ``name`` is in a call: its position, and its default."""
-    index = [p.name for p in params].index(name)
-    return index, params[index].default
-
-
 def scoped(
     original: Callable[..., Any],
     name: str,
@@ -330,31 +325,38 @@ def scoped(
     call or its parameter ``longest`` is at most 1 (:class:`Scope`); each scope
     opened is counted as ``scopes``, each call left out as ``unscoped``."""
     params = list(inspect.signature(original).parameters.values())
-    no = (len(params), None)  # a position no call reaches: the test is skipped
-    index, default = _argument(params, unless) if unless else no
-    at, fallback = _argument(params, longest) if longest else no
-
-    # counted inline, in the counters' own table: this runs once per build
-    counts, opened, left = counters.table(), (name, "scopes"), (name, "unscoped")
-    open_scope = stepcache.scope
-
-    @functools.wraps(original)
-    def in_scope(*args: Any, **kwargs: Any) -> Any:
-        skip = unless is not None and (
-            kwargs.get(unless, default) if index >= len(args) else args[index]
-        )
-        if longest is not None and not skip:
-            n = kwargs.get(longest, fallback) if at >= len(args) else args[at]
-            # an int of at most 1: decodes only (anything else opens the scope)
-            skip = n.__class__ is int and n <= 1
-        if skip:
-            counts[left] = counts.get(left, 0) + 1
-            return original(*args, **kwargs)
-        counts[opened] = counts.get(opened, 0) + 1
-        with open_scope():
-            return original(*args, **kwargs)
-
-    return in_scope
+    for wanted in (unless, longest):
+        if wanted is not None and wanted not in {p.name for p in params}:
+            raise SkipPatch(f"{original.__qualname__} has no parameter {wanted!r}")
+    # Written for the original's own signature, as the generated hit is: a wrapper
+    # of *args and **kwargs would pack and unpack every argument on every build (V2's
+    # build_attn_metadata is called with 17 keywords), and read two of them by name.
+    skip = [f"{unless}"] if unless is not None else []
+    # an int of at most 1: decodes only (anything else opens the scope)
+    skip += [f"({longest}.__class__ is int and {longest} <= 1)"] if longest else []
+    call = f"_sc_original({passed(params)})"
+    body = [
+        f"if {' or '.join(skip) or 'False'}:",
+        "    _sc_counts[_sc_left] = _sc_counts.get(_sc_left, 0) + 1",
+        f"    return {call}",
+        "_sc_counts[_sc_opened] = _sc_counts.get(_sc_opened, 0) + 1",
+        "with _sc_scope():",
+        f"    return {call}",
+    ]
+    names = {
+        # counted inline, in the counters' own table: this runs once per build
+        "_sc_counts": counters.table(),
+        "_sc_opened": (name, "scopes"),
+        "_sc_left": (name, "unscoped"),
+        "_sc_scope": stepcache.scope,
+        "_sc_original": original,
+        **defaults(params),
+    }
+    if any(p.name.startswith("_sc_") for p in params):  # a name of ours: not written
+        raise SkipPatch(f"{original.__qualname__} has a parameter named _sc_...")
+    label = f"<stepcache scope {name}>"
+    in_scope = method(label, f"in_scope({signature(params)})", body, names)
+    return functools.update_wrapper(in_scope, original)
 
 
 # -- verify mode -----------------------------------------------------------------------
