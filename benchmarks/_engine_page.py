@@ -108,6 +108,27 @@ def readme_rows(engine: dict[str, Any] | None) -> list[list[str]]:
     return rows
 
 
+def _group_rows(builds: dict[str, Any]) -> list[list[str]]:
+    """A row per GDN builder call (group) of each process's builds, off and on."""
+    rows = []
+    for run, b in builds.items():
+        for i, proc in enumerate(b["processes"]):
+            med = proc.get("group_median_ns") or {}
+            pairs = zip(med.get("off", ()), med.get("on", ()), strict=False)
+            for k, (off, on) in enumerate(pairs):
+                rows.append(
+                    [
+                        run.replace("@", " on "),
+                        str(i + 1),
+                        str(k + 1),
+                        f"{off / 1000:.1f}",
+                        f"{on / 1000:.1f}",
+                        f"{(on - off) / 1000:+.1f}",
+                    ]
+                )
+    return rows
+
+
 def section(engine: dict[str, Any] | None, docs: str = "") -> str:
     """The benchmarks page's section on the plugin, markers included."""
     if not engine:
@@ -167,6 +188,26 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
                 "lrrrrl",
             ),
         ]
+        groups = _group_rows(builds)
+        if groups:
+            parts += [
+                "Within those builds, each call of the GDN builder's `build` (one per "
+                "GDN KV-cache group; the plugin does not patch it, so one timer times "
+                "both sides): the first group's call computes the layout values, the "
+                "others' are served them. Median µs of each process:",
+                markdown_table(
+                    [
+                        "model on runner",
+                        "process",
+                        "group",
+                        "µs off",
+                        "µs on",
+                        "on - off",
+                    ],
+                    groups,
+                    "lrrrrr",
+                ),
+            ]
     throughput = _models(engine.get("tokens_per_s", {}))
     if throughput:
         rows = []

@@ -378,6 +378,24 @@ def tokens_per_s(processes: int, rounds: int) -> dict[str, Any]:
     return out
 
 
+def _group_medians(
+    group_ns: dict[str, list[list[list[int]]]] | None,
+) -> dict[str, list[float]] | None:
+    """Each side's median CPU ns of the GDN builder's first, second, ... call in a
+    build (``None``: the model has no GDN builder)."""
+    if not group_ns:
+        return None
+    out: dict[str, list[float]] = {}
+    for side, rounds in group_ns.items():
+        builds = [calls for r in rounds for calls in r if calls]
+        n = max((len(calls) for calls in builds), default=0)
+        out[side] = [
+            statistics.median(calls[k] for calls in builds if len(calls) > k)
+            for k in range(n)
+        ]
+    return out if any(out.values()) else None
+
+
 def build_time(processes: int, rounds: int) -> dict[str, Any]:
     """CPU time per metadata build, plugin off and on in one process (``rounds`` of
     each, alternating which goes first), for each model of :data:`BUILD_MODELS` on
@@ -413,6 +431,7 @@ def build_time(processes: int, rounds: int) -> dict[str, Any]:
                         "median_ns_on": sides["on"],
                         "on_over_off": sides["on"] / sides["off"],
                         "builds_per_round": len(run["build_ns"]["on"][0]),
+                        "group_median_ns": _group_medians(run.get("group_ns")),
                     }
                 )
             ratios = [p["on_over_off"] for p in per_process]

@@ -112,6 +112,27 @@ def test_computations_stock_and_plugin_per_model_and_runner() -> None:
     assert "| m | v2 | f | 3.00 | 1.00 | NO |" in _engine_page.section(engine)
 
 
+def test_the_gdn_groups_of_each_build_are_shown_side_by_side() -> None:
+    process = {
+        "median_ns_off": 700_000.0,
+        "median_ns_on": 690_000.0,
+        "on_over_off": 0.99,
+        "group_median_ns": {"off": [40_000.0, 17_000.0], "on": [45_500.0, 6_000.0]},
+    }
+    build = {
+        "median_on_over_off": 0.99,
+        "min_on_over_off": 0.99,
+        "max_on_over_off": 0.99,
+        "processes": [process, {**process, "group_median_ns": None}],
+    }
+    page = _engine_page.section({"build_time": {"qwen3_next@v2": build}})
+    assert "| qwen3_next on v2 | 1 | 1 | 40.0 | 45.5 | +5.5 |" in page
+    assert "| qwen3_next on v2 | 1 | 2 | 17.0 | 6.0 | -11.0 |" in page
+    assert "| qwen3_next on v2 | 2 |" not in page  # no GDN builder timed there
+    del build["processes"][0]["group_median_ns"]
+    assert "GDN builder" not in _engine_page.section({"build_time": {"m@v1": build}})
+
+
 def _full_results() -> dict[str, Any]:
     """results.json as a run of this code writes it (every row, made-up numbers)."""
     labels = list(bench_hit.BENCHES)

@@ -465,9 +465,14 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("engine_run: a timed generate() gave other tokens")
     ab: dict[str, list[float]] = {"off": [], "on": []}
     builds: dict[str, list[list[int]]] = {"off": [], "on": []}
+    groups: dict[str, list[list[list[int]]]] = {"off": [], "on": []}
     rounds = args.ab or args.build_time
     if args.build_time:
-        from engine_timing import install_build_timer, take_build_times
+        from engine_timing import (
+            install_build_timer,
+            take_build_times,
+            take_group_times,
+        )
 
         llm.collective_rpc(install_build_timer)
     for i in range(rounds + 1 if rounds else 0):  # round 0 warms up, unrecorded
@@ -475,17 +480,20 @@ def main(argv: list[str] | None = None) -> int:
             llm.collective_rpc(set_plugin, args=(side == "on",))
             if args.build_time:
                 llm.collective_rpc(take_build_times)
+                llm.collective_rpc(take_group_times)
             start = time.perf_counter()
             again = llm.generate(prompts, params, use_tqdm=False)
             if i > 0:
                 ab[side].append(time.perf_counter() - start)
                 if args.build_time:
                     builds[side].append(llm.collective_rpc(take_build_times)[0])
+                    groups[side].append(llm.collective_rpc(take_group_times)[0])
             if [list(o.outputs[0].token_ids) for o in again] != tokens:
                 raise SystemExit(f"engine_run: plugin {side} gave other tokens")
     result = {
         "ab_s": ab if rounds else None,
         "build_ns": builds if args.build_time else None,
+        "group_ns": groups if args.build_time else None,
         "model": args.model,
         "architecture": config["architectures"][0],
         "spec": args.spec,

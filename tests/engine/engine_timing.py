@@ -8,6 +8,11 @@ object, which calls its class's method as it is at that moment: the plugin, swit
 on and off between ``generate()`` calls, patches the class, and the timer times
 whichever runs. ``time.thread_time_ns``: the building thread's CPU time, which other
 processes on a shared machine move less than wall time.
+
+Within each build, the GDN builder's ``build`` (Qwen3-Next: one per KV-cache group)
+is timed too, call by call: what the plugin's layout caches change is there (the
+first group computes, the others hit), and it says which group pays and which saves.
+The plugin does not patch that method, so the same timer times both sides.
 """
 
 from __future__ import annotations
@@ -25,20 +30,50 @@ def _target(worker: Any) -> tuple[Any, str]:
     return runner, "_build_attention_metadata"
 
 
+def _time_group_builds(current: list[list[int] | None]) -> None:
+    """Time each call of the GDN builder's ``build`` into ``current[0]``, the calls of
+    the build under way (none outside a timed build); nothing where vLLM has no GDN
+    builder."""
+    try:
+        from vllm.v1.attention.backends import gdn_attn
+    except ImportError:
+        return
+    cls = gdn_attn.GDNAttentionMetadataBuilder
+    build = cls.build
+
+    def timed_group(*args: Any, **kwargs: Any) -> Any:
+        start = time.thread_time_ns()
+        try:
+            return build(*args, **kwargs)
+        finally:
+            calls = current[0]
+            if calls is not None:
+                calls.append(time.thread_time_ns() - start)
+
+    cls.build = timed_group  # type: ignore[method-assign]
+
+
 def install_build_timer(worker: Any) -> int:
-    """Time every build of this worker from now on; returns the pid."""
+    """Time every build of this worker from now on (and the GDN builder's calls in
+    each); returns the pid."""
     target, attr = _target(worker)
     times = worker._stepcache_build_ns = []
+    groups = worker._stepcache_group_ns = []
+    current: list[list[int] | None] = [None]
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         method = getattr(type(target), attr)  # the class's, as patched right now
+        current[0] = calls = []
         start = time.thread_time_ns()
         try:
             return method(target, *args, **kwargs)
         finally:
             times.append(time.thread_time_ns() - start)
+            current[0] = None
+            groups.append(calls)
 
     setattr(target, attr, timed)
+    _time_group_builds(current)
     return os.getpid()
 
 
@@ -47,4 +82,13 @@ def take_build_times(worker: Any) -> list[int]:
     times: list[int] = worker._stepcache_build_ns
     taken = list(times)
     times.clear()
+    return taken
+
+
+def take_group_times(worker: Any) -> list[list[int]]:
+    """The CPU ns of each GDN builder call, build by build, since the last call (and
+    forget them)."""
+    groups: list[list[int]] = worker._stepcache_group_ns
+    taken = [list(g) for g in groups]
+    groups.clear()
     return taken
