@@ -17,6 +17,9 @@ Rows, each saying what both sides do:
   ``functools.cached_property``'s first access timed the same way. The tensor has a
   version counter, or is an inference tensor (made under
   ``torch.inference_mode()``), or 1,000 owners that were called once are alive.
+* *two kinds*: make an owner, ask a function keyed by layer kind for two kinds twice
+  each (the second kind is a new key on the store the first made), drop it, against
+  the seed's own cache (a dict in the owner).
 * *scope*: six owners of one layout inside ``stepcache.scope()``, three calls each,
   against the hand-threaded code of vLLM's Model Runner V2 (``build_attn_metadata``
   hands the first group's ``_token_to_req_indices_cache`` to the next group's
@@ -82,6 +85,38 @@ class Owner:
         if value is None:
             value = self._cache = 1
         return value
+
+
+class Kinds:
+    """An owner of one step's tensor with a function keyed by a layer kind: DSv4's
+    sparse-index cache, which a step's layers of two kinds ask for, each many times."""
+
+    def __init__(self, a: torch.Tensor) -> None:
+        self.a = a
+        self.pairs: dict[str, int] = {}  # the seed's own cache: a dict in the owner
+
+    @stepcache.step_cached(key="kind", depends_on=("a",), name="bench_cold.kinds")
+    def pair(self, kind: str) -> int:
+        return 1
+
+    def by_hand(self, kind: str) -> int:
+        """The seed's cache: the dict's entry, or computed once into it."""
+        found = self.pairs.get(kind)
+        if found is None:
+            found = self.pairs[kind] = 1
+        return found
+
+
+def kinds_stepcache(t: torch.Tensor) -> None:
+    owner = Kinds(t)
+    for kind in ("swa_only", "c128a", "swa_only", "c128a"):
+        owner.pair(kind)
+
+
+def kinds_by_hand(t: torch.Tensor) -> None:
+    owner = Kinds(t)
+    for kind in ("swa_only", "c128a", "swa_only", "c128a"):
+        owner.by_hand(kind)
 
 
 def cold_stepcache(t: torch.Tensor) -> int:
@@ -289,6 +324,8 @@ BENCHES: dict[str, Bench] = {
         Bench(
             "cold 1000 alive/cached_property", _cold(cold_cached_property, alive=1000)
         ),
+        Bench("two kinds/stepcache", _cold(kinds_stepcache)),
+        Bench("two kinds/dict in the owner", _cold(kinds_by_hand)),
         Bench("scope 6x3/stepcache", _cold(scope_stepcache, inference=True)),
         Bench("scope 6x3/hand-threaded", _cold(scope_threaded, inference=True)),
         *(
@@ -327,6 +364,13 @@ ROWS = [
         "cold 1000 alive/cached_property",
         2.0,
         "issue 43",
+    ),
+    Row(
+        "make an owner, ask a function keyed by layer kind for two kinds, twice each, "
+        "drop it (one version-counted tensor dependency, `return 1`; DSv4's sparse-index "
+        "shape): stepcache / a dict in the owner (the seed's cache)",
+        "two kinds/stepcache",
+        "two kinds/dict in the owner",
     ),
     Row(
         "six owners of one layout (inference tensor), three calls each: stepcache "

@@ -11,13 +11,13 @@ import linecache
 from collections.abc import Sequence
 from typing import Any
 
-P = inspect.Parameter
-EMPTY = P.empty
+_P = inspect.Parameter
+_EMPTY = _P.empty
 #: how a parameter of each kind is passed on (to the function, or its key function)
 _PASS: dict[Any, str] = {
-    P.VAR_POSITIONAL: "*{}",
-    P.VAR_KEYWORD: "**{}",
-    P.KEYWORD_ONLY: "{0}={0}",
+    _P.VAR_POSITIONAL: "*{}",
+    _P.VAR_KEYWORD: "**{}",
+    _P.KEYWORD_ONLY: "{0}={0}",
 }
 
 
@@ -34,8 +34,8 @@ def signature(params: Sequence[inspect.Parameter]) -> str:
     default is the global ``_sc_D_{name}`` (`defaults` gives them)."""
     plain = [
         p.replace(
-            annotation=EMPTY,
-            default=p.default if p.default is EMPTY else _Default(f"_sc_D_{p.name}"),
+            annotation=_EMPTY,
+            default=p.default if p.default is _EMPTY else _Default(f"_sc_D_{p.name}"),
         )
         for p in params
     ]
@@ -44,7 +44,7 @@ def signature(params: Sequence[inspect.Parameter]) -> str:
 
 def defaults(params: Sequence[inspect.Parameter]) -> dict[str, Any]:
     """The globals `signature`'s defaults name."""
-    return {f"_sc_D_{p.name}": p.default for p in params if p.default is not EMPTY}
+    return {f"_sc_D_{p.name}": p.default for p in params if p.default is not _EMPTY}
 
 
 def passed(params: Sequence[inspect.Parameter]) -> str:

@@ -325,6 +325,8 @@ def scoped(
     call or its parameter ``longest`` is at most 1 (:class:`Scope`); each scope
     opened is counted as ``scopes``, each call left out as ``unscoped``."""
     params = list(inspect.signature(original).parameters.values())
+    if any(p.name.startswith("_sc_") for p in params):  # a name of ours: not written
+        raise SkipPatch(f"{original.__qualname__} has a parameter named _sc_...")
     for wanted in (unless, longest):
         if wanted is not None and wanted not in {p.name for p in params}:
             raise SkipPatch(f"{original.__qualname__} has no parameter {wanted!r}")
@@ -352,8 +354,6 @@ def scoped(
         "_sc_original": original,
         **defaults(params),
     }
-    if any(p.name.startswith("_sc_") for p in params):  # a name of ours: not written
-        raise SkipPatch(f"{original.__qualname__} has a parameter named _sc_...")
     label = f"<stepcache scope {name}>"
     in_scope = method(label, f"in_scope({signature(params)})", body, names)
     return functools.update_wrapper(in_scope, original)
