@@ -91,8 +91,9 @@ def source(fn: Cached, fname: str) -> str:
     # (a keyed function's placeholder table answers every key), so no first call
     # raises. Keys of kinds (only=) often miss: get() there too.
     first = f"{s}.table.get({fn.fid}, _sc_{'KEYS' if fn.keyed else 'ABSENT'})"
+    own_subscripts = fn.keyed or not fn.dep_names
     own = f"{s}.table" + (
-        f"[{fn.fid}]" if fn.keyed or not fn.dep_names else f".get({fn.fid}, _sc_ABSENT)"
+        f"[{fn.fid}]" if own_subscripts else f".get({fn.fid}, _sc_ABSENT)"
     )
     # nothing to read: no entry, a key hashed all the same (an unhashable one raises)
     nothing = f"_sc_KEYS.get({key}, _sc_ABSENT)" if fn.keyed else "_sc_ABSENT"
@@ -135,8 +136,11 @@ def source(fn: Cached, fname: str) -> str:
     # A subscript that finds no entry (a new key, a function with no table in the
     # store yet) is a miss too, here: its KeyError costs less than the slow path,
     # which a keyed function took on each new key. In an owner's own store only if
-    # it is a store (anything else there is the slow path's), in a scope's table.
-    def lookup(what: str, own_store: bool) -> list[str]:
+    # it is a store (anything else there is the slow path's), in a scope's table. A
+    # lookup that only gets() cannot raise it: no handler.
+    def lookup(what: str, subscripts: bool, own_store: bool) -> list[str]:
+        if not subscripts:
+            return [f"{e} = {what}"]
         check = [f"    if {s}.__class__ is not _sc_StepCache:", "        raise"]
         if fn.keyed:  # no table of the function: its key unhashed yet
             check.append(f"    _sc_hash({key})")
@@ -158,16 +162,16 @@ def source(fn: Cached, fname: str) -> str:
         f"if {s} is _sc_NO_STORE:",
         f"    {e} = {nothing}",
         "else:",
-        *(f"    {x}" for x in lookup(first, False)),
+        *(f"    {x}" for x in lookup(first, fn.keyed and not fn.only, False)),
     ]
     found = [f"if {e} is not _sc_ABSENT:", *(f"    {x}" for x in serve)]
     if fn.keyed:
-        out += [f"        {x}" for x in (*lookup(own, True), *found)]
+        out += [f"        {x}" for x in (*lookup(own, own_subscripts, True), *found)]
         out += [f"        elif {s} is _sc_NO_STORE:"]
         out += [f"            {x}" for x in (*look, *found)]
     else:
         out += [f"        if {s} is not _sc_NO_STORE:"]
-        out += [f"            {x}" for x in lookup(own, True)]
+        out += [f"            {x}" for x in lookup(own, own_subscripts, True)]
         out += ["        else:", *(f"            {x}" for x in look)]
         out += [f"        {x}" for x in found]
     out += ["    except _sc_Exception:", f"        {e} = None"]  # the slow path judges

@@ -327,20 +327,25 @@ def scoped(
     params = list(inspect.signature(original).parameters.values())
     if any(p.name.startswith("_sc_") for p in params):  # a name of ours: not written
         raise SkipPatch(f"{original.__qualname__} has a parameter named _sc_...")
+    names_in = {p.name for p in params}
     for wanted in (unless, longest):
-        if wanted is not None and wanted not in {p.name for p in params}:
+        if wanted is not None and wanted not in names_in:
             raise SkipPatch(f"{original.__qualname__} has no parameter {wanted!r}")
     # Written for the original's own signature, as the generated hit is: a wrapper
     # of *args and **kwargs would pack and unpack every argument on every build (V2's
     # build_attn_metadata is called with 17 keywords), and read two of them by name.
-    skip = [f"{unless}"] if unless is not None else []
+    skip = [unless] if unless is not None else []
     # an int of at most 1: decodes only (anything else opens the scope)
     skip += [f"({longest}.__class__ is int and {longest} <= 1)"] if longest else []
     call = f"_sc_original({passed(params)})"
-    body = [
-        f"if {' or '.join(skip) or 'False'}:",
-        "    _sc_counts[_sc_left] = _sc_counts.get(_sc_left, 0) + 1",
-        f"    return {call}",
+    body = []
+    if skip:  # a call left out: counted, and run as it is
+        body += [
+            f"if {' or '.join(skip)}:",
+            "    _sc_counts[_sc_left] = _sc_counts.get(_sc_left, 0) + 1",
+            f"    return {call}",
+        ]
+    body += [
         "_sc_counts[_sc_opened] = _sc_counts.get(_sc_opened, 0) + 1",
         "with _sc_scope():",
         f"    return {call}",
