@@ -29,6 +29,8 @@ Its sections, written to ``docs/benchmarks/engine.json``:
   scope wraps: V1's ``_build_attention_metadata``, V2's ``prepare_attn``), plugin off
   and on switched in one engine process, per model and model runner, several fresh
   processes; beside it, what the worker's ``stepcache.stats()`` counted per step.
+  Qwen3-Next runs a second time with the GDN split's cache left out
+  (``STEPCACHE_VLLM_SKIP``), the other patches applied: what that cache costs or saves.
 
 Run from the repository root with the main venv::
 
@@ -64,8 +66,19 @@ MODELS = {
     "granite_hybrid": False,
 }
 THROUGHPUT_MODELS = ("llama", "qwen3_next")
-#: the build-time runs: a model with nothing cached, and the models with a cache
-BUILD_MODELS = ("llama", "qwen3_next", "mamba2", "granite_hybrid")
+#: the build-time runs, (label, model, environment): a model with nothing cached, the
+#: models with a cache, and Qwen3-Next with the GDN split's cache left out
+BUILD_RUNS: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("llama", "llama", {}),
+    ("qwen3_next", "qwen3_next", {}),
+    (
+        "qwen3_next without the split cache",
+        "qwen3_next",
+        {"STEPCACHE_VLLM_SKIP": "vllm.gdn.split_decodes_and_prefills"},
+    ),
+    ("mamba2", "mamba2", {}),
+    ("granite_hybrid", "granite_hybrid", {}),
+)
 RUNNERS = ("v1", "v2")
 
 
@@ -80,17 +93,21 @@ def _engine_python() -> str:
 
 
 def _engine_run(
-    model: str, mode: str, *extra: str, spec: bool | None = None
+    model: str,
+    mode: str,
+    *extra: str,
+    spec: bool | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         cmd = [_engine_python(), str(RUNNER), "--model", model, "--out", str(out)]
         cmd += ["--spec"] if (MODELS[model] if spec is None else spec) else []
-        env = {**os.environ, "STEPCACHE_VLLM": mode}
+        environ = {**os.environ, **(env or {}), "STEPCACHE_VLLM": mode}
         for var in ("TRITON_INTERPRET", "VIRTUAL_ENV"):
-            env.pop(var, None)
+            environ.pop(var, None)
         done = subprocess.run(
-            [*cmd, *extra], env=env, capture_output=True, text=True, cwd=ROOT
+            [*cmd, *extra], env=environ, capture_output=True, text=True, cwd=ROOT
         )
         if done.returncode != 0:
             tail = (done.stdout + done.stderr).splitlines()[-20:]
@@ -398,16 +415,16 @@ def _group_medians(
 
 def build_time(processes: int, rounds: int) -> dict[str, Any]:
     """CPU time per metadata build, plugin off and on in one process (``rounds`` of
-    each, alternating which goes first), for each model of :data:`BUILD_MODELS` on
-    each runner, in ``processes`` fresh processes: the ratio of each process's
-    medians, and the median of those ratios; and the worker's stats per step."""
+    each, alternating which goes first), for each run of :data:`BUILD_RUNS` on each
+    runner, in ``processes`` fresh processes: the ratio of each process's medians,
+    and the median of those ratios; and the worker's stats per step."""
     out: dict[str, Any] = {}
-    for model in BUILD_MODELS:
+    for label, model, env in BUILD_RUNS:
         for runner in RUNNERS:
             per_process = []
             for i in range(processes):
                 print(
-                    f"bench_engine: build time, {model} on {runner} "
+                    f"bench_engine: build time, {label} on {runner} "
                     f"({i + 1}/{processes})",
                     file=sys.stderr,
                     flush=True,
@@ -420,6 +437,7 @@ def build_time(processes: int, rounds: int) -> dict[str, Any]:
                     "--build-time",
                     str(rounds),
                     spec=False,
+                    env=env,
                 )
                 sides = {
                     side: statistics.median(ns for r in runs for ns in r)
@@ -436,7 +454,7 @@ def build_time(processes: int, rounds: int) -> dict[str, Any]:
                 )
             ratios = [p["on_over_off"] for p in per_process]
             stats = run["timed_workers"] or run["workers"]
-            out[f"{model}@{runner}"] = {
+            out[f"{label}@{runner}"] = {
                 "rounds": rounds,
                 "processes": per_process,
                 "median_on_over_off": statistics.median(ratios),

@@ -20,7 +20,10 @@ unset, ``0``         nothing (one debug line): installing stepcache never change
                      checked)
 ===================  ==================================================================
 
-Anything else is a :class:`SwitchError` (logged once; the engine is left alone).
+Anything else is a :class:`SwitchError` (logged once; the engine is left alone). A
+plugin may also name a second variable, ``skip_env``: patch names, separated by commas,
+that a registration leaves out (a cache that does not pay on one's machine); a name
+that is no patch of the plugin is a :class:`SwitchError` too.
 :meth:`~EnginePlugin.register` is idempotent and may run again in a process (an
 engine may load its plugins in every process, more than once); it imports nothing of
 the engine (each patch waits for its module,
@@ -95,7 +98,9 @@ class Sharer(NamedTuple):
 
     module: str
     name: str
-    decode: bool = True
+    #: or the names of the patches such a build calls: it shares there unless each
+    #: of them is left out (``skip_env``)
+    decode: bool | tuple[str, ...] = True
 
 
 class SwitchError(ValueError):
@@ -116,6 +121,8 @@ class _State:
         self.summary: str | None = None
         self.undo: dict[str, Undo] = {}
         self.skipped: dict[str, str] = {}
+        #: the patches this registration leaves out (``skip_env``)
+        self.left_out: frozenset[str] = frozenset()
         self.cancel: list[Callable[[], None]] = []
         #: the warnings given (register() may run more than once per process)
         self.warned: set[str] = set()
@@ -157,6 +164,9 @@ class EnginePlugin:
     #: builds open none either (:class:`~.patching.Scope`'s ``longest``). Empty: the
     #: scopes apply with the other patches, in every build.
     scopes_for: tuple[Sharer | tuple[str, str], ...] = ()
+    #: The environment variable that names patches to leave out, read at each
+    #: registration (:meth:`parse_skip`); ``None``: every patch applies.
+    skip_env: str | None = None
     _state: _State = dataclasses.field(default_factory=_State, init=False, repr=False)
 
     # -- the switch and the version ----------------------------------------------------
@@ -177,6 +187,20 @@ class EnginePlugin:
         if value in ("verify", "force"):
             return value
         raise SwitchError(f"{self.env} must be 0, 1, verify or force (got {raw!r})")
+
+    def parse_skip(self, raw: str | None) -> frozenset[str]:
+        """The patch names a value of ``skip_env`` leaves out (``None`` or empty:
+        none). A name that is no patch of this plugin is a :class:`SwitchError` that
+        names it and the patches."""
+        names = frozenset(n.strip() for n in (raw or "").split(",") if n.strip())
+        unknown = sorted(names - {patch.name for patch in self.patches})
+        if unknown:
+            raise SwitchError(
+                f"{self.skip_env} names no patch of the {self.engine} plugin: "
+                f"{', '.join(map(repr, unknown))} (its patches: "
+                f"{', '.join(patch.name for patch in self.patches)})"
+            )
+        return names
 
     def installed_version(self) -> Installed | None:
         """``(distribution, version)`` of the installed engine, ``None`` if there is
@@ -240,6 +264,13 @@ class EnginePlugin:
                     self.engine,
                 )
                 return
+            try:
+                left_out = self.parse_skip(
+                    os.environ.get(self.skip_env) if self.skip_env else None
+                )
+            except SwitchError as exc:
+                self._warn_once(f"stepcache: {exc}; {self.engine} left unpatched")
+                return
             found = self.installed_version()
             if found is None:
                 log.debug(
@@ -256,6 +287,9 @@ class EnginePlugin:
                 return
             state.registered = True
             state.mode = mode
+            state.left_out = left_out
+            for name in left_out:
+                state.skipped[name] = f"left out by {self.skip_env}"
             state.check = (
                 StockCheck(self.engine, f"{self.env}=0") if mode == "verify" else None
             )
@@ -270,10 +304,9 @@ class EnginePlugin:
                             _when_imported(patch.module, self._applier(patch))
                         )
                 for sharer in (Sharer(*entry) for entry in self.scopes_for):
-                    if not state.scopes_wanted or (
-                        sharer.decode and not state.decode_wanted
-                    ):
-                        watch = self._watcher(sharer.name, sharer.decode)
+                    decode = self._decodes(sharer)
+                    if not state.scopes_wanted or (decode and not state.decode_wanted):
+                        watch = self._watcher(sharer.name, decode)
                         state.cancel.append(_when_imported(sharer.module, watch))
             finally:
                 state.quiet = False
@@ -295,6 +328,7 @@ class EnginePlugin:
                     undo()
             state.cancel.clear()
             state.skipped.clear()
+            state.left_out = frozenset()
             state.warned.clear()
             state.registered = False
             state.summary = None
@@ -348,6 +382,13 @@ class EnginePlugin:
             and bool(self.scopes_for)
             and not self._state.scopes_wanted
         )
+
+    def _decodes(self, sharer: Sharer) -> bool:
+        """Whether ``sharer``'s builds of decodes only share a value, with the
+        patches this registration leaves out."""
+        if isinstance(sharer.decode, bool):
+            return sharer.decode
+        return not self._state.left_out.issuperset(sharer.decode)
 
     def _watcher(self, name: str, decode: bool) -> Callable[[ModuleType], None]:
         """Watch the class ``name`` of a module: making one applies the scopes (in
@@ -431,7 +472,11 @@ class EnginePlugin:
 
         def apply(module: ModuleType) -> None:
             with state.lock:
-                if not state.registered or patch.name in state.undo:
+                if (
+                    not state.registered
+                    or patch.name in state.undo
+                    or patch.name in state.left_out
+                ):
                     return
                 try:
                     state.undo[patch.name] = install(

@@ -396,3 +396,92 @@ def test_a_builder_that_shares_in_decodes_made_first_opens_every_builds_scope(
         assert scopes(attn.build_step(step(), 1, 1)) == [True]
     finally:
         lazy.unregister()
+
+
+# -- patches left out --------------------------------------------------------------------
+SKIP = "STEPCACHE_FAKEENGINE_SKIP"
+
+
+def test_a_patch_left_out_is_not_applied_and_says_so(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    plugin = dataclasses.replace(PLUGIN, skip_env=SKIP)
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setenv(SKIP, f" {LENS} ,")
+    plugin.register()
+    try:
+        assert plugin.status() == {
+            BUILD: "applied",
+            LENS: f"skipped: left out by {SKIP}",
+        }
+        assert attn.query_lens is query_lens  # the engine's own
+        built = attn.build_metadata(step(), groups=3)
+        assert all(s is not None for _, s in built)  # the scope still opens
+        assert engine.stock_calls == 3  # type: ignore[attr-defined]
+        # read at each registration
+        monkeypatch.delenv(SKIP)
+        plugin.unregister()
+        plugin.register()
+        assert plugin.status()[LENS] == "applied"
+        engine.stock_calls = 0  # type: ignore[attr-defined]
+        attn.build_metadata(step(), groups=3)
+        assert engine.stock_calls == 1  # type: ignore[attr-defined]
+    finally:
+        plugin.unregister()
+    assert attn.query_lens is query_lens
+
+
+def test_a_name_that_is_no_patch_is_one_warning_and_nothing_applied(
+    attn: types.ModuleType,
+    log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dataclasses
+
+    plugin = dataclasses.replace(PLUGIN, skip_env=SKIP)
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setenv(SKIP, f"{LENS},fakeengine.query_len")
+    plugin.register()
+    plugin.register()
+    assert plugin.active_mode() == "off"
+    assert attn.query_lens is query_lens and attn.build_metadata is build_metadata
+    assert [r.getMessage() for r in log.records] == [
+        f"stepcache: {SKIP} names no patch of the FakeEngine plugin: "
+        f"'fakeengine.query_len' (its patches: {BUILD}, {LENS}); FakeEngine left "
+        "unpatched"
+    ]
+    with pytest.raises(SwitchError, match="names no patch"):
+        plugin.parse_skip("nothing.of.it")
+    assert plugin.parse_skip(None) == plugin.parse_skip(" , ") == frozenset()
+
+
+@pytest.mark.parametrize("left_out", [False, True])
+def test_a_builder_that_shares_in_decodes_through_a_patch_left_out_does_not(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch, left_out: bool
+) -> None:
+    import dataclasses
+
+    from stepcache.integrations.plugin import Sharer
+
+    attn.Decoder = Decoder  # type: ignore[attr-defined]
+    attn.build_step = build_step  # type: ignore[attr-defined]
+    plugin = dataclasses.replace(
+        PLUGIN,
+        patches=(Patch(STEP, "fakeengine.attn", find_step, Scope(longest="longest")),)
+        + PLUGIN.patches[1:],
+        scopes_for=(Sharer("fakeengine.attn", "Decoder", decode=(LENS,)),),
+        skip_env=SKIP,
+    )
+    monkeypatch.setenv(ENV, "1")
+    if left_out:
+        monkeypatch.setenv(SKIP, LENS)
+    plugin.register()
+    try:
+        Decoder()
+        # decodes: a scope only where the patch its decodes call applies
+        assert scopes(attn.build_step(step(), 2, 1)) == [not left_out] * 2
+        assert scopes(attn.build_step(step(), 2, 3)) == [True, True]  # a prefill
+    finally:
+        plugin.unregister()

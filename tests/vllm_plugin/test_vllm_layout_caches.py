@@ -545,3 +545,48 @@ def test_a_build_of_decodes_opens_no_scope_while_only_mamba_builders_are_made(
         assert seen == [False, True, False, True]
     finally:
         fresh.unregister()
+
+
+def test_the_split_left_out_is_vllms_own_and_gdn_decodes_open_no_scope(
+    cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``STEPCACHE_VLLM_SKIP`` names the GDN split: the GDN module keeps vLLM's
+    function, the other GDN caches apply, and a GDN builder's build of decodes only
+    (which calls nothing else cached) opens no scope; one with a prefill does."""
+    from vllm.v1.attention.backends import gdn_attn
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from stepcache.integrations import vllm as plugin_module
+
+    plugin_module.unregister()
+    stock_split = gdn_attn.split_decodes_and_prefills
+    seen: list[bool] = []
+
+    def build(
+        self: Any,
+        num_tokens: int,
+        num_reqs: int,
+        max_query_len: int,
+        *args: Any,
+        for_cudagraph_capture: bool = False,
+    ) -> None:
+        seen.append(stepcache.active_scope() is not None)
+
+    monkeypatch.setattr(GPUModelRunner, "_build_attention_metadata", build)
+    fresh = dataclasses.replace(plugin_module.PLUGIN)
+    monkeypatch.setenv(plugin_module.ENV, "1")
+    monkeypatch.setenv(plugin_module.SKIP_ENV, _gdn.SPLIT_NAME)
+    fresh.register()
+    try:
+        real_builders.gdn_builder()
+        status = fresh.status()
+        assert (
+            status[_gdn.SPLIT_NAME] == f"skipped: left out by {plugin_module.SKIP_ENV}"
+        )
+        assert status[_gdn.CHUNK_NAME] == "applied"
+        assert gdn_attn.split_decodes_and_prefills is stock_split
+        GPUModelRunner._build_attention_metadata(None, 3, 3, 1)  # decodes
+        GPUModelRunner._build_attention_metadata(None, 12, 3, 9)  # a prefill
+        assert seen == [False, True]
+    finally:
+        fresh.unregister()

