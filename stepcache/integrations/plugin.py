@@ -511,6 +511,11 @@ class EnginePlugin:
             f"{self.env}={mode}, {version}); patched: "
             f"{', '.join(applied) or 'nothing yet'}; waiting for the import of: "
             f"{', '.join(waiting) or 'nothing'}"
+            + (
+                f"; left out ({self.skip_env}): {', '.join(sorted(state.left_out))}"
+                if state.left_out
+                else ""
+            )
         )
         self._show_summary()
 

@@ -403,7 +403,9 @@ SKIP = "STEPCACHE_FAKEENGINE_SKIP"
 
 
 def test_a_patch_left_out_is_not_applied_and_says_so(
-    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+    attn: types.ModuleType,
+    log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import dataclasses
 
@@ -412,6 +414,12 @@ def test_a_patch_left_out_is_not_applied_and_says_so(
     monkeypatch.setenv(SKIP, f" {LENS} ,")
     plugin.register()
     try:
+        summary = [m for m in log.messages if "plugin registered" in m]
+        assert len(summary) == 1
+        assert summary[0].endswith(
+            f"patched: {BUILD}; waiting for the import of: nothing; "
+            f"left out ({SKIP}): {LENS}"
+        )
         assert plugin.status() == {
             BUILD: "applied",
             LENS: f"skipped: left out by {SKIP}",
