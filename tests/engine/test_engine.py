@@ -20,6 +20,7 @@ from engine_runs import (
     PAIRS,
     PROFILED,
     RUNNERS,
+    SKIPPED,
     Runs,
     has_amx,
     uses_spec,
@@ -184,6 +185,32 @@ def test_debug_checks_find_nothing_in_the_layout_caches(
     assert (worker["debug"], worker["detections"]) == ("checks", [])
     assert set(worker["stats"]) == STATS_ROWS[model]
     assert worker["stats"] == _only_worker(engine.get(model, runner, "1"))["stats"]
+
+
+def test_the_split_left_out_is_stock_and_the_other_caches_still_serve(
+    engine: Runs,
+) -> None:
+    """``STEPCACHE_VLLM_SKIP`` names the GDN split: the same tokens; vLLM's split
+    computes in every group as stock does, the chunk metadata and computed tokens
+    are still computed once per build, and builds of decodes open no scope (GDN's
+    decodes call nothing else cached)."""
+    model, runner = SKIPPED
+    off, on = engine.get(model, runner, "0"), engine.get(model, runner, "skip")
+    assert on["tokens"] == off["tokens"]
+    worker = _only_worker(on)
+    status = worker["status"]
+    assert status[SPLIT] == "skipped: left out by STEPCACHE_VLLM_SKIP", status
+    assert status[CHUNKS] == status[COMPUTED] == "applied", status
+    stock, plugin = off["probe"][0], on["probe"][0]
+    split = PROBE_NAME[SPLIT]
+    assert plugin[split]["computed"] == stock[split]["computed"] == 3 * worker["steps"]
+    for name in (CHUNKS, COMPUTED):
+        assert stock[PROBE_NAME[name]]["calls"] == 3 * plugin[PROBE_NAME[name]]["calls"]
+    assert set(worker["stats"]) == {CHUNKS, COMPUTED}, worker["stats"]
+    built = worker["counters"][BUILD[runner]]
+    assert built["scopes"] + built["unscoped"] == worker["steps"], built
+    assert 1 <= built["scopes"] == worker["stats"][CHUNKS]["misses"], built
+    assert built["unscoped"] >= 1, built
 
 
 def test_the_plugin_registers_in_every_process(engine: Runs) -> None:
