@@ -357,4 +357,10 @@ def lines(res: dict[str, Any]) -> list[str]:
         f"  worker's plugin mode: {res['mode']['off']} / {res['mode']['on']}; same "
         f"tokens: {'yes' if res['same_tokens'] else 'NO'}"
     )
+    out += _wrap(
+        "Fewer computations are not yet less time everywhere: the build's CPU time, "
+        "plugin on / off, is measured by `python -m benchmarks.bench_engine` "
+        "(docs/integrations.md#measurements); STEPCACHE_VLLM_SKIP leaves out a cache "
+        "that costs more than it saves"
+    )
     return out

@@ -199,6 +199,9 @@ def test_the_engine_section_reads_what_the_plugin_cached() -> None:
     assert "+ not probed" in text
     assert "* some repeats returned other bytes" in text
     assert "scopes 1.00 per step" in text and "same tokens: yes" in text
+    # counts are not time: where time is measured, and how to leave a cache out
+    assert "docs/integrations.md#measurements" in words
+    assert "STEPCACHE_VLLM_SKIP leaves out" in words
     assert max(map(len, text.splitlines())) <= 88
 
 
