@@ -402,16 +402,21 @@ def test_a_builder_that_shares_in_decodes_made_first_opens_every_builds_scope(
 SKIP = "STEPCACHE_FAKEENGINE_SKIP"
 
 
+def skipping(monkeypatch: pytest.MonkeyPatch, names: str) -> EnginePlugin:
+    """The declaration with ``skip_env``, switched on, ``names`` left out."""
+    import dataclasses
+
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setenv(SKIP, names)
+    return dataclasses.replace(PLUGIN, skip_env=SKIP)
+
+
 def test_a_patch_left_out_is_not_applied_and_says_so(
     attn: types.ModuleType,
     log: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import dataclasses
-
-    plugin = dataclasses.replace(PLUGIN, skip_env=SKIP)
-    monkeypatch.setenv(ENV, "1")
-    monkeypatch.setenv(SKIP, f" {LENS} ,")
+    plugin = skipping(monkeypatch, f" {LENS} ,")
     plugin.register()
     try:
         summary = [m for m in log.messages if "plugin registered" in m]
@@ -446,11 +451,7 @@ def test_a_name_that_is_no_patch_is_one_warning_and_nothing_applied(
     log: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import dataclasses
-
-    plugin = dataclasses.replace(PLUGIN, skip_env=SKIP)
-    monkeypatch.setenv(ENV, "1")
-    monkeypatch.setenv(SKIP, f"{LENS},fakeengine.query_len")
+    plugin = skipping(monkeypatch, f"{LENS},fakeengine.query_len")
     plugin.register()
     plugin.register()
     assert plugin.active_mode() == "off"

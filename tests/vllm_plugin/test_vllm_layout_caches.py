@@ -506,18 +506,11 @@ def test_verify_catches_chunk_metadata_that_differs_from_stock(
             builders[1]._build_chunk_metadata(qsl, qsl, qsl.device)
 
 
-def test_a_build_of_decodes_opens_no_scope_while_only_mamba_builders_are_made(
-    cpu: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The Mamba family's builders share values for prefill rows only: an engine
-    that made no other builder opens a scope in V1's builds with a prefill, not in
-    builds of decodes only (``max_query_len`` 1); once a GDN builder is made, its
-    groups share in every build."""
+def _record_scopes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """V1's build replaced by one that records whether it runs in a scope (the
+    plugin's scope patch wraps it), for each call."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from stepcache.integrations import vllm as plugin_module
-
-    plugin_module.unregister()
     seen: list[bool] = []
 
     def build(
@@ -531,6 +524,22 @@ def test_a_build_of_decodes_opens_no_scope_while_only_mamba_builders_are_made(
         seen.append(stepcache.active_scope() is not None)
 
     monkeypatch.setattr(GPUModelRunner, "_build_attention_metadata", build)
+    return seen
+
+
+def test_a_build_of_decodes_opens_no_scope_while_only_mamba_builders_are_made(
+    cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Mamba family's builders share values for prefill rows only: an engine
+    that made no other builder opens a scope in V1's builds with a prefill, not in
+    builds of decodes only (``max_query_len`` 1); once a GDN builder is made, its
+    groups share in every build."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from stepcache.integrations import vllm as plugin_module
+
+    plugin_module.unregister()
+    seen = _record_scopes(monkeypatch)
     # a process whose engine has made no builder yet
     fresh = dataclasses.replace(plugin_module.PLUGIN)
     monkeypatch.setenv(plugin_module.ENV, "1")
@@ -560,19 +569,7 @@ def test_the_split_left_out_is_vllms_own_and_gdn_decodes_open_no_scope(
 
     plugin_module.unregister()
     stock_split = gdn_attn.split_decodes_and_prefills
-    seen: list[bool] = []
-
-    def build(
-        self: Any,
-        num_tokens: int,
-        num_reqs: int,
-        max_query_len: int,
-        *args: Any,
-        for_cudagraph_capture: bool = False,
-    ) -> None:
-        seen.append(stepcache.active_scope() is not None)
-
-    monkeypatch.setattr(GPUModelRunner, "_build_attention_metadata", build)
+    seen = _record_scopes(monkeypatch)
     fresh = dataclasses.replace(plugin_module.PLUGIN)
     monkeypatch.setenv(plugin_module.ENV, "1")
     monkeypatch.setenv(plugin_module.SKIP_ENV, _gdn.SPLIT_NAME)
