@@ -53,6 +53,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._timing import machine, source_state, time_stmt
+from stepcache.integrations.vllm import SKIP_ENV
+from stepcache.integrations.vllm.gdn import SPLIT_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "tests" / "engine" / "engine_run.py"
@@ -74,7 +76,7 @@ BUILD_RUNS: tuple[tuple[str, str, dict[str, str]], ...] = (
     (
         "qwen3_next without the split cache",
         "qwen3_next",
-        {"STEPCACHE_VLLM_SKIP": "vllm.gdn.split_decodes_and_prefills"},
+        {SKIP_ENV: SPLIT_NAME},
     ),
     ("mamba2", "mamba2", {}),
     ("granite_hybrid", "granite_hybrid", {}),

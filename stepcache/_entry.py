@@ -7,8 +7,8 @@ A fingerprint is a pair ``(o, v)``: a tensor and its version counter; an inferen
 tensor (no version counter) and `ID` inside a scope, where its identity is the whole
 promise, or outside one the tensor with its place (`placed`) and `PLACED`; a scalar
 and `VAL`; a tuple of scalars and its snapshot (a `Typed`); a snapshot of a list,
-dict or set of scalars and `SNAP`; any other object and `ID`. docs/concepts.md ("Dependencies and fingerprints") says what
-each one sees and misses.
+dict or set of scalars and `SNAP`; any other object and `ID`. docs/concepts.md
+("Dependencies and fingerprints") says what each one sees and misses.
 """
 
 from __future__ import annotations

