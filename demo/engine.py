@@ -265,6 +265,12 @@ def summarize(
             rows.values(), key=lambda r: (r["cached_as"] is None, r["function"])
         ),
         "mode": {"off": w_off["mode"], "on": w_on["mode"]},
+        # the plugin's patches off by default (STEPCACHE_VLLM_ADD applies them)
+        "off_by_default": sorted(
+            name
+            for name, state in w_on.get("status", {}).items()
+            if state.startswith("skipped: off by default")
+        ),
         "stats": w_on["stats"],
         "counters": w_on["counters"],
         "same_tokens": on["tokens"] == off["tokens"] == profile["tokens"],
@@ -324,13 +330,18 @@ def lines(res: dict[str, Any]) -> list[str]:
         "the",
         "  worker's stepcache.stats() for the functions the plugin caches",
     ]
+    off_by_default = {last_name(name): name for name in res["off_by_default"]}
     body = [
         [
             last_name(r["function"]),
             f"{r['off']:.2f} ({r['off'] * res['steps']['off']:.0f})"
             + (" " if r["off_from"] == "probe" else "+"),
             f"{r['on']:.2f} ({r['on'] * steps:.0f})",
-            "yes" if r["cached_as"] else "no",
+            "yes"
+            if r["cached_as"]
+            else "no*"
+            if last_name(r["function"]) in off_by_default
+            else "no",
         ]
         for r in res["computations"]
     ]
@@ -338,6 +349,11 @@ def lines(res: dict[str, Any]) -> list[str]:
     if any(r["off_from"] != "probe" for r in res["computations"]):
         out.append(
             "    + not probed: the calls of the on run (stock vLLM computes each)"
+        )
+    for name in off_by_default.values():
+        out += _wrap(
+            f"* off by default: {name}, whose cache made the build slower than "
+            f"stock vLLM's (STEPCACHE_VLLM_ADD={name} applies it)"
         )
     for name, row in sorted(res["stats"].items()):
         out += _wrap(
@@ -361,6 +377,6 @@ def lines(res: dict[str, Any]) -> list[str]:
         "Fewer computations are not yet less time everywhere: the build's CPU time, "
         "plugin on / off, is measured by `python -m benchmarks.bench_engine` "
         "(docs/integrations.md#measurements); STEPCACHE_VLLM_SKIP leaves out a cache "
-        "that costs more than it saves"
+        "that costs more than it saves on one's machine"
     )
     return out

@@ -184,12 +184,15 @@ class Patch:
     """One replacement in an engine, applied when ``module`` is imported. ``find``
     checks the target and returns it (:class:`Target`), or raises :class:`SkipPatch`
     with the reason it left the engine alone; ``wrap`` says what is installed there
-    (:class:`Scope`, :class:`Verify` or :class:`Unwrapped`)."""
+    (:class:`Scope`, :class:`Verify` or :class:`Unwrapped`); ``opt_in``: applied only
+    where the plugin's ``add_env`` names it (a cache that costs more build time than
+    it saves where it was measured)."""
 
     name: str
     module: str
     find: Callable[[ModuleType], Target]
     wrap: Wrap = UNWRAPPED
+    opt_in: bool = False
 
 
 def install(patch: Patch, module: ModuleType, check: StockCheck | None) -> Undo:

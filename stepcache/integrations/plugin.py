@@ -21,9 +21,11 @@ unset, ``0``         nothing (one debug line): installing stepcache never change
 ===================  ==================================================================
 
 Anything else is a :class:`SwitchError` (logged once; the engine is left alone). A
-plugin may also name a second variable, ``skip_env``: patch names, separated by commas,
-that a registration leaves out (a cache that does not pay on one's machine); a name
-that is no patch of the plugin is a :class:`SwitchError` too.
+plugin may also name two more variables, each holding patch names separated by commas
+and read at each registration: ``skip_env``, the patches to leave out (a cache that does
+not pay on one's machine), and ``add_env``, the patches off by default
+(``Patch.opt_in``) to apply. A name that is no patch of the plugin, or one that both
+name, is a :class:`SwitchError` too.
 :meth:`~EnginePlugin.register` is idempotent and may run again in a process (an
 engine may load its plugins in every process, more than once); it imports nothing of
 the engine (each patch waits for its module,
@@ -99,7 +101,7 @@ class Sharer(NamedTuple):
     module: str
     name: str
     #: or the names of the patches such a build calls: it shares there unless each
-    #: of them is left out (``skip_env``)
+    #: of them is left out (``skip_env``, or off by default and not added)
     decode: bool | tuple[str, ...] = True
 
 
@@ -121,8 +123,10 @@ class _State:
         self.summary: str | None = None
         self.undo: dict[str, Undo] = {}
         self.skipped: dict[str, str] = {}
-        #: the patches this registration leaves out (``skip_env``)
+        #: the patches this registration leaves out: named by ``skip_env``, and off
+        #: by default (``Patch.opt_in``) where ``add_env`` does not name them
         self.left_out: frozenset[str] = frozenset()
+        self.off: frozenset[str] = frozenset()
         self.cancel: list[Callable[[], None]] = []
         #: the warnings given (register() may run more than once per process)
         self.warned: set[str] = set()
@@ -167,7 +171,19 @@ class EnginePlugin:
     #: The environment variable that names patches to leave out, read at each
     #: registration (:meth:`parse_skip`); ``None``: every patch applies.
     skip_env: str | None = None
+    #: The environment variable that names patches off by default (``opt_in``) to
+    #: apply, read at each registration (:meth:`parse_add`); a plugin with such
+    #: patches must name one.
+    add_env: str | None = None
     _state: _State = dataclasses.field(default_factory=_State, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        opt_in = [patch.name for patch in self.patches if patch.opt_in]
+        if opt_in and self.add_env is None:
+            raise TypeError(
+                f"the {self.engine} plugin declares patches off by default "
+                f"({', '.join(opt_in)}) but no add_env to apply them"
+            )
 
     # -- the switch and the version ----------------------------------------------------
     def parse_mode(self, raw: str | None) -> str:
@@ -192,15 +208,37 @@ class EnginePlugin:
         """The patch names a value of ``skip_env`` leaves out (``None`` or empty:
         none). A name that is no patch of this plugin is a :class:`SwitchError` that
         names it and the patches."""
+        return self._patch_names(self.skip_env, raw)
+
+    def parse_add(self, raw: str | None) -> frozenset[str]:
+        """The patch names a value of ``add_env`` applies, as :meth:`parse_skip`
+        reads them (a patch applied by default may be named: it applies)."""
+        return self._patch_names(self.add_env, raw)
+
+    def _patch_names(self, var: str | None, raw: str | None) -> frozenset[str]:
         names = frozenset(n.strip() for n in (raw or "").split(",") if n.strip())
         unknown = sorted(names - {patch.name for patch in self.patches})
         if unknown:
             raise SwitchError(
-                f"{self.skip_env} names no patch of the {self.engine} plugin: "
+                f"{var} names no patch of the {self.engine} plugin: "
                 f"{', '.join(map(repr, unknown))} (its patches: "
                 f"{', '.join(patch.name for patch in self.patches)})"
             )
         return names
+
+    def _chosen(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The patches ``skip_env`` leaves out and those off by default that
+        ``add_env`` does not name, from the environment now."""
+        skip = self.parse_skip(os.environ.get(self.skip_env) if self.skip_env else None)
+        added = self.parse_add(os.environ.get(self.add_env) if self.add_env else None)
+        both = sorted(skip & added)
+        if both:
+            raise SwitchError(
+                f"{self.skip_env} and {self.add_env} both name "
+                f"{', '.join(map(repr, both))}: leave it out or add it"
+            )
+        off = frozenset(p.name for p in self.patches if p.opt_in) - added - skip
+        return skip, off
 
     def installed_version(self) -> Installed | None:
         """``(distribution, version)`` of the installed engine, ``None`` if there is
@@ -265,9 +303,7 @@ class EnginePlugin:
                 )
                 return
             try:
-                left_out = self.parse_skip(
-                    os.environ.get(self.skip_env) if self.skip_env else None
-                )
+                skip, off = self._chosen()
             except SwitchError as exc:
                 self._warn_once(f"stepcache: {exc}; {self.engine} left unpatched")
                 return
@@ -287,9 +323,13 @@ class EnginePlugin:
                 return
             state.registered = True
             state.mode = mode
-            state.left_out = left_out
-            for name in left_out:
+            state.left_out, state.off = skip, off
+            for name in skip:
                 state.skipped[name] = f"left out by {self.skip_env}"
+            for name in off:
+                state.skipped[name] = (
+                    f"off by default ({self.add_env}={name} applies it)"
+                )
             state.check = (
                 StockCheck(self.engine, f"{self.env}=0") if mode == "verify" else None
             )
@@ -328,7 +368,7 @@ class EnginePlugin:
                     undo()
             state.cancel.clear()
             state.skipped.clear()
-            state.left_out = frozenset()
+            state.left_out = state.off = frozenset()
             state.warned.clear()
             state.registered = False
             state.summary = None
@@ -388,7 +428,8 @@ class EnginePlugin:
         patches this registration leaves out."""
         if isinstance(sharer.decode, bool):
             return sharer.decode
-        return not self._state.left_out.issuperset(sharer.decode)
+        state = self._state
+        return not (state.left_out | state.off).issuperset(sharer.decode)
 
     def _watcher(self, name: str, decode: bool) -> Callable[[ModuleType], None]:
         """Watch the class ``name`` of a module: making one applies the scopes (in
@@ -476,6 +517,7 @@ class EnginePlugin:
                     not state.registered
                     or patch.name in state.undo
                     or patch.name in state.left_out
+                    or patch.name in state.off
                 ):
                     return
                 try:
@@ -511,10 +553,13 @@ class EnginePlugin:
             f"{self.env}={mode}, {version}); patched: "
             f"{', '.join(applied) or 'nothing yet'}; waiting for the import of: "
             f"{', '.join(waiting) or 'nothing'}"
-            + (
-                f"; left out ({self.skip_env}): {', '.join(sorted(state.left_out))}"
-                if state.left_out
-                else ""
+            + "".join(
+                f"; {why}: {', '.join(sorted(names))}"
+                for why, names in (
+                    (f"left out ({self.skip_env})", state.left_out),
+                    (f"off by default ({self.add_env} applies)", state.off),
+                )
+                if names
             )
         )
         self._show_summary()

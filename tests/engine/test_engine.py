@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 from engine_runs import (
+    ADDED,
     CHECKED,
     DSV4_PAIRS,
     PAIRS,
     PROFILED,
     RUNNERS,
-    SKIPPED,
     Runs,
     has_amx,
     uses_spec,
@@ -46,11 +46,14 @@ PREFILL = "vllm.mamba.BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata"
 ALWAYS_APPLIED = (
     "vllm.CommonAttentionMetadata.token_to_req_indices",
     "vllm.dsv4._get_c128_boundary",
-    SPLIT,
     CHUNKS,
     COMPUTED,
     PREFILL,
 )
+#: the patches off by default (STEPCACHE_VLLM_ADD applies them), as status says
+OFF_BY_DEFAULT = {
+    SPLIT: f"skipped: off by default (STEPCACHE_VLLM_ADD={SPLIT} applies it)",
+}
 #: what the engine probe calls each cached function (engine_run.PROBED)
 PROBE_NAME = {
     SPLIT: "split_decodes_and_prefills",
@@ -60,9 +63,9 @@ PROBE_NAME = {
 }
 #: (model, cache, stock's computations per computation left with the plugin): the
 #: repeats the profiler found (docs/benchmarks.md section 7). Qwen3-Next's three GDN
-#: groups each compute the first three; Mamba2's builder asks twice per build.
+#: groups each compute the first two (and the split, added: ADDED); Mamba2's builder
+#: asks twice per build.
 CACHED = [
-    ("qwen3_next", SPLIT, 3),
     ("qwen3_next", CHUNKS, 3),
     ("qwen3_next", COMPUTED, 3),
     ("mamba2", PREFILL, 2),
@@ -70,10 +73,12 @@ CACHED = [
 ]
 #: the stats rows a run with the plugin on has (the others' builders call none)
 STATS_ROWS = {
-    "qwen3_next": {SPLIT, CHUNKS, COMPUTED},
+    "qwen3_next": {CHUNKS, COMPUTED},
     "mamba2": {PREFILL, COMPUTED},  # computed: one call per build, a miss
     "granite_hybrid": {PREFILL, COMPUTED},
 }
+#: the cache each model's builders call once per build with a prefill (a miss each)
+PREFILL_ROW = {"qwen3_next": CHUNKS, "mamba2": PREFILL, "granite_hybrid": PREFILL}
 
 
 def _only_worker(run: dict[str, Any]) -> dict[str, Any]:
@@ -122,23 +127,23 @@ def test_on_patches_the_worker_and_reports_from_it(
     # vLLM imports the DSv4, GDN and Mamba2 modules for every model
     for name in ALWAYS_APPLIED:
         assert status[name] == "applied", status
+    for name, why in OFF_BY_DEFAULT.items():
+        assert status.pop(name) == why, status
     assert not any(s.startswith("skipped") for s in status.values()), status
     steps = worker["steps"]
     assert steps >= 8 if uses_spec(model, runner) else steps >= 24
     counters = worker["counters"]
-    if SPLIT in STATS_ROWS.get(model, ()):
-        # one scope per step: the runner builds the step's metadata once (the counts
-        # start with the probed generate(); capture builds, which open none, are off)
-        assert status[BUILD[runner]] == "applied", status
-        assert counters[BUILD[runner]] == {"scopes": steps}, counters
-    elif model in STATS_ROWS:
-        # Mamba-family builders only: they share values in prefill builds, one per
-        # step with a prefill (the first call of each computes the prefill rows);
-        # builds of decodes only open none
+    if model in STATS_ROWS:
+        # builders that share values in prefill builds only (GDN's without the
+        # split): a scope in each step with a prefill (the first call of each
+        # computes), none in builds of decodes only (the counts start with the
+        # probed generate(); capture builds, which open none, are off)
         assert status[BUILD[runner]] == "applied", status
         built = counters[BUILD[runner]]
         assert built["scopes"] + built["unscoped"] == steps, counters
-        assert 1 <= built["scopes"] == worker["stats"][PREFILL]["misses"], counters
+        assert built["unscoped"] >= 1, counters
+        misses = worker["stats"][PREFILL_ROW[model]]["misses"]
+        assert 1 <= built["scopes"] == misses, counters
     else:  # no builder that calls a cached function: no scope, no wrapper
         assert status[BUILD[runner]] == "waiting for a builder that needs scopes"
         assert BUILD[runner] not in counters, counters
@@ -187,30 +192,54 @@ def test_debug_checks_find_nothing_in_the_layout_caches(
     assert worker["stats"] == _only_worker(engine.get(model, runner, "1"))["stats"]
 
 
-def test_the_split_left_out_is_stock_and_the_other_caches_still_serve(
-    engine: Runs,
-) -> None:
-    """``STEPCACHE_VLLM_SKIP`` names the GDN split: the same tokens; vLLM's split
-    computes in every group as stock does, the chunk metadata and computed tokens
-    are still computed once per build, and builds of decodes open no scope (GDN's
-    decodes call nothing else cached)."""
-    model, runner = SKIPPED
-    off, on = engine.get(model, runner, "0"), engine.get(model, runner, "skip")
-    assert on["tokens"] == off["tokens"]
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_the_split_is_off_by_default_and_vllms_own(engine: Runs, runner: str) -> None:
+    """The GDN split's cache is off by default (it cost build time): vLLM's split
+    computes in every group with the plugin on, as stock does, while the chunk
+    metadata and computed tokens are computed once per build."""
+    off, on = (
+        engine.get("qwen3_next", runner, "0"),
+        engine.get("qwen3_next", runner, "1"),
+    )
     worker = _only_worker(on)
-    status = worker["status"]
-    assert status[SPLIT] == "skipped: left out by STEPCACHE_VLLM_SKIP", status
-    assert status[CHUNKS] == status[COMPUTED] == "applied", status
     stock, plugin = off["probe"][0], on["probe"][0]
     split = PROBE_NAME[SPLIT]
     assert plugin[split]["computed"] == stock[split]["computed"] == 3 * worker["steps"]
+    assert SPLIT not in worker["stats"], worker["stats"]
+
+
+@pytest.mark.parametrize(("model", "runner"), ADDED)
+def test_the_split_added_computes_once_per_step(
+    engine: Runs, model: str, runner: str
+) -> None:
+    """``STEPCACHE_VLLM_ADD`` names the GDN split: the same tokens; vLLM's split
+    computes once per step where stock computes it in each of three groups; every
+    build opens a scope (GDN's decodes share the split), the other caches serve as
+    without it."""
+    off, on = engine.get(model, runner, "0"), engine.get(model, runner, "add")
+    assert on["tokens"] == off["tokens"]
+    worker = _only_worker(on)
+    status = worker["status"]
+    assert status[SPLIT] == "applied", status
+    assert not any(s.startswith("skipped") for s in status.values()), status
+    steps = worker["steps"]
+    stock, plugin = (
+        off["probe"][0][PROBE_NAME[SPLIT]],
+        on["probe"][0][PROBE_NAME[SPLIT]],
+    )
+    assert (stock["calls"], plugin["calls"]) == (3 * steps, steps), (stock, plugin)
+    assert plugin["computed"] == plugin["calls"]
+    row = worker["stats"][SPLIT]
+    assert (row["misses"], row["hits"]) == (steps, 2 * steps), row
+    assert row["bypasses"] == 0 and row["invalidations"] == 0, row
+    assert set(worker["stats"]) == {SPLIT, *STATS_ROWS[model]}, worker["stats"]
+    # one scope per step: the runner builds the step's metadata once
+    assert worker["counters"][BUILD[runner]] == {"scopes": steps}, worker["counters"]
     for name in (CHUNKS, COMPUTED):
-        assert stock[PROBE_NAME[name]]["calls"] == 3 * plugin[PROBE_NAME[name]]["calls"]
-    assert set(worker["stats"]) == {CHUNKS, COMPUTED}, worker["stats"]
-    built = worker["counters"][BUILD[runner]]
-    assert built["scopes"] + built["unscoped"] == worker["steps"], built
-    assert 1 <= built["scopes"] == worker["stats"][CHUNKS]["misses"], built
-    assert built["unscoped"] >= 1, built
+        assert (
+            worker["stats"][name]
+            == _only_worker(engine.get(model, runner, "1"))["stats"][name]
+        )
 
 
 def test_the_plugin_registers_in_every_process(engine: Runs) -> None:

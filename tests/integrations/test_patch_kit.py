@@ -466,9 +466,9 @@ def test_a_name_that_is_no_patch_is_one_warning_and_nothing_applied(
     assert plugin.parse_skip(None) == plugin.parse_skip(" , ") == frozenset()
 
 
-@pytest.mark.parametrize("left_out", [False, True])
+@pytest.mark.parametrize("left_out", ["", "skipped", "off by default"])
 def test_a_builder_that_shares_in_decodes_through_a_patch_left_out_does_not(
-    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch, left_out: bool
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch, left_out: str
 ) -> None:
     import dataclasses
 
@@ -476,15 +476,19 @@ def test_a_builder_that_shares_in_decodes_through_a_patch_left_out_does_not(
 
     attn.Decoder = Decoder  # type: ignore[attr-defined]
     attn.build_step = build_step  # type: ignore[attr-defined]
+    lens = PLUGIN.patches[1]
     plugin = dataclasses.replace(
         PLUGIN,
-        patches=(Patch(STEP, "fakeengine.attn", find_step, Scope(longest="longest")),)
-        + PLUGIN.patches[1:],
+        patches=(
+            Patch(STEP, "fakeengine.attn", find_step, Scope(longest="longest")),
+            dataclasses.replace(lens, opt_in=left_out == "off by default"),
+        ),
         scopes_for=(Sharer("fakeengine.attn", "Decoder", decode=(LENS,)),),
         skip_env=SKIP,
+        add_env=ADD,
     )
     monkeypatch.setenv(ENV, "1")
-    if left_out:
+    if left_out == "skipped":
         monkeypatch.setenv(SKIP, LENS)
     plugin.register()
     try:
@@ -494,3 +498,93 @@ def test_a_builder_that_shares_in_decodes_through_a_patch_left_out_does_not(
         assert scopes(attn.build_step(step(), 2, 3)) == [True, True]  # a prefill
     finally:
         plugin.unregister()
+
+
+# -- patches off by default ----------------------------------------------------------
+ADD = "STEPCACHE_FAKEENGINE_ADD"
+
+
+def opting_in(monkeypatch: pytest.MonkeyPatch) -> EnginePlugin:
+    """The declaration with the stand-in off by default, switched on."""
+    import dataclasses
+
+    monkeypatch.setenv(ENV, "1")
+    build, lens = PLUGIN.patches
+    return dataclasses.replace(
+        PLUGIN,
+        patches=(build, dataclasses.replace(lens, opt_in=True)),
+        skip_env=SKIP,
+        add_env=ADD,
+    )
+
+
+def test_a_patch_off_by_default_applies_only_where_added(
+    attn: types.ModuleType,
+    log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plugin = opting_in(monkeypatch)
+    plugin.register()
+    try:
+        summary = [m for m in log.messages if "plugin registered" in m]
+        assert summary[0].endswith(f"; off by default ({ADD} applies): {LENS}")
+        assert plugin.status() == {
+            BUILD: "applied",
+            LENS: f"skipped: off by default ({ADD}={LENS} applies it)",
+        }
+        assert attn.query_lens is query_lens  # the engine's own
+        attn.build_metadata(step(), groups=3)
+        assert engine.stock_calls == 3  # type: ignore[attr-defined]
+        # read at each registration: added, it applies and caches
+        monkeypatch.setenv(ADD, f" {LENS} ")
+        plugin.unregister()
+        plugin.register()
+        assert plugin.status()[LENS] == "applied"
+        engine.stock_calls = 0  # type: ignore[attr-defined]
+        attn.build_metadata(step(), groups=3)
+        assert engine.stock_calls == 1  # type: ignore[attr-defined]
+        # a patch applied by default may be named too: it applies
+        monkeypatch.setenv(ADD, f"{LENS},{BUILD}")
+        plugin.unregister()
+        plugin.register()
+        assert set(plugin.status().values()) == {"applied"}
+    finally:
+        plugin.unregister()
+    assert attn.query_lens is query_lens
+
+
+@pytest.mark.parametrize(
+    ("skip", "add", "message"),
+    [
+        ("", "fakeengine.query_len", f"{ADD} names no patch of the FakeEngine plugin"),
+        (LENS, LENS, f"{SKIP} and {ADD} both name '{LENS}': leave it out or add it"),
+    ],
+)
+def test_an_add_that_names_no_patch_or_a_skipped_one_is_one_warning(
+    attn: types.ModuleType,
+    log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    skip: str,
+    add: str,
+    message: str,
+) -> None:
+    plugin = opting_in(monkeypatch)
+    monkeypatch.setenv(SKIP, skip)
+    monkeypatch.setenv(ADD, add)
+    plugin.register()
+    plugin.register()
+    assert plugin.active_mode() == "off"
+    assert attn.query_lens is query_lens and attn.build_metadata is build_metadata
+    (line,) = [r.getMessage() for r in log.records]
+    assert line.startswith(f"stepcache: {message}")
+    assert line.endswith("; FakeEngine left unpatched")
+
+
+def test_a_patch_off_by_default_needs_a_variable_that_adds_it() -> None:
+    import dataclasses
+
+    build, lens = PLUGIN.patches
+    with pytest.raises(TypeError, match=f"off by default \\({LENS}\\) but no add_env"):
+        dataclasses.replace(
+            PLUGIN, patches=(build, dataclasses.replace(lens, opt_in=True))
+        )

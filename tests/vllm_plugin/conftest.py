@@ -88,12 +88,15 @@ def import_patched_modules() -> None:
 def registered(
     monkeypatch: pytest.MonkeyPatch, mode: str = "1"
 ) -> Iterator[ModuleType]:
-    """The plugin, registered with ``STEPCACHE_VLLM=mode``, removed after."""
+    """The plugin, registered with ``STEPCACHE_VLLM=mode`` and every patch off by
+    default added (these tests drive each patch), removed after."""
     from stepcache.integrations import vllm as plugin_module
 
     plugin_module.unregister()
     import_patched_modules()
     monkeypatch.setenv(plugin_module.ENV, mode)
+    opt_in = [p.name for p in plugin_module.PATCHES if p.opt_in]
+    monkeypatch.setenv(plugin_module.ADD_ENV, ",".join(opt_in))
     plugin_module.register()
     # these tests drive vLLM's builds with builders of their own: the scopes apply
     # as they do once the engine makes a builder that calls a cached function

@@ -543,6 +543,8 @@ def test_a_build_of_decodes_opens_no_scope_while_only_mamba_builders_are_made(
     # a process whose engine has made no builder yet
     fresh = dataclasses.replace(plugin_module.PLUGIN)
     monkeypatch.setenv(plugin_module.ENV, "1")
+    # the split, which GDN's decodes call, added (off by default)
+    monkeypatch.setenv(plugin_module.ADD_ENV, _gdn.SPLIT_NAME)
     fresh.register()
     try:
         real_builders.mamba2_builder()
@@ -556,12 +558,14 @@ def test_a_build_of_decodes_opens_no_scope_while_only_mamba_builders_are_made(
         fresh.unregister()
 
 
-def test_the_split_left_out_is_vllms_own_and_gdn_decodes_open_no_scope(
-    cpu: None, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("skip", [False, True])
+def test_the_split_off_or_left_out_is_vllms_own_and_gdn_decodes_open_no_scope(
+    cpu: None, monkeypatch: pytest.MonkeyPatch, skip: bool
 ) -> None:
-    """``STEPCACHE_VLLM_SKIP`` names the GDN split: the GDN module keeps vLLM's
-    function, the other GDN caches apply, and a GDN builder's build of decodes only
-    (which calls nothing else cached) opens no scope; one with a prefill does."""
+    """By default, or named by ``STEPCACHE_VLLM_SKIP``, the GDN split is not cached:
+    the GDN module keeps vLLM's function, the other GDN caches apply, and a GDN
+    builder's build of decodes only (which calls nothing else cached) opens no scope;
+    one with a prefill does."""
     from vllm.v1.attention.backends import gdn_attn
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -572,14 +576,16 @@ def test_the_split_left_out_is_vllms_own_and_gdn_decodes_open_no_scope(
     seen = _record_scopes(monkeypatch)
     fresh = dataclasses.replace(plugin_module.PLUGIN)
     monkeypatch.setenv(plugin_module.ENV, "1")
-    monkeypatch.setenv(plugin_module.SKIP_ENV, _gdn.SPLIT_NAME)
+    monkeypatch.delenv(plugin_module.ADD_ENV, raising=False)
+    why = f"off by default ({plugin_module.ADD_ENV}={_gdn.SPLIT_NAME} applies it)"
+    if skip:
+        monkeypatch.setenv(plugin_module.SKIP_ENV, _gdn.SPLIT_NAME)
+        why = f"left out by {plugin_module.SKIP_ENV}"
     fresh.register()
     try:
         real_builders.gdn_builder()
         status = fresh.status()
-        assert (
-            status[_gdn.SPLIT_NAME] == f"skipped: left out by {plugin_module.SKIP_ENV}"
-        )
+        assert status[_gdn.SPLIT_NAME] == f"skipped: {why}"
         assert status[_gdn.CHUNK_NAME] == "applied"
         assert gdn_attn.split_decodes_and_prefills is stock_split
         GPUModelRunner._build_attention_metadata(None, 3, 3, 1)  # decodes

