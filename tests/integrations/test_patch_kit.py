@@ -411,6 +411,17 @@ def skipping(monkeypatch: pytest.MonkeyPatch, names: str) -> EnginePlugin:
     return dataclasses.replace(PLUGIN, skip_env=SKIP)
 
 
+def registered_again_it_caches(plugin: EnginePlugin, attn: types.ModuleType) -> None:
+    """Registered again (the environment read anew): the stand-in applies, and a
+    build of three groups computes once."""
+    plugin.unregister()
+    plugin.register()
+    assert plugin.status()[LENS] == "applied"
+    engine.stock_calls = 0  # type: ignore[attr-defined]
+    attn.build_metadata(step(), groups=3)
+    assert engine.stock_calls == 1  # type: ignore[attr-defined]
+
+
 def test_a_patch_left_out_is_not_applied_and_says_so(
     attn: types.ModuleType,
     log: pytest.LogCaptureFixture,
@@ -435,12 +446,7 @@ def test_a_patch_left_out_is_not_applied_and_says_so(
         assert engine.stock_calls == 3  # type: ignore[attr-defined]
         # read at each registration
         monkeypatch.delenv(SKIP)
-        plugin.unregister()
-        plugin.register()
-        assert plugin.status()[LENS] == "applied"
-        engine.stock_calls = 0  # type: ignore[attr-defined]
-        attn.build_metadata(step(), groups=3)
-        assert engine.stock_calls == 1  # type: ignore[attr-defined]
+        registered_again_it_caches(plugin, attn)
     finally:
         plugin.unregister()
     assert attn.query_lens is query_lens
@@ -537,12 +543,7 @@ def test_a_patch_off_by_default_applies_only_where_added(
         assert engine.stock_calls == 3  # type: ignore[attr-defined]
         # read at each registration: added, it applies and caches
         monkeypatch.setenv(ADD, f" {LENS} ")
-        plugin.unregister()
-        plugin.register()
-        assert plugin.status()[LENS] == "applied"
-        engine.stock_calls = 0  # type: ignore[attr-defined]
-        attn.build_metadata(step(), groups=3)
-        assert engine.stock_calls == 1  # type: ignore[attr-defined]
+        registered_again_it_caches(plugin, attn)
         # a patch applied by default may be named too: it applies
         monkeypatch.setenv(ADD, f"{LENS},{BUILD}")
         plugin.unregister()
