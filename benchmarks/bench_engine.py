@@ -29,8 +29,8 @@ Its sections, written to ``docs/benchmarks/engine.json``:
   scope wraps: V1's ``_build_attention_metadata``, V2's ``prepare_attn``), plugin off
   and on switched in one engine process, per model and model runner, several fresh
   processes; beside it, what the worker's ``stepcache.stats()`` counted per step.
-  Qwen3-Next runs a second time with the GDN split's cache left out
-  (``STEPCACHE_VLLM_SKIP``), the other patches applied: what that cache costs or saves.
+  Qwen3-Next runs a second time with the GDN split's cache added
+  (``STEPCACHE_VLLM_ADD``; it is off by default): what that cache costs or saves.
 
 Run from the repository root with the main venv::
 

@@ -126,7 +126,6 @@ class _State:
         #: the patches this registration leaves out: named by ``skip_env``, and off
         #: by default (``Patch.opt_in``) where ``add_env`` does not name them
         self.left_out: frozenset[str] = frozenset()
-        self.off: frozenset[str] = frozenset()
         self.cancel: list[Callable[[], None]] = []
         #: the warnings given (register() may run more than once per process)
         self.warned: set[str] = set()
@@ -178,12 +177,16 @@ class EnginePlugin:
     _state: _State = dataclasses.field(default_factory=_State, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        opt_in = [patch.name for patch in self.patches if patch.opt_in]
-        if opt_in and self.add_env is None:
+        if self.opt_in and self.add_env is None:
             raise TypeError(
                 f"the {self.engine} plugin declares patches off by default "
-                f"({', '.join(opt_in)}) but no add_env to apply them"
+                f"({', '.join(sorted(self.opt_in))}) but no add_env to apply them"
             )
+
+    @property
+    def opt_in(self) -> frozenset[str]:
+        """The names of the patches off by default (``Patch.opt_in``)."""
+        return frozenset(patch.name for patch in self.patches if patch.opt_in)
 
     # -- the switch and the version ----------------------------------------------------
     def parse_mode(self, raw: str | None) -> str:
@@ -237,8 +240,7 @@ class EnginePlugin:
                 f"{self.skip_env} and {self.add_env} both name "
                 f"{', '.join(map(repr, both))}: leave it out or add it"
             )
-        off = frozenset(p.name for p in self.patches if p.opt_in) - added - skip
-        return skip, off
+        return skip, self.opt_in - added - skip
 
     def installed_version(self) -> Installed | None:
         """``(distribution, version)`` of the installed engine, ``None`` if there is
@@ -323,7 +325,7 @@ class EnginePlugin:
                 return
             state.registered = True
             state.mode = mode
-            state.left_out, state.off = skip, off
+            state.left_out = skip | off
             for name in skip:
                 state.skipped[name] = f"left out by {self.skip_env}"
             for name in off:
@@ -350,7 +352,7 @@ class EnginePlugin:
                         state.cancel.append(_when_imported(sharer.module, watch))
             finally:
                 state.quiet = False
-            self._log_summary(f"{distribution} {version}", mode)
+            self._log_summary(f"{distribution} {version}", mode, skip, off)
 
     def unregister(self) -> None:
         """Undo every patch and forget the registration (for tests, and to switch the
@@ -368,7 +370,7 @@ class EnginePlugin:
                     undo()
             state.cancel.clear()
             state.skipped.clear()
-            state.left_out = state.off = frozenset()
+            state.left_out = frozenset()
             state.warned.clear()
             state.registered = False
             state.summary = None
@@ -428,8 +430,7 @@ class EnginePlugin:
         patches this registration leaves out."""
         if isinstance(sharer.decode, bool):
             return sharer.decode
-        state = self._state
-        return not (state.left_out | state.off).issuperset(sharer.decode)
+        return not self._state.left_out.issuperset(sharer.decode)
 
     def _watcher(self, name: str, decode: bool) -> Callable[[ModuleType], None]:
         """Watch the class ``name`` of a module: making one applies the scopes (in
@@ -517,7 +518,6 @@ class EnginePlugin:
                     not state.registered
                     or patch.name in state.undo
                     or patch.name in state.left_out
-                    or patch.name in state.off
                 ):
                     return
                 try:
@@ -538,7 +538,9 @@ class EnginePlugin:
 
         return apply
 
-    def _log_summary(self, version: str, mode: str) -> None:
+    def _log_summary(
+        self, version: str, mode: str, skip: frozenset[str], off: frozenset[str]
+    ) -> None:
         state = self._state
         applied = [p.name for p in self.patches if p.name in state.undo]
         waiting = sorted(
@@ -556,8 +558,8 @@ class EnginePlugin:
             + "".join(
                 f"; {why}: {', '.join(sorted(names))}"
                 for why, names in (
-                    (f"left out ({self.skip_env})", state.left_out),
-                    (f"off by default ({self.add_env} applies)", state.off),
+                    (f"left out ({self.skip_env})", skip),
+                    (f"off by default ({self.add_env} applies)", off),
                 )
                 if names
             )

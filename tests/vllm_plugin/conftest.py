@@ -95,8 +95,7 @@ def registered(
     plugin_module.unregister()
     import_patched_modules()
     monkeypatch.setenv(plugin_module.ENV, mode)
-    opt_in = [p.name for p in plugin_module.PATCHES if p.opt_in]
-    monkeypatch.setenv(plugin_module.ADD_ENV, ",".join(opt_in))
+    monkeypatch.setenv(plugin_module.ADD_ENV, ",".join(plugin_module.PLUGIN.opt_in))
     plugin_module.register()
     # these tests drive vLLM's builds with builders of their own: the scopes apply
     # as they do once the engine makes a builder that calls a cached function

@@ -83,11 +83,11 @@ from .scopes import (
 )
 
 __all__ = [
+    "ADD_ENV",
     "ENV",
     "MODES",
     "PATCHES",
     "PLUGIN",
-    "ADD_ENV",
     "SCOPES_FOR",
     "SKIP_ENV",
     "SUPPORTED",
