@@ -29,8 +29,11 @@ Its sections, written to ``docs/benchmarks/engine.json``:
   scope wraps: V1's ``_build_attention_metadata``, V2's ``prepare_attn``), plugin off
   and on switched in one engine process, per model and model runner, several fresh
   processes; beside it, what the worker's ``stepcache.stats()`` counted per step.
-  Qwen3-Next runs a second time with the GDN split's cache added
-  (``STEPCACHE_VLLM_ADD``; it is off by default): what that cache costs or saves.
+  Each build is marked as one with a prefill or of decodes only, and each kind gets
+  its ratio too. The models run with the plugin's defaults, and again with a cache
+  that is off by default added (``STEPCACHE_VLLM_ADD``: the GDN split, the Mamba
+  builders' prefill counts): what that cache costs or saves. Some also run the
+  steady workload (``engine_run.py --steady``: a prefill in about half the steps).
 
 Run from the repository root with the main venv::
 
@@ -55,6 +58,7 @@ from typing import Any
 from benchmarks._timing import machine, source_state, time_stmt
 from stepcache.integrations.vllm import ADD_ENV, SKIP_ENV
 from stepcache.integrations.vllm.gdn import SPLIT_NAME
+from stepcache.integrations.vllm.mamba import PREFILL_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "tests" / "engine" / "engine_run.py"
@@ -68,16 +72,39 @@ MODELS = {
     "granite_hybrid": False,
 }
 THROUGHPUT_MODELS = ("llama", "qwen3_next")
-#: the build-time runs, (label, model, environment): a model with nothing cached, the
-#: models with a cache, and Qwen3-Next with the GDN split's cache added (off by default)
-BUILD_RUNS: tuple[tuple[str, str, dict[str, str]], ...] = (
-    ("llama", "llama", {}),
-    ("qwen3_next", "qwen3_next", {}),
-    ("qwen3_next with the split cache", "qwen3_next", {ADD_ENV: SPLIT_NAME}),
-    ("mamba2", "mamba2", {}),
-    ("granite_hybrid", "granite_hybrid", {}),
-)
 RUNNERS = ("v1", "v2")
+#: the build-time workloads, by label suffix: engine_run's arguments. "": 6 requests at
+#: once (one prefill step, then decodes); " (steady)": ``--steady``, a prefill in
+#: about half the steps, as an engine serving under load
+WORKLOADS: dict[str, tuple[str, ...]] = {"": (), " (steady)": ("--steady",)}
+#: the build-time runs, (label, model, environment, workloads): the defaults (Llama,
+#: Mamba2 and Granite 4 run no plugin code in their builds; Qwen3-Next its
+#: chunk and computed-token caches), and the caches off by default added
+#: (``STEPCACHE_VLLM_ADD``): what they cost or save, also where prefills are steady
+BUILD_RUNS: tuple[tuple[str, str, dict[str, str], tuple[str, ...]], ...] = (
+    ("llama", "llama", {}, ("",)),
+    ("qwen3_next", "qwen3_next", {}, ("", " (steady)")),
+    (
+        "qwen3_next with the split cache",
+        "qwen3_next",
+        {ADD_ENV: SPLIT_NAME},
+        ("", " (steady)"),
+    ),
+    ("mamba2", "mamba2", {}, ("",)),
+    (
+        "mamba2 with the prefill cache",
+        "mamba2",
+        {ADD_ENV: PREFILL_NAME},
+        ("", " (steady)"),
+    ),
+    ("granite_hybrid", "granite_hybrid", {}, ("",)),
+    (
+        "granite_hybrid with the prefill cache",
+        "granite_hybrid",
+        {ADD_ENV: PREFILL_NAME},
+        (" (steady)",),
+    ),
+)
 
 
 def _engine_python() -> str:
@@ -413,61 +440,106 @@ def _group_medians(
     return out if any(out.values()) else None
 
 
+def _side_medians(
+    build_ns: dict[str, list[list[int]]],
+    prefill: dict[str, list[list[bool]]],
+    kind: bool | None,
+) -> dict[str, float] | None:
+    """Each side's median build ns: of every build (``kind`` None), of the builds with
+    a prefill (True) or of decodes only (False); None where there is none of them."""
+    out = {}
+    for side, runs in build_ns.items():
+        picked = [
+            ns
+            for r, flags in zip(runs, prefill[side], strict=True)
+            for ns, has in zip(r, flags, strict=True)
+            if kind is None or has == kind
+        ]
+        if not picked:
+            return None
+        out[side] = statistics.median(picked)
+    return out
+
+
+def _spread(ratios: list[float], name: str) -> dict[str, float]:
+    """The median, lowest and highest of ``ratios``, keyed ``<stat>_<name>``."""
+    return {
+        f"median_{name}": statistics.median(ratios),
+        f"min_{name}": min(ratios),
+        f"max_{name}": max(ratios),
+    }
+
+
 def build_time(processes: int, rounds: int) -> dict[str, Any]:
     """CPU time per metadata build, plugin off and on in one process (``rounds`` of
     each, alternating which goes first), for each run of :data:`BUILD_RUNS` on each
-    runner, in ``processes`` fresh processes: the ratio of each process's medians,
-    and the median of those ratios; and the worker's stats per step."""
+    runner and with each of its workloads, in ``processes`` fresh processes: the
+    ratio of each process's medians (of every build, of the builds with a prefill,
+    of those of decodes only), and the median of those ratios; and the worker's
+    stats per step."""
     out: dict[str, Any] = {}
-    for label, model, env in BUILD_RUNS:
-        for runner in RUNNERS:
-            per_process = []
-            for i in range(processes):
-                print(
-                    f"bench_engine: build time, {label} on {runner} "
-                    f"({i + 1}/{processes})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                run = _engine_run(
-                    model,
-                    "1",
-                    "--runner",
-                    runner,
-                    "--build-time",
-                    str(rounds),
-                    spec=False,
-                    env=env,
-                )
-                sides = {
-                    side: statistics.median(ns for r in runs for ns in r)
-                    for side, runs in run["build_ns"].items()
-                }
-                per_process.append(
-                    {
-                        "median_ns_off": sides["off"],
-                        "median_ns_on": sides["on"],
-                        "on_over_off": sides["on"] / sides["off"],
-                        "builds_per_round": len(run["build_ns"]["on"][0]),
+    for label, model, env, workloads in BUILD_RUNS:
+        for suffix in workloads:
+            workload = WORKLOADS[suffix]
+            for runner in RUNNERS:
+                name = f"{label}{suffix}@{runner}"
+                per_process = []
+                for i in range(processes):
+                    print(
+                        f"bench_engine: build time, {name} ({i + 1}/{processes})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    run = _engine_run(
+                        model,
+                        "1",
+                        "--runner",
+                        runner,
+                        "--build-time",
+                        str(rounds),
+                        *workload,
+                        spec=False,
+                        env=env,
+                    )
+                    builds, flags = run["build_ns"], run["build_prefill"]
+                    row: dict[str, Any] = {
+                        "builds_per_round": len(builds["on"][0]),
+                        "prefill_builds_per_round": sum(flags["on"][0]),
                         "group_median_ns": _group_medians(run.get("group_ns")),
                     }
-                )
-            ratios = [p["on_over_off"] for p in per_process]
-            stats = run["timed_workers"] or run["workers"]
-            out[f"{label}@{runner}"] = {
-                "rounds": rounds,
-                "processes": per_process,
-                "median_on_over_off": statistics.median(ratios),
-                "min_on_over_off": min(ratios),
-                "max_on_over_off": max(ratios),
-                "stats_per_step": {
-                    name: {
-                        k: row[k] / run["workers"][0]["steps"]
-                        for k in ("hits", "misses")
-                    }
-                    for name, row in stats[0]["stats"].items()
-                },
-            }
+                    for kind, key in (
+                        (None, ""),
+                        (True, "_prefill"),
+                        (False, "_decode"),
+                    ):
+                        sides = _side_medians(builds, flags, kind)
+                        if sides is not None:
+                            row[f"median_ns_off{key}"] = sides["off"]
+                            row[f"median_ns_on{key}"] = sides["on"]
+                            row[f"on_over_off{key}"] = sides["on"] / sides["off"]
+                    per_process.append(row)
+                stats = run["timed_workers"] or run["workers"]
+                entry: dict[str, Any] = {
+                    "rounds": rounds,
+                    "workload": workload,
+                    "processes": per_process,
+                    "stats_per_step": {
+                        fn: {
+                            k: row[k] / run["workers"][0]["steps"]
+                            for k in ("hits", "misses")
+                        }
+                        for fn, row in stats[0]["stats"].items()
+                    },
+                }
+                for key in ("", "_prefill", "_decode"):
+                    ratios = [
+                        p[f"on_over_off{key}"]
+                        for p in per_process
+                        if f"on_over_off{key}" in p
+                    ]
+                    if ratios:
+                        entry |= _spread(ratios, f"on_over_off{key}")
+                out[name] = entry
     return out
 
 
@@ -505,20 +577,31 @@ def markdown(results: dict[str, Any]) -> str:
         "**CPU time of each metadata build, plugin off and on** (what the plugin's "
         "scope wraps: V1's `_build_attention_metadata`, V2's `prepare_attn`), switched "
         "within one engine process; the median µs of process 1, and the on / off "
-        "ratio of each process's medians, median over the processes:",
+        "ratio of each process's medians, median over the processes: of every build, "
+        "of the builds with a prefill, of those of decodes only. (steady): 24 short "
+        "requests, 4 at a time, a prefill in about half the steps:",
         "",
-        "| Model | Runner | µs off | µs on | On / off | Lowest-highest |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| Model | Runner | Prefill builds / round | µs off | µs on | On / off "
+        "| Lowest-highest | Prefill builds on / off | Decode builds on / off |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run, row in results.get("build_time", {}).items():
         if run.startswith("_"):
             continue
         model, _, runner = run.partition("@")
         first = row["processes"][0]
+        kinds = [
+            f"{row[f'median_on_over_off{k}']:.2f}"
+            if f"median_on_over_off{k}" in row
+            else "-"
+            for k in ("_prefill", "_decode")
+        ]
         lines.append(
-            f"| {model} | {runner} | {first['median_ns_off'] / 1000:.0f} | "
+            f"| {model} | {runner} | {first.get('prefill_builds_per_round', '?')} of "
+            f"{first['builds_per_round']} | {first['median_ns_off'] / 1000:.0f} | "
             f"{first['median_ns_on'] / 1000:.0f} | {row['median_on_over_off']:.2f} | "
-            f"{row['min_on_over_off']:.2f}-{row['max_on_over_off']:.2f} |"
+            f"{row['min_on_over_off']:.2f}-{row['max_on_over_off']:.2f} | "
+            f"{kinds[0]} | {kinds[1]} |"
         )
     lines += [
         "",

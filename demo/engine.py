@@ -350,7 +350,10 @@ def lines(res: dict[str, Any]) -> list[str]:
         out.append(
             "    + not probed: the calls of the on run (stock vLLM computes each)"
         )
-    for name in off_by_default.values():
+    shown = {last_name(r["function"]) for r in res["computations"]}
+    for short, name in off_by_default.items():
+        if short not in shown:  # another model's cache
+            continue
         out += _wrap(
             f"* off by default: {name}, whose cache made the build slower than "
             f"stock vLLM's (STEPCACHE_VLLM_ADD={name} applies it)"

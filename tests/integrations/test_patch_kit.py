@@ -589,3 +589,87 @@ def test_a_patch_off_by_default_needs_a_variable_that_adds_it() -> None:
         dataclasses.replace(
             PLUGIN, patches=(build, dataclasses.replace(lens, opt_in=True))
         )
+
+
+# -- patches a builder shares ------------------------------------------------------------
+def sharing(monkeypatch: pytest.MonkeyPatch, attn: types.ModuleType) -> EnginePlugin:
+    """The declaration whose stand-in only ``Builder``'s builds share; ``Decoder``
+    needs scopes for patches of its own. Switched on, ``SKIP`` may leave out."""
+    import dataclasses
+
+    from stepcache.integrations.plugin import Sharer
+
+    attn.Builder, attn.Decoder = Builder, Decoder  # type: ignore[attr-defined]
+    monkeypatch.setenv(ENV, "1")
+    return dataclasses.replace(
+        PLUGIN,
+        scopes_for=(
+            Sharer("fakeengine.attn", "Builder", shares=(LENS,)),
+            Sharer("fakeengine.attn", "Decoder"),
+        ),
+        skip_env=SKIP,
+    )
+
+
+def test_a_patch_a_builder_shares_applies_once_that_builder_is_made(
+    attn: types.ModuleType,
+    log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plugin = sharing(monkeypatch, attn)
+    plugin.register()
+    try:
+        assert plugin.status() == {
+            BUILD: "waiting for a builder that needs scopes",
+            LENS: "waiting for a builder that shares it",
+        }
+        Decoder()  # scopes, but not the stand-in: its builds do not share it
+        assert plugin.status()[BUILD] == "applied"
+        assert plugin.status()[LENS] == "waiting for a builder that shares it"
+        assert attn.query_lens is query_lens
+        engine.stock_calls = 0  # type: ignore[attr-defined]
+        attn.build_metadata(step(), groups=3)
+        assert engine.stock_calls == 3  # type: ignore[attr-defined]
+        Builder(3)
+        assert plugin.status()[LENS] == "applied"
+        assert f"{LENS} apply" in log.text
+        engine.stock_calls = 0  # type: ignore[attr-defined]
+        attn.build_metadata(step(), groups=3)
+        assert engine.stock_calls == 1  # type: ignore[attr-defined]
+        # the engine's builders are made once: switched off and on, it keeps them
+        registered_again_it_caches(plugin, attn)
+    finally:
+        plugin.unregister()
+    assert attn.query_lens is query_lens
+
+
+def test_a_builder_whose_shared_patches_are_left_out_opens_no_scope(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin = sharing(monkeypatch, attn)
+    monkeypatch.setenv(SKIP, LENS)
+    plugin.register()
+    try:
+        Builder(3)
+        assert plugin.status() == {
+            BUILD: "waiting for a builder that needs scopes",
+            LENS: f"skipped: left out by {SKIP}",
+        }
+        assert attn.build_metadata is build_metadata
+        Decoder()  # a builder that shares other patches still opens scopes
+        assert plugin.status()[BUILD] == "applied"
+        assert attn.query_lens is query_lens
+    finally:
+        plugin.unregister()
+
+
+def test_a_caller_that_drives_the_builds_itself_applies_every_shared_patch(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin = sharing(monkeypatch, attn)
+    plugin.register()
+    try:
+        plugin.want_scopes()
+        assert set(plugin.status().values()) == {"applied"}
+    finally:
+        plugin.unregister()

@@ -543,8 +543,11 @@ def test_a_build_of_decodes_opens_no_scope_while_only_mamba_builders_are_made(
     # a process whose engine has made no builder yet
     fresh = dataclasses.replace(plugin_module.PLUGIN)
     monkeypatch.setenv(plugin_module.ENV, "1")
-    # the split, which GDN's decodes call, added (off by default)
-    monkeypatch.setenv(plugin_module.ADD_ENV, _gdn.SPLIT_NAME)
+    # the split, which GDN's decodes call, and the Mamba builders' cache added (both
+    # off by default)
+    monkeypatch.setenv(
+        plugin_module.ADD_ENV, f"{_gdn.SPLIT_NAME},{_mamba.PREFILL_NAME}"
+    )
     fresh.register()
     try:
         real_builders.mamba2_builder()
@@ -554,6 +557,42 @@ def test_a_build_of_decodes_opens_no_scope_while_only_mamba_builders_are_made(
         real_builders.gdn_builder()
         GPUModelRunner._build_attention_metadata(None, 3, 3, 1)
         assert seen == [False, True, False, True]
+    finally:
+        fresh.unregister()
+
+
+def test_by_default_mamba_builders_open_no_scope_and_apply_no_layout_cache(
+    cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the plugin's defaults the Mamba family's builders share nothing (their
+    cache is off by default): an engine that makes only them opens no scope, and
+    the computed-token counts, which only GDN's groups share, stay vLLM's own until
+    a GDN builder is made."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from stepcache.integrations import vllm as plugin_module
+
+    plugin_module.unregister()
+    seen = _record_scopes(monkeypatch)
+    fresh = dataclasses.replace(plugin_module.PLUGIN)
+    monkeypatch.setenv(plugin_module.ENV, "1")
+    monkeypatch.delenv(plugin_module.ADD_ENV, raising=False)
+    monkeypatch.delenv(plugin_module.SKIP_ENV, raising=False)
+    fresh.register()
+    try:
+        real_builders.mamba2_builder()
+        GPUModelRunner._build_attention_metadata(None, 12, 3, 9)  # a prefill
+        status = fresh.status()
+        assert status[_mamba.PREFILL_NAME].startswith("skipped: off by default")
+        for name in (_computed.COMPUTED_NAME, _gdn.CHUNK_NAME):
+            assert status[name] == "waiting for a builder that shares it"
+        real_builders.gdn_builder()
+        GPUModelRunner._build_attention_metadata(None, 12, 3, 9)
+        GPUModelRunner._build_attention_metadata(None, 3, 3, 1)  # decodes
+        assert seen == [False, True, False]
+        status = fresh.status()
+        assert status[_computed.COMPUTED_NAME] == status[_gdn.CHUNK_NAME] == "applied"
+        assert status[_mamba.PREFILL_NAME].startswith("skipped: off by default")
     finally:
         fresh.unregister()
 

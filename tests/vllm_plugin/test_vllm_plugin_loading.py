@@ -222,16 +222,21 @@ def test_an_untested_version_is_one_line_and_no_patch_unless_forced(
     monkeypatch.setattr(fresh_loader, "plugins_loaded", False)
     fresh_loader.load_general_plugins()
     # a declaration of its own: every patch applied but the scopes, which wait for
-    # vLLM to make a builder that calls a cached function
+    # vLLM to make a builder that calls a cached function, and the layout caches,
+    # which wait for a builder that shares their values
     waiting = {p.name for p in plugin.PATCHES if p.wrap.kind == "scope"}
+    shared = {name for sharer in plugin.SCOPES_FOR for name in sharer.shares}
     assert plugin.status() == {
-        p.name: "waiting for a builder that needs scopes"
-        if p.name in waiting
-        else f"skipped: off by default ({plugin.ADD_ENV}={p.name} applies it)"
+        p.name: f"skipped: off by default ({plugin.ADD_ENV}={p.name} applies it)"
         if p.opt_in
+        else "waiting for a builder that needs scopes"
+        if p.name in waiting
+        else "waiting for a builder that shares it"
+        if p.name in shared
         else "applied"
         for p in plugin.PATCHES
     }
+    assert shared and waiting
 
 
 def test_a_target_of_another_shape_is_left_alone(

@@ -202,7 +202,7 @@ PATCHES: tuple[Patch, ...] = (
         find_num_computed_tokens,
         Verify(stock=stock_num_computed_tokens, when=computes),
     ),
-    Patch(PREFILL_NAME, _MAMBA2, find_prefill_cpu_metadata, Verify()),
+    Patch(PREFILL_NAME, _MAMBA2, find_prefill_cpu_metadata, Verify(), opt_in=True),
 )
 
 
@@ -227,11 +227,18 @@ SCOPES_FOR: Final = (
     Sharer(_DSV4_COMPRESSOR, "CompressorMetadataBuilder"),
     Sharer("vllm.models.deepseek_v4.sparse_mla", "DeepseekV4SparseMLAMetadataBuilder"),
     # its decodes share only the split (chunks and computed tokens: prefill rows)
-    Sharer(_GDN, "GDNAttentionMetadataBuilder", decode=(SPLIT_NAME,)),
+    Sharer(
+        _GDN,
+        "GDNAttentionMetadataBuilder",
+        decode=(SPLIT_NAME,),
+        shares=(SPLIT_NAME, CHUNK_NAME, COMPUTED_NAME),
+    ),
+    # they share only the prefill rows' counts: nothing where that cache is left out
     Sharer(
         "vllm.v1.attention.backends.mamba_attn",
         "BaseMambaAttentionMetadataBuilder",
         decode=False,
+        shares=(PREFILL_NAME,),
     ),
 )
 
