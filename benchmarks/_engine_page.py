@@ -330,6 +330,7 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
                 name,
                 f"{c['stock']:.2f}",
                 f"{c['plugin']:.2f}",
+                f"{c['added']:.2f}" if "added" in c else "-",
                 "yes" if r["same_tokens"] else "NO",
             ]
             for run, r in counted.items()
@@ -340,7 +341,9 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
             "stock vLLM (plugin off) and with the plugin on, counted beneath the "
             "plugin by the engine probe (`tests/engine/engine_run.py --probe`: a call "
             "of vLLM's own function that computes, whether a builder or the plugin "
-            "on a miss makes it); functions no run computed are left out. Counts do "
+            "on a miss makes it); functions no run computed are left out. With the "
+            "caches that are off by default added (`STEPCACHE_VLLM_ADD`) for the "
+            "models whose builders call one. Counts do "
             f"not depend on the machine ({_section_code(engine, 'computations')}):",
             markdown_table(
                 [
@@ -349,10 +352,11 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
                     "function",
                     "stock per step",
                     "plugin per step",
+                    "caches added, per step",
                     "same tokens",
                 ],
                 rows,
-                "lllrrl",
+                "lllrrrl",
             ),
         ]
     return "\n".join([BEGIN, "\n\n".join(parts), END])

@@ -72,6 +72,10 @@ MODELS = {
     "granite_hybrid": False,
 }
 THROUGHPUT_MODELS = ("llama", "qwen3_next")
+#: the models whose builders call a cache that is off by default
+ADDABLE = ("qwen3_next", "mamba2", "granite_hybrid")
+#: the environment that adds every cache off by default
+ADDED_ENV = {ADD_ENV: f"{SPLIT_NAME},{PREFILL_NAME}"}
 RUNNERS = ("v1", "v2")
 #: the build-time workloads, by label suffix: engine_run's arguments. "": 6 requests at
 #: once (one prefill step, then decodes); " (steady)": ``--steady``, a prefill in
@@ -152,15 +156,21 @@ def _counted(job: tuple[str, str, str]) -> dict[str, Any]:
     # ngram speculation on V1 only: V2's Triton kernel for it fails in Triton's
     # interpreter on the CPU (tests/engine/engine_runs.py SPEC_RUNNERS)
     spec = MODELS[model] and runner == "v1"
+    if mode == "add":  # on, with the caches off by default added
+        return _engine_run(
+            model, "1", "--probe", "--runner", runner, spec=spec, env=ADDED_ENV
+        )
     return _engine_run(model, mode, "--probe", "--runner", runner, spec=spec)
 
 
 def computations() -> dict[str, Any]:
-    """Computations per engine step of each probed vLLM function, stock and with the
-    plugin on, for every model on both runners (two engines at a time)."""
+    """Computations per engine step of each probed vLLM function, stock, with the
+    plugin on, and for the models of :data:`ADDABLE` with its caches off by default
+    added too, for every model on both runners (two engines at a time)."""
     from concurrent.futures import ThreadPoolExecutor
 
     jobs = [(m, r, mode) for m in MODELS for r in RUNNERS for mode in ("0", "1")]
+    jobs += [(m, r, "add") for m in ADDABLE for r in RUNNERS]
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = dict(zip(jobs, pool.map(_counted, jobs), strict=True))
     out: dict[str, Any] = {}
@@ -170,19 +180,33 @@ def computations() -> dict[str, Any]:
             steps = on["workers"][0]["steps"]
             assert off["workers"][0]["steps"] == steps, (model, runner)
             stock, plugin = off["probe"][0], on["probe"][0]
+            added = runs.get((model, runner, "add"))
+            more = added["probe"][0] if added else {}
             out[f"{model}@{runner}"] = {
                 "steps": steps,
-                "same_tokens": off["tokens"] == on["tokens"],
+                "same_tokens": off["tokens"] == on["tokens"]
+                and (added is None or added["tokens"] == off["tokens"]),
                 "per_step": {
                     name: {
                         "stock": stock[name]["computed"] / steps,
                         "plugin": plugin[name]["computed"] / steps,
                     }
+                    | (
+                        {"added": more[name]["computed"] / steps}
+                        if name in more
+                        else {}
+                    )
                     for name in sorted(stock)
-                    if stock[name]["computed"] or plugin[name]["computed"]
+                    if stock[name]["computed"]
+                    or plugin[name]["computed"]
+                    or (name in more and more[name]["computed"])
                 },
                 "stepcache_stats": on["workers"][0]["stats"],
             }
+            if added:
+                out[f"{model}@{runner}"]["stepcache_stats_added"] = added["workers"][0][
+                    "stats"
+                ]
     return out
 
 
@@ -557,19 +581,22 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "**Computations per engine step, stock vLLM and plugin on** (vLLM's own "
         "functions counted beneath the plugin by the engine probe; functions no run "
-        "computed are left out):",
+        "computed are left out), and with the caches off by default added "
+        "(`STEPCACHE_VLLM_ADD`; the models whose builders call one):",
         "",
-        "| Model | Runner | Steps | Function | Stock / step | Plugin / step | Same tokens |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| Model | Runner | Steps | Function | Stock / step | Plugin / step "
+        "| Caches added / step | Same tokens |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run, row in results.get("computations", {}).items():
         if run.startswith("_"):
             continue
         model, _, runner = run.partition("@")
         for name, per in row["per_step"].items():
+            added = f"{per['added']:.3g}" if "added" in per else "-"
             lines.append(
                 f"| {model} | {runner} | {row['steps']} | `{name}` | "
-                f"{per['stock']:.3g} | {per['plugin']:.3g} | "
+                f"{per['stock']:.3g} | {per['plugin']:.3g} | {added} | "
                 f"{'yes' if row['same_tokens'] else 'NO'} |"
             )
     lines += [
