@@ -96,7 +96,8 @@ class Sharer(NamedTuple):
     (every query one token) has anything to share. ``False`` for a builder that
     calls its cached functions only for prefill rows: while the engine has made no
     builder that shares in decodes, the scopes of :class:`~.patching.Scope` patches
-    that name the build's ``longest`` query stay shut in such builds."""
+    that name the build's ``longest`` query stay shut in such builds. ``shares``
+    names the patches only its builds share: they apply once one is made."""
 
     module: str
     name: str
