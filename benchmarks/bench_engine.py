@@ -408,6 +408,10 @@ def cold_groups(builds: int = 300) -> dict[str, Any]:
     return {"vllm": version("vllm"), "builds": builds, "median_ns": out}
 
 
+def _progress(what: str, i: int, processes: int) -> None:
+    print(f"bench_engine: {what} ({i + 1}/{processes})", file=sys.stderr, flush=True)
+
+
 def tokens_per_s(processes: int, rounds: int) -> dict[str, Any]:
     """generate() tokens/s with the plugin off and on, switched back and forth in the
     same engine process (``rounds`` of each, alternating which goes first), in
@@ -417,11 +421,7 @@ def tokens_per_s(processes: int, rounds: int) -> dict[str, Any]:
     for model in THROUGHPUT_MODELS:
         per_process = []
         for i in range(processes):
-            print(
-                f"bench_engine: tokens/s, {model} ({i + 1}/{processes})",
-                file=sys.stderr,
-                flush=True,
-            )
+            _progress(f"tokens/s, {model}", i, processes)
             run = _engine_run(model, "1", "--ab", str(rounds))
             tokens = run["generated_tokens"]
             off = statistics.median(tokens / t for t in run["ab_s"]["off"])
@@ -509,11 +509,7 @@ def build_time(processes: int, rounds: int) -> dict[str, Any]:
                 name = f"{label}{suffix}@{runner}"
                 per_process = []
                 for i in range(processes):
-                    print(
-                        f"bench_engine: build time, {name} ({i + 1}/{processes})",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    _progress(f"build time, {name}", i, processes)
                     run = _engine_run(
                         model,
                         "1",

@@ -531,10 +531,11 @@ class EnginePlugin:
                     del state.undo[patch.name]
                     undo()
                 state.cancel.append(_when_imported(patch.module, self._applier(patch)))
-            if new:
+            applying = sorted(new - state.left_out)
+            if applying:
                 self.logger.info(
                     "stepcache: a builder that shares them was made: %s apply",
-                    ", ".join(sorted(new)),
+                    ", ".join(applying),
                 )
             if not scoped:
                 self.logger.info(

@@ -106,10 +106,39 @@ def test_computations_stock_and_plugin_per_model_and_runner() -> None:
     }
     engine = {"computations": {"m@v2": run, "_source": {"commit": "c" * 40}}}
     page = _engine_page.section(engine)
-    assert "| m | v2 | f | 3.00 | 1.00 | yes |" in page
+    assert "| m | v2 | f | 3.00 | 1.00 | - | yes |" in page  # nothing to add
     assert "commit `cccccccccccc`" in page
     run["same_tokens"] = False  # a changed output is shown, not hidden
-    assert "| m | v2 | f | 3.00 | 1.00 | NO |" in _engine_page.section(engine)
+    assert "| m | v2 | f | 3.00 | 1.00 | - | NO |" in _engine_page.section(engine)
+    # with the caches off by default added: a third count
+    run["per_step"] = {"f": {"stock": 3.0, "plugin": 3.0, "added": 1.0}}
+    assert "| m | v2 | f | 3.00 | 3.00 | 1.00 | NO |" in _engine_page.section(engine)
+
+
+def test_a_build_time_row_gives_the_ratio_of_each_kind_of_build() -> None:
+    process = {
+        "median_ns_off": 500_000.0,
+        "median_ns_on": 450_000.0,
+        "on_over_off": 0.9,
+        "builds_per_round": 36,
+        "prefill_builds_per_round": 17,
+    }
+    build = {
+        "median_on_over_off": 0.9,
+        "min_on_over_off": 0.85,
+        "max_on_over_off": 0.95,
+        "median_on_over_off_prefill": 0.87,
+        "median_on_over_off_decode": 1.02,
+        "processes": [process],
+    }
+    engine = {"build_time": {"q (steady)@v1": build}}
+    page = _engine_page.section(engine)
+    assert (
+        "| q (steady) on v1 | 17 of 36 | 500 | 450 | 0.90x | 0.85x-0.95x | builds "
+        "with a prefill 0.87x; decodes 1.02x |"
+    ) in page
+    (row,) = _engine_page.readme_rows(engine)[:1]
+    assert row[1] == "0.90x (0.85x-0.95x); builds with a prefill 0.87x; decodes 1.02x"
 
 
 def test_the_gdn_groups_of_each_build_are_shown_side_by_side() -> None:
