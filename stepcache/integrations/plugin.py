@@ -391,16 +391,19 @@ class EnginePlugin:
         ``"skipped: <reason>"`` or ``"off"`` (not registered)."""
         state = self._state
         with state.lock:
+            shared = self._shared_names()
             out: dict[str, str] = {}
             for patch in self.patches:
                 if patch.name in state.undo:
                     out[patch.name] = "applied"
                 elif patch.name in state.skipped:
                     out[patch.name] = f"skipped: {state.skipped[patch.name]}"
-                elif state.registered and patch.name in self._shared_names():
-                    out[patch.name] = "waiting for a builder that shares it"
                 elif state.registered and self._deferred(patch):
-                    out[patch.name] = "waiting for a builder that needs scopes"
+                    out[patch.name] = (
+                        "waiting for a builder that shares it"
+                        if patch.name in shared
+                        else "waiting for a builder that needs scopes"
+                    )
                 elif state.registered:
                     out[patch.name] = f"waiting for {patch.module}"
                 else:
@@ -461,7 +464,7 @@ class EnginePlugin:
         patches this registration leaves out."""
         if isinstance(sharer.decode, bool):
             return sharer.decode
-        return not self._state.left_out.issuperset(sharer.decode)
+        return bool(sharer.decode) and not self._left_out(sharer.decode)
 
     def _left_out(self, names: tuple[str, ...]) -> bool:
         """Whether this registration leaves out each patch of ``names`` (some)."""

@@ -443,17 +443,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     llm = LLM(**kwargs)
     init_s = time.perf_counter() - start
-    params: Any = SamplingParams(
-        temperature=0, ignore_eos=True, detokenize=False, max_tokens=MAX_TOKENS
-    )
+    greedy = {"temperature": 0, "ignore_eos": True, "detokenize": False}
+    params: Any = SamplingParams(**greedy, max_tokens=MAX_TOKENS)
     prompts: Any = [{"prompt_token_ids": p} for p in PROMPTS]
-    if args.steady:
-        params = [
-            SamplingParams(
-                temperature=0, ignore_eos=True, detokenize=False, max_tokens=n
-            )
-            for n in STEADY_MAX_TOKENS
-        ]
+    if args.steady:  # a length per request
+        params = [SamplingParams(**greedy, max_tokens=n) for n in STEADY_MAX_TOKENS]
         prompts = [{"prompt_token_ids": p} for p in STEADY_PROMPTS]
     if "_fix" in config:  # after LLM(): an earlier import would hide the plugin's log
         llm.collective_rpc(globals()[config["_fix"]])

@@ -15,9 +15,7 @@ from typing import IO, Any
 
 from engine_run import needs_triton
 
-from stepcache.integrations.vllm import ADD_ENV, SKIP_ENV
-from stepcache.integrations.vllm.gdn import SPLIT_NAME
-from stepcache.integrations.vllm.mamba import PREFILL_NAME
+from stepcache.integrations.vllm import ADD_ENV, PLUGIN, SKIP_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -49,7 +47,7 @@ MODES = ("0", "1", "verify")
 CHECKED = [("qwen3_next", "v1"), ("granite_hybrid", "v1")]
 #: The caches off by default, which ``STEPCACHE_VLLM_ADD`` applies in the runs of
 #: mode "add" and "checks": the GDN split, and the Mamba builders' prefill counts
-ADD = f"{SPLIT_NAME},{PREFILL_NAME}"
+ADD = ",".join(sorted(PLUGIN.opt_in))
 #: The runs with them added (mode "add": plugin on): Qwen3-Next on both runners, and
 #: the Mamba family's two models
 ADDED = [

@@ -673,3 +673,16 @@ def test_a_caller_that_drives_the_builds_itself_applies_every_shared_patch(
         assert set(plugin.status().values()) == {"applied"}
     finally:
         plugin.unregister()
+
+
+def test_a_shared_patch_whose_builder_was_made_waits_for_its_module(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin = sharing(monkeypatch, attn)
+    monkeypatch.delitem(sys.modules, "fakeengine.attn")  # not imported yet
+    plugin.register()
+    try:
+        plugin.want_scopes()
+        assert plugin.status()[LENS] == "waiting for fakeengine.attn"
+    finally:
+        plugin.unregister()

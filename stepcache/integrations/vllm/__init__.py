@@ -21,9 +21,10 @@ unset, ``0``   nothing (one debug line): installing stepcache never changes vLLM
 
 Anything else is logged (one warning) and leaves vLLM alone. ``STEPCACHE_VLLM_SKIP``
 names patches to leave out, separated by commas (a cache that costs more than it saves
-on one's machine); ``STEPCACHE_VLLM_ADD`` names the patches off by default to apply:
-:data:`SPLIT_NAME`, whose cache made the metadata build slower than stock vLLM's on
-both model runners (docs/integrations.md, "Measurements"). A name that is no patch,
+on one's machine); ``STEPCACHE_VLLM_ADD`` names the patches off by default to apply
+(``PLUGIN.opt_in``: :data:`SPLIT_NAME` and :data:`PREFILL_NAME`, whose caches made the
+builds they serve slower than stock vLLM's on both model runners; docs/integrations.md,
+"Measurements"). A name that is no patch,
 or one both name, is logged the same way. :func:`register` is
 idempotent, imports nothing of vLLM (each patch waits for its module to be imported by
 vLLM, see :mod:`stepcache.integrations.patching`), checks every target's shape
@@ -111,8 +112,8 @@ ENV: Final = "STEPCACHE_VLLM"
 #: The environment variable that names patches to leave out (comma-separated names
 #: of :data:`PATCHES`).
 SKIP_ENV: Final = "STEPCACHE_VLLM_SKIP"
-#: The environment variable that names patches off by default to apply (the GDN
-#: split's, :data:`SPLIT_NAME`).
+#: The environment variable that names patches off by default to apply
+#: (``PLUGIN.opt_in``).
 ADD_ENV: Final = "STEPCACHE_VLLM_ADD"
 
 #: The vLLM distributions and release series the plugin was tested against
@@ -193,7 +194,8 @@ PATCHES: tuple[Patch, ...] = (
         find_c128_boundary,
         Verify(stock=stock_c128_boundary),
     ),
-    # off by default: its miss costs more than its two hits save (docs/integrations.md)
+    # off by default, as the Mamba one below: in the engine benchmark the builds it
+    # serves were slower with it (docs/integrations.md)
     Patch(SPLIT_NAME, _GDN, find_split, Verify(), opt_in=True),
     Patch(CHUNK_NAME, _GDN, find_chunk_metadata, Verify()),
     Patch(
