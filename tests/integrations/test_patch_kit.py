@@ -663,26 +663,21 @@ def test_a_builder_whose_shared_patches_are_left_out_opens_no_scope(
         plugin.unregister()
 
 
+@pytest.mark.parametrize("imported", [True, False])
 def test_a_caller_that_drives_the_builds_itself_applies_every_shared_patch(
-    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch, imported: bool
 ) -> None:
+    """Each applies once its module is imported: one not imported yet says it waits
+    for that module, not for a builder."""
     plugin = sharing(monkeypatch, attn)
+    if not imported:
+        monkeypatch.delitem(sys.modules, "fakeengine.attn")
     plugin.register()
     try:
         plugin.want_scopes()
-        assert set(plugin.status().values()) == {"applied"}
-    finally:
-        plugin.unregister()
-
-
-def test_a_shared_patch_whose_builder_was_made_waits_for_its_module(
-    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    plugin = sharing(monkeypatch, attn)
-    monkeypatch.delitem(sys.modules, "fakeengine.attn")  # not imported yet
-    plugin.register()
-    try:
-        plugin.want_scopes()
-        assert plugin.status()[LENS] == "waiting for fakeengine.attn"
+        if imported:
+            assert set(plugin.status().values()) == {"applied"}
+        else:
+            assert plugin.status()[LENS] == "waiting for fakeengine.attn"
     finally:
         plugin.unregister()
