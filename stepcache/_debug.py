@@ -474,7 +474,7 @@ class Checks:
         """Check a hit; what it hands out. The common case (each input as it was
         recorded) is tested inline; a difference goes to the check that explains it."""
         scope = store.scope
-        if scope is not None and scope.open and scope not in _state.scopes.open:
+        if scope is not None and scope.open and not _state.open_here(scope):
             raise detect("scope-thread", fn, key)  # another thread's scope
         info = entry.info  # None if stored in production
         swapped = False  # a value's storage swapped behind its version (`.data =`)

@@ -35,7 +35,7 @@ from stepcache._seams import Cached
 from stepcache._source import compiled, defaults, passed, signature
 from stepcache._spec import Arg
 from stepcache._spec_code import quick
-from stepcache._state import BYPASS, NO_STORE, SLOW, scopes
+from stepcache._state import BYPASS, NO_STORE, SLOW, innermost
 from stepcache._store import STORE_NAMES, StepCache, fill_store
 
 
@@ -76,7 +76,7 @@ def source(fn: Cached, fname: str) -> str:
         out += [f"    if {k} is _sc_BYPASS:", f"        return _sc_CALL({packed}, {k})"]
     # An owner with no store yet holds the placeholder (stepcache._state.NO_STORE):
     # inside one scope it reads the scope's store without joining it, else it has
-    # none (`_Scopes.top`; nested scopes: the slow path joins the innermost). Where
+    # none (`_state.INNERMOST`; nested scopes: the slow path joins the innermost). Where
     # the store has no entry, ``w`` says where the miss goes.
     s, w, r = local("s"), local("w"), local("r")  # store, where it misses, result
     names = [local(f"x{i}") for i in range(len(fn.dep_names))]
@@ -161,7 +161,7 @@ def source(fn: Cached, fname: str) -> str:
     # tests for the placeholder first, which saves an owner in a scope (the
     # plugin's calls) the placeholder's lookup.
     look = [
-        f"{s} = _sc_SCOPES.top",
+        f"{s} = _sc_INNERMOST()",
         f"if {s} is _sc_NO_STORE:",
         f"    {e} = {nothing}",
         "else:",
@@ -205,7 +205,7 @@ def source(fn: Cached, fname: str) -> str:
         f"            {where} = _sc_NO_STORE",
         f"            {w} = {s} if (",
         f"                {s}._first == _sc_id({owner}) and {s}.scope is None",
-        f"                and not {s}._closed and _sc_SCOPES.top is _sc_NO_STORE",
+        f"                and not {s}._closed and _sc_INNERMOST() is _sc_NO_STORE",
         "            ) else None",
         "        else:",  # the open scope's store, made at its first miss
         f"            {where}, {w} = {s}, {s}.store",
@@ -306,7 +306,7 @@ def names_of(fn: Cached) -> dict[str, Any]:
         "_sc_SERVED": fn.served,
         "_sc_ARGS_OK": fn.args_ok,
         "_sc_NO_STORE": NO_STORE,
-        "_sc_SCOPES": scopes,
+        "_sc_INNERMOST": innermost,
         "_sc_StepCache": StepCache,
         "_sc_setattr": object.__setattr__,
         "_sc_FN": fn.fn,

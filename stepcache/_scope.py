@@ -6,9 +6,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from stepcache import _state
 from stepcache._errors import StepCacheError
-from stepcache._state import NO_STORE
+from stepcache._state import INNERMOST, NO_STORE, innermost, open_here
 from stepcache._store import StepCache, restore
 
 
@@ -40,17 +39,20 @@ class Scope:
     # engine's own code: kept to a few attribute writes. Its store is made at its
     # first miss; until then its table is the placeholder's, which answers every
     # lookup with an absent entry: a build that caches nothing makes nothing.
-    __slots__ = ("_entered", "_joined", "_store", "open", "table")
+    __slots__ = ("_entered", "_joined", "_outer", "_store", "open", "table")
 
     def __init__(self) -> None:
         self._store: StepCache | None = None
         #: whether the scope is open (a closed one is never reopened)
         self.open = False
         self._entered = False
+        #: the scope it was opened in (`_state.INNERMOST`), or `NO_STORE`
+        self._outer: Any = NO_STORE
         #: (weak reference to each joined owner, the store it had, or ``None``)
         self._joined: list[tuple[weakref.ref[Any], StepCache | None]] | None = None
-        #: what the first calls of owners without a store read (`_Scopes.top`)
-        self.table: dict[int, Any] = NO_STORE.table
+        #: what the first calls of owners without a store read (`_state.INNERMOST`);
+        #: ``None`` while it is nested: those calls take the slow path
+        self.table: dict[int, Any] | None = NO_STORE.table
 
     def __repr__(self) -> str:
         return f"<stepcache scope {'open' if self.open else 'closed'}>"
@@ -60,7 +62,7 @@ class Scope:
         """The store the owners of the scope share."""
         if self._store is None:
             self._store = StepCache(None, self if self.open else _ENDED)
-            if self.open:
+            if self.open and self.table is not None:
                 self.table = self._store.table
         return self._store
 
@@ -74,24 +76,23 @@ class Scope:
         if self._entered:
             raise StepCacheError("a scope is entered once (make a new scope())")
         self._entered = self.open = True
-        scopes = _state.scopes  # this thread's
-        scopes.top = None if scopes.open else self  # `_Scopes.top`
-        scopes.open.append(self)
+        outer = self._outer = innermost()
+        if outer is not NO_STORE:
+            self.table = None  # nested: the slow path joins owners to it
+        INNERMOST.set(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        scopes = _state.scopes  # this thread's
-        stack = scopes.open
-        if not stack or stack[-1] is not self:
-            if self not in stack:
+        inner = innermost()
+        if inner is not self:
+            if not self.open or not open_here(self):
                 raise StepCacheError(
                     "a scope is closed in the thread that opened it, innermost first"
                 )
-            while stack[-1] is not self:  # an inner one left open: closed with it
-                stack[-1].__exit__()
-        stack.pop()
-        # `_Scopes.top` for the scopes still open
-        scopes.top = NO_STORE if not stack else None if len(stack) > 1 else stack[0]
+            while inner is not self:  # an inner one left open: closed with it
+                inner.__exit__()
+                inner = innermost()
+        INNERMOST.set(self._outer)
         self.open = False
         self.table = NO_STORE.table
         store = self._store
@@ -127,8 +128,8 @@ def scope() -> Scope:
 
     When it closes (an exception too), everything it made is dropped and each owner
     gets its own store back: the next call recomputes. Values already handed out stay
-    what they are. A scope belongs to its thread: only that thread's calls join
-    owners to it, and an owner joined to it must not be used from another thread
+    what they are. A scope belongs to its thread (and its asyncio task: the open
+    scopes are a context variable): only that thread's calls join owners to it, and an owner joined to it must not be used from another thread
     while it is open. Debug mode keeps checking contents inside a scope, which is how
     a broken promise is found (see [limits](../limits.md#scopes)).
 
@@ -162,5 +163,5 @@ def active_scope() -> Scope | None:
         >>> stepcache.active_scope() is None
         True
     """
-    stack = _state.scopes.open
-    return stack[-1] if stack else None
+    inner = innermost()
+    return None if inner is NO_STORE else inner

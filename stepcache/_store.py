@@ -19,7 +19,7 @@ import torch
 from stepcache._entry import Entry, no_weakref, strided, walk, weak
 from stepcache._errors import OwnerError, StaleCacheError, StepCacheError
 from stepcache._source import method
-from stepcache._state import NO_STORE, Absent, Counts, by_name, scopes
+from stepcache._state import NO_STORE, Absent, Counts, by_name, innermost
 
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
@@ -391,7 +391,8 @@ def cache_of(owner: object) -> StepCache:
         True
     """
     store = _held(owner)
-    if store is NO_STORE and not scopes.open:  # a plain first use
+    inner = innermost()
+    if store is NO_STORE and inner is NO_STORE:  # a plain first use
         fresh = new_store(owner)
         if fresh is not None:
             return fresh
@@ -408,8 +409,8 @@ def cache_of(owner: object) -> StepCache:
         own, mine = None, False  # a scope that is over, or a copy's: nothing to seed
     if mine and own._closed:  # type: ignore[union-attr]
         raise closed_error(owner)
-    if scopes.open:  # this thread has a scope open: join the innermost
-        joined: StepCache = attach(owner, scopes.open[-1].store)
+    if inner is not NO_STORE:  # a scope is open here: join the innermost
+        joined: StepCache = attach(owner, inner.store)
         return joined
     if mine:
         return own  # type: ignore[return-value]

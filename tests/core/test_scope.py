@@ -5,6 +5,7 @@ identity, and everything made in it is dropped when it closes."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 import threading
@@ -229,6 +230,29 @@ def test_a_scope_belongs_to_its_thread() -> None:
     assert errors and "the thread that opened it" in str(errors[0])
     opened.__exit__(None, None, None)
     assert stepcache.active_scope() is None
+
+
+def test_a_scope_belongs_to_its_asyncio_task() -> None:
+    # two builds interleaved in one thread: each task sees only its own scope
+    qsl = layout()
+    seen: dict[str, Any] = {}
+
+    async def build(name: str) -> None:
+        with stepcache.scope() as scope:
+            first = Group(qsl, 5)
+            first.lens()
+            await asyncio.sleep(0)  # the other task opens its scope meanwhile
+            second = Group(qsl, 5)
+            second.lens()  # served by this task's scope
+            seen[name] = (stepcache.active_scope() is scope, first.calls + second.calls)
+
+    async def main() -> None:
+        await asyncio.gather(build("a"), build("b"))
+        seen["after"] = stepcache.active_scope()
+
+    asyncio.run(main())
+    assert seen["a"] == (True, ["lens"]) and seen["b"] == (True, ["lens"])
+    assert seen["after"] is None
 
 
 def test_checks_mode_reports_a_joined_owner_used_from_another_thread() -> None:
