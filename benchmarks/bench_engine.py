@@ -71,7 +71,9 @@ MODELS = {
     "gemma3": False,
     "granite_hybrid": False,
 }
-THROUGHPUT_MODELS = ("llama", "qwen3_next")
+#: (model, workload suffix) of the tokens/s runs: Qwen3-Next also in the steady
+#: workload, the one where its caches save build time
+THROUGHPUT_RUNS = (("llama", ""), ("qwen3_next", ""), ("qwen3_next", " (steady)"))
 #: the models whose builders call a cache that is off by default
 ADDABLE = ("qwen3_next", "mamba2", "granite_hybrid")
 #: the environment that adds every cache off by default
@@ -418,11 +420,11 @@ def tokens_per_s(processes: int, rounds: int) -> dict[str, Any]:
     ``processes`` fresh processes: the ratio of each process's medians, and the median
     of those ratios."""
     out: dict[str, Any] = {}
-    for model in THROUGHPUT_MODELS:
+    for model, suffix in THROUGHPUT_RUNS:
         per_process = []
         for i in range(processes):
-            _progress(f"tokens/s, {model}", i, processes)
-            run = _engine_run(model, "1", "--ab", str(rounds))
+            _progress(f"tokens/s, {model}{suffix}", i, processes)
+            run = _engine_run(model, "1", "--ab", str(rounds), *WORKLOADS[suffix])
             tokens = run["generated_tokens"]
             off = statistics.median(tokens / t for t in run["ab_s"]["off"])
             on = statistics.median(tokens / t for t in run["ab_s"]["on"])
@@ -435,7 +437,7 @@ def tokens_per_s(processes: int, rounds: int) -> dict[str, Any]:
                 }
             )
         ratios = [p["on_over_off"] for p in per_process]
-        out[model] = {
+        out[f"{model}{suffix}"] = {
             "generated_tokens": tokens,
             "rounds": rounds,
             "processes": per_process,
@@ -499,8 +501,8 @@ def build_time(processes: int, rounds: int) -> dict[str, Any]:
     each, alternating which goes first), for each run of :data:`BUILD_RUNS` on each
     runner and with each of its workloads, in ``processes`` fresh processes: the
     ratio of each process's medians (of every build, of the builds with a prefill,
-    of those of decodes only), and the median of those ratios; and the worker's
-    stats per step."""
+    of those of decodes only, and of each round's total: the sum of its builds), and
+    the median of those ratios; and the worker's stats per step."""
     out: dict[str, Any] = {}
     for label, model, env, workloads in BUILD_RUNS:
         for suffix in workloads:
@@ -537,6 +539,17 @@ def build_time(processes: int, rounds: int) -> dict[str, Any]:
                             row[f"median_ns_off{key}"] = sides["off"]
                             row[f"median_ns_on{key}"] = sides["on"]
                             row[f"on_over_off{key}"] = sides["on"] / sides["off"]
+                    # what the engine pays in a round: the sum of its builds
+                    totals = {
+                        side: [sum(r) for r in runs] for side, runs in builds.items()
+                    }
+                    row["round_total_ns"] = totals
+                    off, on = (statistics.median(totals[s]) for s in ("off", "on"))
+                    row |= {
+                        "median_total_ns_off": off,
+                        "median_total_ns_on": on,
+                        "on_over_off_total": on / off,
+                    }
                     per_process.append(row)
                 stats = run["timed_workers"] or run["workers"]
                 entry: dict[str, Any] = {
@@ -551,7 +564,7 @@ def build_time(processes: int, rounds: int) -> dict[str, Any]:
                         for fn, row in stats[0]["stats"].items()
                     },
                 }
-                for key in ("", "_prefill", "_decode"):
+                for key in ("", "_total", "_prefill", "_decode"):
                     ratios = [
                         p[f"on_over_off{key}"]
                         for p in per_process
@@ -601,12 +614,14 @@ def markdown(results: dict[str, Any]) -> str:
         "scope wraps: V1's `_build_attention_metadata`, V2's `prepare_attn`), switched "
         "within one engine process; the median µs of process 1, and the on / off "
         "ratio of each process's medians, median over the processes: of every build, "
-        "of the builds with a prefill, of those of decodes only. (steady): 24 short "
+        "of each round's total (the sum of its builds; a round: one generate()), of "
+        "the builds with a prefill, of those of decodes only. (steady): 24 short "
         "requests, 4 at a time, a prefill in about half the steps:",
         "",
         "| Model | Runner | Prefill builds / round | µs off | µs on | On / off "
-        "| Lowest-highest | Prefill builds on / off | Decode builds on / off |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| Lowest-highest | Round total on / off | Prefill builds on / off "
+        "| Decode builds on / off |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run, row in results.get("build_time", {}).items():
         if run.startswith("_"):
@@ -617,14 +632,14 @@ def markdown(results: dict[str, Any]) -> str:
             f"{row[f'median_on_over_off{k}']:.2f}"
             if f"median_on_over_off{k}" in row
             else "-"
-            for k in ("_prefill", "_decode")
+            for k in ("_total", "_prefill", "_decode")
         ]
         lines.append(
             f"| {model} | {runner} | {first.get('prefill_builds_per_round', '?')} of "
             f"{first['builds_per_round']} | {first['median_ns_off'] / 1000:.0f} | "
             f"{first['median_ns_on'] / 1000:.0f} | {row['median_on_over_off']:.2f} | "
             f"{row['min_on_over_off']:.2f}-{row['max_on_over_off']:.2f} | "
-            f"{kinds[0]} | {kinds[1]} |"
+            f"{kinds[0]} | {kinds[1]} | {kinds[2]} |"
         )
     lines += [
         "",
@@ -661,7 +676,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines += [
         "",
         "**Engine throughput, plugin off and on**: generate() of 6 requests x 24 "
-        "tokens, the plugin switched off and on between calls in the same engine "
+        "tokens ((steady): 24 requests of 3-8 tokens, 4 at a time), the plugin "
+        "switched off and on between calls in the same engine "
         "process (alternating which goes first, after one unrecorded round), the "
         "median tokens/s of each side; several fresh processes:",
         "",

@@ -506,3 +506,30 @@ def test_gpu_request_index_rows_render() -> None:
     ]
     text = bench_gpu.render_request_index(rows)
     assert "| six groups | uncached | 3 | 0 | 2.0 | 1.00x |" in text
+
+
+def test_engine_build_time_gives_each_rounds_total_beside_the_medians(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from benchmarks import bench_engine
+
+    # two rounds a side, a prefill build then two decode builds: the plugin makes
+    # the prefill build cheaper and the decode builds dearer
+    off, on = [[100, 10, 10], [100, 10, 12]], [[60, 11, 11], [60, 11, 13]]
+    prefill = [[True, False, False]] * 2
+    run = {
+        "build_ns": {"off": off, "on": on},
+        "build_prefill": {"off": prefill, "on": prefill},
+        "workers": [{"steps": 3, "stats": {}}],
+        "timed_workers": None,
+    }
+    monkeypatch.setattr(bench_engine, "_engine_run", lambda *a, **k: run)
+    monkeypatch.setattr(bench_engine, "BUILD_RUNS", (("m", "m", {}, ("",)),))
+    monkeypatch.setattr(bench_engine, "RUNNERS", ("v1",))
+    (row,) = bench_engine.build_time(processes=1, rounds=2).values()
+    (process,) = row["processes"]
+    assert process["round_total_ns"] == {"off": [120, 122], "on": [82, 84]}
+    assert row["median_on_over_off_total"] == pytest.approx(83 / 121)
+    assert row["median_on_over_off_prefill"] == pytest.approx(0.6)
+    assert row["median_on_over_off_decode"] == pytest.approx(11 / 10)
+    assert row["median_on_over_off"] == pytest.approx(12 / 11)  # between the kinds

@@ -141,6 +141,37 @@ def test_a_build_time_row_gives_the_ratio_of_each_kind_of_build() -> None:
     assert row[1] == "0.90x (0.85x-0.95x); builds with a prefill 0.87x; decodes 1.02x"
 
 
+def test_a_build_time_row_leads_with_a_rounds_total_where_it_was_recorded() -> None:
+    process = {
+        "median_ns_off": 500_000.0,
+        "median_ns_on": 450_000.0,
+        "builds_per_round": 36,
+        "prefill_builds_per_round": 17,
+    }
+    build = {
+        "median_on_over_off": 0.8,  # the median build: between the two kinds
+        "min_on_over_off": 0.75,
+        "max_on_over_off": 0.85,
+        "median_on_over_off_total": 0.96,
+        "min_on_over_off_total": 0.94,
+        "max_on_over_off_total": 0.98,
+        "median_on_over_off_prefill": 0.87,
+        "median_on_over_off_decode": 1.02,
+        "processes": [process],
+    }
+    engine = {"build_time": {"q (steady)@v1": build}}
+    assert (
+        "| q (steady) on v1 | 17 of 36 | 500 | 450 | 0.96x | 0.94x-0.98x | the median "
+        "build 0.80x; builds with a prefill 0.87x; decodes 1.02x |"
+    ) in _engine_page.section(engine)
+    (label, value) = _engine_page.readme_rows(engine)[0]
+    assert "a round's metadata builds (the sum of its builds" in label
+    assert value == (
+        "0.96x (0.94x-0.98x); the median build 0.80x; builds with a prefill 0.87x; "
+        "decodes 1.02x"
+    )
+
+
 def test_the_gdn_groups_of_each_build_are_shown_side_by_side() -> None:
     process = {
         "median_ns_off": 700_000.0,
