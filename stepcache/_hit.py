@@ -251,20 +251,24 @@ def source(fn: Cached, fname: str) -> str:
     d, new = local("d"), local("new")  # the new entry's fingerprints, the entry
     entry = fill_entry(new, r, owner, d, str(fn.guard), "None", args, "_sc_")
     slot = f".setdefault({fn.fid}, {{}})[{key}]" if fn.keyed else f"[{fn.fid}]"
+    c = local("c")  # the function's counts in the store, for an invalidation
     out += [
-        # an invalidation, unless the entry was another owner's (`find`)
-        f"            if {stale} is not None and (",
-        f"                {stale}.bound is None or {stale}.bound() is {owner}",
-        "            ):",
-        "                _sc_COUNTS.invalidations += 1",
-        f"                {w}.counts({fn.fid}).invalidations += 1",
         f"            {d}, {new} = {deps}, _sc_new(_sc_Entry)",
         *(f"            {x}" for x in entry),
         f"            {w}.table{slot} = {new}",
         f"            if {w}._closed:",  # closed while it computed (`insert`)
         f"                {w}.clear()",
         "            _sc_COUNTS.misses += 1",
-        f"            if {w}._counts is None:",  # the store's first miss (`missed`)
+        # an invalidation, unless the entry was another owner's (`find`): one call
+        # counts it and the miss
+        f"            if {stale} is not None and (",
+        f"                {stale}.bound is None or {stale}.bound() is {owner}",
+        "            ):",
+        "                _sc_COUNTS.invalidations += 1",
+        f"                {c} = {w}.counts({fn.fid})",
+        f"                {c}.invalidations += 1",
+        f"                {c}.misses += 1",
+        f"            elif {w}._counts is None:",  # the store's first miss (`missed`)
         f"                {w}._counts = {fn.fid}",
         "            else:",
         f"                {w}.missed({fn.fid})",

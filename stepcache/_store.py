@@ -184,10 +184,12 @@ class StepCache:
 
     def counts(self, fid: int) -> Counts:
         """The counts of function ``fid`` in this store."""
-        counts = self._all_counts()
-        found = counts.get(fid)
+        counts = self._counts
+        if counts.__class__ is not dict:  # one call, not two, once there is a table
+            counts = self._all_counts()
+        found = counts.get(fid)  # type: ignore[union-attr]
         if found is None:
-            found = counts[fid] = Counts()
+            found = counts[fid] = Counts()  # type: ignore[index]
         return found
 
     def missed(self, fid: int) -> None:
