@@ -7,7 +7,7 @@ import weakref
 from typing import Any
 
 from stepcache._errors import StepCacheError
-from stepcache._state import INNERMOST, NO_STORE, innermost, open_here
+from stepcache._state import INNERMOST, NO_STORE, current, innermost, open_here
 from stepcache._store import StepCache, restore
 
 
@@ -76,7 +76,7 @@ class Scope:
         if self._entered:
             raise StepCacheError("a scope is entered once (make a new scope())")
         self._entered = self.open = True
-        outer = self._outer = innermost()
+        outer = self._outer = current()
         if outer is not NO_STORE:
             self.table = None  # nested: the slow path joins owners to it
         INNERMOST.set(self)
@@ -94,7 +94,9 @@ class Scope:
                 inner = innermost()
         INNERMOST.set(self._outer)
         self.open = False
-        self.table = NO_STORE.table
+        # read only where a context copied while it was open still names it (an
+        # asyncio task made inside it): those calls take the slow path
+        self.table = None
         store = self._store
         if store is None:
             return
@@ -163,5 +165,5 @@ def active_scope() -> Scope | None:
         >>> stepcache.active_scope() is None
         True
     """
-    inner = innermost()
+    inner = current()
     return None if inner is NO_STORE else inner

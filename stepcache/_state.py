@@ -234,6 +234,16 @@ INNERMOST: ContextVar[Any] = ContextVar("stepcache.innermost", default=NO_STORE)
 innermost = INNERMOST.get
 
 
+def current() -> Any:
+    """This context's innermost scope that is still open, or `NO_STORE`. A context
+    copied while a scope was open (an asyncio task made inside it) still names it
+    after it closed; the scopes it is nested in may be open."""
+    inner = innermost()
+    while inner is not NO_STORE and not inner.open:
+        inner = inner._outer
+    return inner
+
+
 def open_here(scope: Any) -> bool:
     """Whether ``scope`` is open in this context (innermost or enclosing)."""
     inner = innermost()

@@ -19,7 +19,7 @@ import torch
 from stepcache._entry import Entry, no_weakref, strided, walk, weak
 from stepcache._errors import OwnerError, StaleCacheError, StepCacheError
 from stepcache._source import method
-from stepcache._state import NO_STORE, Absent, Counts, by_name, innermost
+from stepcache._state import NO_STORE, Absent, Counts, by_name, current
 
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
@@ -393,7 +393,7 @@ def cache_of(owner: object) -> StepCache:
         True
     """
     store = _held(owner)
-    inner = innermost()
+    inner = current()
     if store is NO_STORE and inner is NO_STORE:  # a plain first use
         fresh = new_store(owner)
         if fresh is not None:

@@ -255,6 +255,36 @@ def test_a_scope_belongs_to_its_asyncio_task() -> None:
     assert seen["after"] is None
 
 
+def test_a_task_made_inside_a_scope_outlives_it() -> None:
+    # the task's context was copied while the scope was open: it still names it
+    qsl = layout()
+    seen: dict[str, Any] = {}
+
+    async def later(go: asyncio.Event) -> None:
+        await go.wait()  # the scope that was open when the task was made is closed
+        seen["active"] = stepcache.active_scope()
+        g = Group(qsl, 5)
+        g.lens()
+        g.lens()  # its own store now
+        with stepcache.scope() as scope:  # a scope of its own, not nested
+            h, i = Group(qsl, 5), Group(qsl, 5)
+            h.lens()
+            i.lens()
+            seen["inner"] = (stepcache.active_scope() is scope, h.calls + i.calls)
+        seen["calls"] = g.calls
+
+    async def main() -> None:
+        go = asyncio.Event()
+        with stepcache.scope():
+            task = asyncio.ensure_future(later(go))
+            await asyncio.sleep(0)
+        go.set()
+        await task
+
+    asyncio.run(main())
+    assert seen == {"active": None, "calls": ["lens"], "inner": (True, ["lens"])}
+
+
 def test_checks_mode_reports_a_joined_owner_used_from_another_thread() -> None:
     qsl = layout()
     raised: list[BaseException] = []
