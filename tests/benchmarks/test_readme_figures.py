@@ -115,22 +115,28 @@ def test_computations_stock_and_plugin_per_model_and_runner() -> None:
     assert "| m | v2 | f | 3.00 | 3.00 | 1.00 | NO |" in _engine_page.section(engine)
 
 
-def test_a_build_time_row_gives_the_ratio_of_each_kind_of_build() -> None:
+def _steady_build(**ratios: float) -> dict[str, Any]:
+    """A steady-workload build-time entry of engine.json: process 1's median builds
+    (500 µs off, 450 on, 17 of 36 with a prefill), the kinds' ratios, and
+    ``ratios``."""
     process = {
         "median_ns_off": 500_000.0,
         "median_ns_on": 450_000.0,
-        "on_over_off": 0.9,
         "builds_per_round": 36,
         "prefill_builds_per_round": 17,
     }
-    build = {
-        "median_on_over_off": 0.9,
-        "min_on_over_off": 0.85,
-        "max_on_over_off": 0.95,
+    return {
         "median_on_over_off_prefill": 0.87,
         "median_on_over_off_decode": 1.02,
         "processes": [process],
+        **ratios,
     }
+
+
+def test_a_build_time_row_gives_the_ratio_of_each_kind_of_build() -> None:
+    build = _steady_build(
+        median_on_over_off=0.9, min_on_over_off=0.85, max_on_over_off=0.95
+    )
     engine = {"build_time": {"q (steady)@v1": build}}
     page = _engine_page.section(engine)
     assert (
@@ -142,23 +148,14 @@ def test_a_build_time_row_gives_the_ratio_of_each_kind_of_build() -> None:
 
 
 def test_a_build_time_row_leads_with_a_rounds_total_where_it_was_recorded() -> None:
-    process = {
-        "median_ns_off": 500_000.0,
-        "median_ns_on": 450_000.0,
-        "builds_per_round": 36,
-        "prefill_builds_per_round": 17,
-    }
-    build = {
-        "median_on_over_off": 0.8,  # the median build: between the two kinds
-        "min_on_over_off": 0.75,
-        "max_on_over_off": 0.85,
-        "median_on_over_off_total": 0.96,
-        "min_on_over_off_total": 0.94,
-        "max_on_over_off_total": 0.98,
-        "median_on_over_off_prefill": 0.87,
-        "median_on_over_off_decode": 1.02,
-        "processes": [process],
-    }
+    build = _steady_build(
+        median_on_over_off=0.8,  # the median build: between the two kinds
+        min_on_over_off=0.75,
+        max_on_over_off=0.85,
+        median_on_over_off_total=0.96,
+        min_on_over_off_total=0.94,
+        max_on_over_off_total=0.98,
+    )
     engine = {"build_time": {"q (steady)@v1": build}}
     assert (
         "| q (steady) on v1 | 17 of 36 | 500 | 450 | 0.96x | 0.94x-0.98x | the median "
