@@ -131,9 +131,10 @@ def scope() -> Scope:
     When it closes (an exception too), everything it made is dropped and each owner
     gets its own store back: the next call recomputes. Values already handed out stay
     what they are. A scope belongs to its thread (and its asyncio task: the open
-    scopes are a context variable): only that thread's calls join owners to it, and an owner joined to it must not be used from another thread
-    while it is open. Debug mode keeps checking contents inside a scope, which is how
-    a broken promise is found (see [limits](../limits.md#scopes)).
+    scopes are a context variable): only that thread's calls join owners to it, and
+    an owner joined to it must not be used from another thread while it is open.
+    Debug mode keeps checking contents inside a scope, which is how a broken promise
+    is found (see [limits](../limits.md#scopes)).
 
     Examples:
         >>> import dataclasses, torch, stepcache
