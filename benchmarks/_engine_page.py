@@ -75,10 +75,11 @@ def _headline(b: dict[str, Any]) -> str:
 def _kinds(b: dict[str, Any]) -> str:
     """The on / off ratios besides the headline: the median build (where the
     headline is the total), the builds with a prefill and those of decodes only."""
+    head = _headline(b)
     parts = [
         f"{what} {b[f'median_on_over_off{key}']:.2f}x"
         for key, what in _BY_KIND
-        if key != _headline(b) and f"median_on_over_off{key}" in b
+        if key != head and f"median_on_over_off{key}" in b
     ]
     return "; ".join(parts)
 
@@ -113,8 +114,9 @@ def readme_rows(engine: dict[str, Any] | None) -> list[list[str]]:
         )
     for run, b in _models(engine.get("build_time", {})).items():
         model, _, runner = run.partition("@")
-        total = _headline(b) == "_total"
-        median, low, high = _range(b, _headline(b))
+        head = _headline(b)
+        total = head == "_total"
+        median, low, high = _range(b, head)
         kinds = _kinds(b)
         rows.append(
             [

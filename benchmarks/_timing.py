@@ -123,12 +123,13 @@ def source_state(own: Path | None = None) -> dict[str, Any]:
     status = git("status", "--porcelain")
     changed = [] if status is None else [line[3:] for line in status.splitlines()]
     mine = None  # the results file, as git names it (None: outside the checkout)
-    if own is not None and own.resolve().is_relative_to(root):
-        mine = own.resolve().relative_to(root).as_posix()
+    if own is not None and (path := own.resolve()).is_relative_to(root):
+        mine = path.relative_to(root).as_posix()
+    dirty = [p for p in changed if p != mine]
     state: dict[str, Any] = {
         "commit": head.strip() if head else None,
-        "dirty": bool(set(changed) - {mine}) if status is not None else None,
-        "dirty_paths": [p for p in changed if p != mine],
+        "dirty": bool(dirty) if status is not None else None,
+        "dirty_paths": dirty,
     }
     if mine in changed:
         state["own_results_uncommitted"] = mine

@@ -85,7 +85,7 @@ class Scope:
     def __exit__(self, *exc: object) -> None:
         inner = innermost()
         if inner is not self:
-            if not self.open or not open_here(self):
+            if not open_here(self):  # closed, never entered, or another thread's
                 raise StepCacheError(
                     "a scope is closed in the thread that opened it, innermost first"
                 )
