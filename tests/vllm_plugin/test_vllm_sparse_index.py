@@ -3,9 +3,10 @@
 own (tests/kernels/attention/test_flashmla_sparse.py): vLLM's real
 ``_build_sparse_index_metadata`` on real DSv4 metadata, with a counting fake index
 builder (put on the module before or after the plugin loads) in place of the
-FlashInfer one, which needs a GPU. The pairs are a stepcache cache on the SWA
-metadata, keyed as vLLM keys its dict: vLLM's ``clear()`` in draft steps rebuilds,
-and nothing is shared across steps or objects."""
+FlashInfer one, which needs a GPU. The pairs are kept per SWA metadata object, keyed
+as vLLM keys its dict: in production in that dict, bound to its object; in debug
+mode in a stepcache cache on the object. Either way vLLM's ``clear()`` in draft
+steps rebuilds, and nothing is shared across steps or objects."""
 
 from __future__ import annotations
 
@@ -320,10 +321,14 @@ def test_stock_vllm_hands_a_replaced_swa_metadata_the_earlier_pair(
 def test_a_plain_dict_vllm_puts_on_the_field_becomes_the_objects_own(
     fake_build: FakeBuild,
 ) -> None:
+    """A plain dict's pairs may be another object's (metadata made before the plugin
+    loaded, then replaced): they never serve."""
     attn = make_attn(1, 0)
     swa_metadata = make_swa_metadata()
-    swa_metadata.flashinfer_sparse_index_cache = {}
+    other = (torch.tensor([[-1]], dtype=torch.int32), torch.tensor([-1]))
+    swa_metadata.flashinfer_sparse_index_cache = {"swa_only": other}
     _, _, indices, _ = build(attn, swa_metadata, "swa_only")
+    assert indices.tolist() == [[1]]
     assert build(attn, swa_metadata, "swa_only")[2] is indices
     assert fake_build.calls == 1
     assert dict(swa_metadata.flashinfer_sparse_index_cache) == {
@@ -347,10 +352,8 @@ def test_v41_swa_only_layers_build_once_per_step_and_honour_clear(
 ) -> None:
     from vllm.models.deepseek_v41.nvidia import flashinfer_sparse
 
-    import stepcache
-
-    register_plugin()
-    stepcache.reset_stats()
+    plugin = register_plugin()
+    plugin.reset_counters()
     fake = FakeBuild()
     monkeypatch.setattr(
         flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", fake
@@ -377,8 +380,8 @@ def test_v41_swa_only_layers_build_once_per_step_and_honour_clear(
     other = dataclasses.replace(swa_metadata)
     call(attn, other)
     assert fake.calls == 3
-    row = stepcache.stats()["vllm.dsv41.flashinfer_sparse_index"]
-    assert (row.misses, row.hits) == (3, 1)
+    counts = plugin.counters()["vllm.dsv41.flashinfer_sparse_index"]
+    assert counts == {"miss": 3, "hit": 1}
 
 
 # -- parity mode -----------------------------------------------------------------------
@@ -413,9 +416,8 @@ def test_verify_mode_passes_when_the_cache_is_right(
     from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
 
     import stepcache
-    from stepcache.integrations import vllm as plugin
 
-    register_plugin("verify")
+    plugin = register_plugin("verify")
 
     def pure_build(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.tensor([[7]], dtype=torch.int32), torch.tensor(
@@ -431,6 +433,78 @@ def test_verify_mode_passes_when_the_cache_is_right(
     swa_metadata = make_swa_metadata()
     for _ in range(3):
         build(attn, swa_metadata, "c128a")
-    assert plugin.counters()["vllm.dsv4.flashinfer_sparse_index"] == {"verified": 3}
-    row = stepcache.stats()["vllm.dsv4.flashinfer_sparse_index"]
-    assert (row.misses, row.hits) == (1, 2)
+    counts = plugin.counters()["vllm.dsv4.flashinfer_sparse_index"]
+    assert counts == {"verified": 3, "miss": 1, "hit": 2}
+    assert "vllm.dsv4.flashinfer_sparse_index" not in stepcache.stats()
+
+
+# -- where the pairs are counted: production, debug mode, caching off -------------------
+def _steps(attn: Any) -> Any:
+    """Two layers of one kind in two steps, with vLLM's clear() in the first: three
+    builds, one hit."""
+    step = make_swa_metadata()
+    build(attn, step, "c128a")
+    step.flashinfer_sparse_index_cache.clear()
+    build(attn, step, "c128a")
+    build(attn, step, "c128a")
+    return build(attn, make_swa_metadata(), "c128a")
+
+
+class PureBuild(FakeBuild):
+    """Counts the calls, and returns the same values on every call (as FlashInfer's
+    build does for one step's metadata): debug mode's checks may build again."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls += 1
+        return torch.tensor([[7]], dtype=torch.int32), torch.tensor(
+            [1], dtype=torch.int32
+        )
+
+
+@pytest.mark.parametrize("mode", ["off", "checks"])
+def test_production_counts_the_dicts_hits_and_debug_mode_the_stepcache_caches(
+    register_plugin: Any, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
+
+    import stepcache
+
+    plugin = register_plugin()
+    fake = PureBuild()
+    monkeypatch.setattr(
+        flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", fake
+    )
+    plugin.reset_counters()
+    stepcache.reset_stats()
+    stepcache.clear_debug_report()
+    with stepcache.debug(mode):
+        _steps(make_attn(128, 2))
+    name = "vllm.dsv4.flashinfer_sparse_index"
+    counted = plugin.counters().get(name, {})
+    if mode == "off":  # the dict is the cache: the patch counts
+        assert fake.calls == 3
+        assert counted == {"miss": 3, "hit": 1}
+        assert name not in stepcache.stats()
+    else:  # stepcache's cache: its stats count, the clear() an invalidation
+        row = stepcache.stats()[name]
+        assert (row.misses, row.hits, row.invalidations) == (3, 1, 1)
+        assert counted == {}
+        assert list(stepcache.debug_report()) == []
+
+
+def test_with_caching_off_every_layer_builds(
+    register_plugin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
+
+    import stepcache
+
+    register_plugin()
+    fake = FakeBuild()
+    monkeypatch.setattr(
+        flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", fake
+    )
+    with stepcache.disabled():
+        _, _, indices, _ = _steps(make_attn(128, 2))
+    assert fake.calls == 4
+    assert indices.tolist() == [[4]]

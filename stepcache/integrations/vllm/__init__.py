@@ -311,8 +311,9 @@ def status() -> dict[str, str]:
 
 def counters() -> dict[str, dict[str, int]]:
     """This process's counts, by patch name: the scopes opened (``scopes``) and the
-    builds left without one (``unscoped``), C4A layers left to vLLM (``uncached``),
-    and calls compared with stock vLLM (``verified``). The caches count in
+    builds left without one (``unscoped``), the DSv4 sparse-index dict's ``hit`` and
+    ``miss`` in production and C4A layers left to vLLM (``uncached``), and calls
+    compared with stock vLLM (``verified``). The caches count in
     :func:`stepcache.stats`."""
     return PLUGIN.counters()
 

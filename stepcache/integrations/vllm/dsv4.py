@@ -6,20 +6,22 @@
   step's ``(sparse_indices, sparse_topk_lens)`` pairs in a dict on the step's SWA
   metadata, ``flashinfer_sparse_index_cache``: the first layer of a kind builds, the
   others of that kind read the dict, and vLLM empties it with ``clear()`` when it
-  rewrites the metadata in place for a draft step. The plugin keeps vLLM's semantics
-  and makes the pairs a stepcache cache (:func:`sparse_pair`, named in
-  :func:`stepcache.stats`, watched by debug mode): an entry per layer kind (and row
-  count) on the SWA metadata object, depending on its dict. The dict belongs to one
-  metadata object (stock vLLM's is a dataclass field, which ``dataclasses.replace()``
-  and ``copy.copy`` hand to metadata describing other tokens), and its ``clear()``
-  gives it a new token, so the entries of the dict before no longer serve. A miss
-  runs vLLM's method as is, which builds with the module's
-  ``build_flashinfer_mixed_sparse_indices`` looked up when it runs (a test's fake put
-  there, before or after the plugin loads, is what builds) and fills the dict. A hit
-  returns what vLLM's method returns when the dict holds the pair (the layer's cache
-  tensor, the requests' ``seq_lens`` and the pair), without the rest of its work,
-  which serves only a build. C4A layers, whose indices are their own, are vLLM's
-  alone.
+  rewrites the metadata in place for a draft step. Stock's dict is a dataclass field,
+  which ``dataclasses.replace()`` and ``copy.copy`` hand, with its pairs, to metadata
+  describing other tokens. The plugin binds the dict to one metadata object
+  (:class:`OwnedIndexCache`): a dict bound to another object is replaced by a fresh
+  one. In production that dict is the cache, as in stock vLLM (its hits and misses
+  are the patch's :func:`~stepcache.integrations.vllm.counters`): a miss runs vLLM's
+  method as is, which builds with the module's ``build_flashinfer_mixed_sparse_indices``
+  looked up when it runs (a test's fake put there, before or after the plugin loads,
+  is what builds) and fills the dict. A hit returns what vLLM's method returns when
+  the dict holds the pair (the layer's cache tensor, the requests' ``seq_lens`` and
+  the pair), without the rest of its work, which serves only a build. With debug
+  mode on (or caching off) the pairs go through a stepcache cache instead
+  (:func:`_cached_pair`, named in :func:`stepcache.stats`): an entry per layer kind
+  (and row count) on the metadata object, depending on its dict, whose ``clear()``
+  gives it a new token, so the entries of the dict before no longer serve. C4A
+  layers, whose indices are their own, are vLLM's alone.
 * ``_get_c128_boundary``: a pure function of the batch layout that every DSv4
   compressor builder of a step computes again (a Python loop over the requests),
   computed once per build by :func:`stepcache.step_cached`.
@@ -39,6 +41,7 @@ from typing import Any
 import torch
 
 import stepcache
+from stepcache._state import SLOW
 
 from ..dsv4.sparse_index import PAIR_SPEC
 from ..patching import (
@@ -93,8 +96,8 @@ class OwnedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
 
     __slots__ = ("_owner", "token")
 
-    def __init__(self, owner: object, entries: dict[str, Any] | None = None) -> None:
-        super().__init__(entries or {})
+    def __init__(self, owner: object) -> None:
+        super().__init__()
         self.token = next(_tokens)
         try:
             self._owner: Callable[[], object] = weakref.ref(owner)
@@ -112,15 +115,14 @@ class OwnedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
 
 def owned_index_cache(swa_metadata: Any) -> OwnedIndexCache:
     """``swa_metadata``'s own sparse-index dict, installed on its field: the dict
-    there if it belongs to ``swa_metadata``; a plain dict vLLM put there, adopted with
-    its entries; a fresh one in place of a dict bound to another object (carried over
-    by ``dataclasses.replace()`` or ``copy.copy``)."""
+    there if it belongs to ``swa_metadata``, else a fresh one. The pairs of any other
+    dict may describe other tokens: one bound to another object was carried over by
+    ``dataclasses.replace()`` or ``copy.copy``, and so may be a plain dict vLLM put
+    there before the plugin loaded."""
     cache = getattr(swa_metadata, _FIELD)
-    if type(cache) is OwnedIndexCache:
-        if cache.owner() is swa_metadata:
-            return cache
-        cache = None  # another object's pairs: not for this one
-    owned = OwnedIndexCache(swa_metadata, cache)
+    if type(cache) is OwnedIndexCache and cache.owner() is swa_metadata:
+        return cache
+    owned = OwnedIndexCache(swa_metadata)
     setattr(swa_metadata, _FIELD, owned)
     return owned
 
@@ -182,6 +184,9 @@ def _sparse_index_method(
     has_num_rows: bool,
 ) -> Callable[..., Result]:
     sparse_pair = _cached_pair(name)
+    # the patch's counts (`stepcache.integrations.vllm.counters()`), counted inline
+    table = counters.table()
+    hit, missed, uncached = (name, "hit"), (name, "miss"), (name, "uncached")
 
     def _build_sparse_index_metadata(
         self: Any,
@@ -197,25 +202,52 @@ def _sparse_index_method(
         if cache.__class__ is not OwnedIndexCache or cache.owner() is not swa_metadata:
             cache = owned_index_cache(swa_metadata)
         key = key_of(self, swa_only, num_rows)
-        args: tuple[Any, ...] = (
-            kv_cache,
-            swa_k_cache,
-            swa_metadata,
-            attn_metadata,
-            swa_only,
-        )
-        if has_num_rows:
-            args += (num_rows,)
-        if key is None:  # C4A: vLLM builds, every call
-            counters.count(name, "uncached")
-            return original(self, *args)
-        built: list[Any] = [None]
-        pair = sparse_pair(swa_metadata, key, cache.token, original, self, args, built)
-        if built[0] is not None:  # computed in this call: vLLM's whole result
-            return built[0]  # type: ignore[no-any-return]
-        cache[key] = pair  # vLLM's dict holds what stock's would
-        if not swa_only and kv_cache is None:
-            return original(self, *args)  # vLLM's own assertion says what is wrong
+        counts = table
+        pair: tuple[torch.Tensor, torch.Tensor] | None
+        if key is not None and not SLOW[0]:
+            # Production: the dict, now this object's own, is the cache, as in stock
+            # vLLM (a stepcache entry would make each miss cost more than the dict's)
+            pair = cache.get(key)
+            if pair is None:  # vLLM's method builds and fills the dict
+                counts[missed] = counts.get(missed, 0) + 1
+                if has_num_rows:
+                    return original(
+                        self,
+                        kv_cache,
+                        swa_k_cache,
+                        swa_metadata,
+                        attn_metadata,
+                        swa_only,
+                        num_rows,
+                    )
+                return original(
+                    self, kv_cache, swa_k_cache, swa_metadata, attn_metadata, swa_only
+                )
+            counts[hit] = counts.get(hit, 0) + 1
+        else:
+            args: tuple[Any, ...] = (
+                kv_cache,
+                swa_k_cache,
+                swa_metadata,
+                attn_metadata,
+                swa_only,
+            )
+            args += (num_rows,) if has_num_rows else ()
+            if key is None:  # C4A: vLLM builds, every call
+                counts[uncached] = counts.get(uncached, 0) + 1
+                return original(self, *args)
+            # debug mode, or caching off: through stepcache's cache
+            built: list[Any] = [None]
+            pair = sparse_pair(
+                swa_metadata, key, cache.token, original, self, args, built
+            )
+            if built[0] is not None:  # computed in this call: vLLM's whole result
+                return built[0]  # type: ignore[no-any-return]
+            cache[key] = pair  # vLLM's dict holds what stock's would
+        if not swa_only and kv_cache is None:  # vLLM's own assertion says what is wrong
+            return original(
+                self, kv_cache, swa_k_cache, swa_metadata, attn_metadata, swa_only
+            )
         # A hit: what vLLM's method returns when its dict holds the pair (the layer's
         # cache and the requests' lengths beside it), without its other work, which
         # only a build uses. tests/vllm_plugin compares it with stock's.
