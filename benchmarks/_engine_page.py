@@ -21,6 +21,13 @@ END = "<!-- engine:end -->"
 NOT_MEASURED = "not measured yet"
 
 
+def per_call_median(per_call: dict[str, Any]) -> str:
+    """What a ``per_call`` row's times are: medians, over interleaved rounds where the
+    run recorded them."""
+    rounds = per_call.get("rounds")
+    return "median" if rounds is None else f"median of {rounds} interleaved rounds"
+
+
 def code(raw: dict[str, Any]) -> str:
     """The commit a run recorded, as a phrase."""
     source = raw.get("source") or {}
@@ -312,7 +319,8 @@ def section(engine: dict[str, Any] | None, docs: str = "") -> str:
         ]
         parts += [
             f"One call on vLLM {per_call.get('vllm', '?')}'s real classes, stock "
-            f"vLLM against the plugin (ns, median; {_section_code(engine, 'per_call')}):",
+            f"vLLM against the plugin (ns, {per_call_median(per_call)}; "
+            f"{_section_code(engine, 'per_call')}):",
             markdown_table(
                 ["call", "stock ns", "plugin ns", "plugin / stock"], rows, "lrrr"
             ),

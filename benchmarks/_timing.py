@@ -137,25 +137,24 @@ def source_state(own: Path | None = None) -> dict[str, Any]:
 
 
 def time_stmt(
-    label: str,
     stmt: str,
     namespace: dict[str, Any],
     *,
     number: int = 200_000,
     repeats: int = 15,
-) -> Timing:
-    """Time the statement ``stmt`` (run in ``namespace``) in a tight loop.
+) -> list[float]:
+    """Time the statement ``stmt`` (run in ``namespace``) in a tight loop: ns per
+    run of it, for each of ``repeats`` runs of ``number``.
 
     The statement runs as written at a call site (``m.index(buf)``), with no lambda
     around it; the cost of the empty loop is subtracted.
     """
     exec(stmt, namespace)  # warm: the first call is a miss
     empty = min(timeit.repeat("pass", number=number, repeat=5))
-    runs = [
+    return [
         (t - empty) / number * 1e9
         for t in timeit.repeat(stmt, globals=namespace, number=number, repeat=repeats)
     ]
-    return Timing(label, statistics.median(runs), min(runs), max(runs))
 
 
 @contextlib.contextmanager

@@ -12,7 +12,8 @@ Its sections, written to ``docs/benchmarks/engine.json``:
   the machine.
 * ``per_call``: on vLLM 0.33's real classes (this process's vLLM), the cost of one call
   of each patched function, stock vLLM against the plugin, on a hit (the answer is
-  cached) and where it applies on a miss.
+  cached) and where it applies on a miss; stock and the plugin timed in turn, three
+  rounds, a side's median over all its timings.
 * ``tokens_per_s``: the engine's generate() throughput with the plugin off and on,
   switched back and forth within one engine process (processes differ by up to 20x on
   a shared machine; calls in one process much less), in several fresh processes. Both
@@ -55,6 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks._engine_page import per_call_median
 from benchmarks._timing import machine, source_state, time_stmt
 from stepcache.integrations.vllm import ADD_ENV, PLUGIN, SKIP_ENV
 from stepcache.integrations.vllm.gdn import SPLIT_NAME
@@ -270,8 +272,10 @@ def _swa_and_attn() -> tuple[Any, Any]:
     return attn, swa
 
 
-def per_call(number: int = 20_000, repeats: int = 9) -> dict[str, Any]:
-    """Stock vLLM against the plugin, ns per call, on vLLM's real classes."""
+def per_call(number: int = 20_000, repeats: int = 5, rounds: int = 3) -> dict[str, Any]:
+    """Stock vLLM against the plugin, ns per call, on vLLM's real classes: ``rounds``
+    rounds, each timing stock then the plugin (``repeats`` timings of ``number``
+    calls per case and side); a side's time is the median of all its timings."""
     import torch
     from vllm.models.deepseek_v4 import compressor
     from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
@@ -286,7 +290,7 @@ def per_call(number: int = 20_000, repeats: int = 9) -> dict[str, Any]:
     swa_k = torch.empty((1, 64, 512), dtype=torch.bfloat16)
     buffer = torch.zeros(64, dtype=torch.int32)
 
-    def measure(label: str) -> dict[str, float]:
+    def measure() -> dict[str, list[float]]:
         attn, swa = _swa_and_attn()
         cam = _cam()
         cam._token_to_req_indices_cache = torch.zeros(8, dtype=torch.int32)
@@ -314,34 +318,31 @@ def per_call(number: int = 20_000, repeats: int = 9) -> dict[str, Any]:
             "token_to_req_indices hit": "cam.token_to_req_indices(buffer)",
         }
         return {
-            name: time_stmt(
-                f"{label} {name}", stmt, ns, number=number, repeats=repeats
-            ).median_ns
+            name: time_stmt(stmt, ns, number=number, repeats=repeats)
             for name, stmt in cases.items()
         }
 
-    plugin.unregister()
-    stock = measure("stock")
-    os.environ[plugin.ENV] = "1"
-    try:
-        plugin.register()
-        patched = measure("plugin")
-    finally:
+    stock: dict[str, list[float]] = {}
+    patched: dict[str, list[float]] = {}
+    for _ in range(rounds):  # interleaved: a drift of the machine lands on both sides
         plugin.unregister()
-        del os.environ[plugin.ENV]
+        for name, runs in measure().items():
+            stock.setdefault(name, []).extend(runs)
+        os.environ[plugin.ENV] = "1"
+        try:
+            plugin.register()
+            for name, runs in measure().items():
+                patched.setdefault(name, []).extend(runs)
+        finally:
+            plugin.unregister()
+            del os.environ[plugin.ENV]
     from importlib.metadata import version
 
-    return {
-        "vllm": version("vllm"),
-        "ns_per_call": {
-            name: {
-                "stock": stock[name],
-                "plugin": patched[name],
-                "plugin_over_stock": patched[name] / stock[name],
-            }
-            for name in stock
-        },
-    }
+    rows = {}
+    for name in stock:
+        off, on = statistics.median(stock[name]), statistics.median(patched[name])
+        rows[name] = {"stock": off, "plugin": on, "plugin_over_stock": on / off}
+    return {"vllm": version("vllm"), "rounds": rounds, "ns_per_call": rows}
 
 
 def _evict(junk: Any) -> None:
@@ -644,7 +645,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines += [
         "",
         "**Cost per call, stock vLLM against the plugin** (vLLM "
-        f"{results['per_call']['vllm']}'s real classes on the CPU, median ns; the "
+        f"{results['per_call']['vllm']}'s real classes on the CPU, ns, "
+        f"{per_call_median(results['per_call'])}; the "
         "FlashInfer builder replaced by a stand-in that returns its pair at no cost):",
         "",
         "| Call | Stock (ns) | Plugin (ns) | Plugin / stock |",

@@ -198,8 +198,8 @@ def _sparse_index_method(
         num_rows: int | None = None,
     ) -> Result:
         cache = swa_metadata.flashinfer_sparse_index_cache
-        # owned_index_cache's own test, inline: a hit of the step's dict makes no call
-        if cache.__class__ is not OwnedIndexCache or cache.owner() is not swa_metadata:
+        # owned_index_cache's own test, inline: the step's dict makes no call of ours
+        if cache.__class__ is not OwnedIndexCache or cache._owner() is not swa_metadata:
             cache = owned_index_cache(swa_metadata)
         key = key_of(self, swa_only, num_rows)
         counts = table
