@@ -426,7 +426,7 @@ class CachedFunction:
         # an invalidation, unless the entry is bound to another owner of the store
         if entry.bound is None or entry.bound() is owner:
             self.counts.invalidations += 1
-            store.counts(self.fid).invalidations += 1
+            store.missed(self.fid, _store.INVALIDATION)
         return None
 
     def miss(

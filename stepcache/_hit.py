@@ -251,7 +251,6 @@ def source(fn: Cached, fname: str) -> str:
     d, new = local("d"), local("new")  # the new entry's fingerprints, the entry
     entry = fill_entry(new, r, owner, d, str(fn.guard), "None", args, "_sc_")
     slot = f".setdefault({fn.fid}, {{}})[{key}]" if fn.keyed else f"[{fn.fid}]"
-    c = local("c")  # the function's counts in the store, for an invalidation
     out += [
         f"            {d}, {new} = {deps}, _sc_new(_sc_Entry)",
         *(f"            {x}" for x in entry),
@@ -265,9 +264,7 @@ def source(fn: Cached, fname: str) -> str:
         f"                {stale}.bound is None or {stale}.bound() is {owner}",
         "            ):",
         "                _sc_COUNTS.invalidations += 1",
-        f"                {c} = {w}.counts({fn.fid})",
-        f"                {c}.invalidations += 1",
-        f"                {c}.misses += 1",
+        f"                {w}.missed({fn.fid}, _sc_INVALIDATED)",
         f"            elif {w}._counts is None:",  # the store's first miss (`missed`)
         f"                {w}._counts = {fn.fid}",
         "            else:",

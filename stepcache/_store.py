@@ -110,7 +110,7 @@ class StepCache:
     _first: int | None
     _members: dict[int, weakref.ref[Any]] | None
     _closed: bool
-    _counts: dict[int, Counts] | int | None
+    _counts: dict[int, int] | int | None
     _kept: list[Any] | None
     scope: Any
 
@@ -174,31 +174,31 @@ class StepCache:
         return member is not None and member() is owner
 
     def _all_counts(self) -> dict[int, Counts]:
+        """The counts of each function that missed in this store."""
         counts = self._counts
-        if counts is None or counts.__class__ is int:
-            one = {} if counts is None else {counts: Counts()}
-            for c in one.values():
-                c.misses = 1
-            self._counts = counts = one
-        return counts  # type: ignore[return-value]
+        if counts is None:
+            return {}
+        packed = {counts: 1} if isinstance(counts, int) else counts
+        out: dict[int, Counts] = {}
+        for fid, n in packed.items():
+            c = out[fid] = Counts()
+            c.invalidations, c.misses = divmod(n, INVALIDATION)
+        return out
 
-    def counts(self, fid: int) -> Counts:
-        """The counts of function ``fid`` in this store."""
+    def missed(self, fid: int, n: int = 1) -> None:
+        """Count a miss of function ``fid``, or with ``n`` an invalidation
+        (`INVALIDATION`) or an invalidating miss (`INVALIDATED`). A store's first miss
+        is its function's id; then a dict of one packed int per function (no object to
+        make per function: a step's stores count a few misses each)."""
         counts = self._counts
-        if counts.__class__ is not dict:  # one call, not two, once there is a table
-            counts = self._all_counts()
-        found = counts.get(fid)  # type: ignore[union-attr]
-        if found is None:
-            found = counts[fid] = Counts()  # type: ignore[index]
-        return found
-
-    def missed(self, fid: int) -> None:
-        """Count a miss of function ``fid``: the first store of a step counts its
-        first miss without making a `Counts`."""
-        if self._counts is None:
-            self._counts = fid
-        else:
-            self.counts(fid).misses += 1
+        if counts is None:
+            if n == 1:
+                self._counts = fid
+                return
+            counts = self._counts = {}
+        elif isinstance(counts, int):
+            counts = self._counts = {counts: 1}
+        counts[fid] = counts.get(fid, 0) + n
 
     def lookup(self, fid: int, keyed: bool, key: Any) -> Entry | None:
         """The entry of function ``fid`` (and ``key``, if it is keyed), or ``None``; an
@@ -232,7 +232,12 @@ class StepCache:
 
 
 #: the names `fill_store`'s lines read (after their prefix)
-STORE_NAMES: Final = {"TRACKING": TRACKING, "track": track}
+#: what an invalidation adds to a function's count in a store (whose low part is its
+#: misses), and an invalidating miss
+INVALIDATION: Final = 1 << 48
+INVALIDATED: Final = INVALIDATION + 1
+
+STORE_NAMES: Final = {"TRACKING": TRACKING, "track": track, "INVALIDATED": INVALIDATED}
 StepCache.__init__ = method(  # type: ignore[method-assign]
     "<stepcache StepCache.__init__>",
     "__init__(self, owner=None, scope=None)",

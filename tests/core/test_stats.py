@@ -44,6 +44,42 @@ def test_counts_hits_misses_invalidations_and_bytes(
     }
 
 
+
+class Kinds:
+    def __init__(self) -> None:
+        self.qsl = torch.arange(3)
+
+    @step_cached(key="kind", depends_on=("qsl",), name="stats.kinds")
+    def pair(self, kind: str) -> str:
+        return kind
+
+    @step_cached(depends_on=("qsl",), name="stats.other")
+    def other(self) -> int:
+        return 0
+
+
+def test_a_store_counts_each_function_over_keys_and_invalidations(
+    persistent: Callable[[torch.Tensor], torch.Tensor],
+) -> None:
+    m = Kinds()
+    m.qsl = persistent(m.qsl)
+    for kind in ("a", "b", "a", "b"):
+        m.pair(kind)
+    m.other()
+    m.qsl.add_(1)  # both kinds' entries no longer serve
+    m.pair("a")
+    m.pair("b")
+    with stepcache.debug("checks"):  # where the slow path counts
+        m.qsl.add_(1)
+        m.pair("a")
+    per_store = stepcache.cache_of(m).stats()
+    kinds = per_store["stats.kinds"]
+    assert (kinds["entries"], kinds["misses"], kinds["invalidations"]) == (2, 5, 3)
+    other = per_store["stats.other"]
+    assert (other["entries"], other["misses"], other["invalidations"]) == (1, 1, 0)
+    row = stepcache.stats()["stats.kinds"]
+    assert (row.hits, row.misses, row.invalidations) == (2, 5, 3)
+
 def test_table_renders_every_column() -> None:
     Meta().index()
     text = str(stepcache.stats())
