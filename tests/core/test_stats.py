@@ -44,7 +44,6 @@ def test_counts_hits_misses_invalidations_and_bytes(
     }
 
 
-
 class Kinds:
     def __init__(self) -> None:
         self.qsl = torch.arange(3)
@@ -79,6 +78,7 @@ def test_a_store_counts_each_function_over_keys_and_invalidations(
     assert (other["entries"], other["misses"], other["invalidations"]) == (1, 1, 0)
     row = stepcache.stats()["stats.kinds"]
     assert (row.hits, row.misses, row.invalidations) == (2, 5, 3)
+
 
 def test_table_renders_every_column() -> None:
     Meta().index()
