@@ -3,6 +3,11 @@
 # .venv-engine), then lint, types, docs and tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# a fresh install of both venvs takes about 11 GiB: say so before pip fails on it
+free_gib=$(df -Pk . | awk 'NR == 2 {print int($4 / 1048576)}')
+if [ ! -d .venv-engine ] && [ "${free_gib:-99}" -lt 12 ]; then
+  echo "[setup] warning: ${free_gib} GiB free here; .venv and .venv-engine take about 11 GiB" >&2
+fi
 bash scripts/setup_env.sh --full
 bash scripts/setup_env.sh --engine
 # a vLLM-marked or engine test that skips fails: a broken install must not pass
