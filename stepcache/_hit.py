@@ -36,7 +36,7 @@ from stepcache._source import compiled, defaults, passed, signature
 from stepcache._spec import Arg
 from stepcache._spec_code import quick
 from stepcache._state import BYPASS, NO_STORE, SLOW, innermost
-from stepcache._store import STORE_NAMES, StepCache, fill_store
+from stepcache._store import INVALIDATED, STORE_NAMES, StepCache, fill_store
 
 
 def source(fn: Cached, fname: str) -> str:
@@ -327,6 +327,7 @@ def names_of(fn: Cached) -> dict[str, Any]:
         "_sc_ABSENT": fn.absent,
         "_sc_KEYS": NO_STORE.table[fn.fid] if fn.keyed else None,
         "_sc_COUNTS": fn.counts,
+        "_sc_INVALIDATED": INVALIDATED,
         "_sc_match": match,
         "_sc_int": int,
         "_sc_id": id,

@@ -23,6 +23,10 @@ from stepcache._state import NO_STORE, Absent, Counts, by_name, current
 
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR = "_stepcache"
+#: What an invalidation adds to a function's count in a store (`StepCache.missed`:
+#: its misses are the low part), and what an invalidating miss adds.
+INVALIDATION: Final = 1 << 48
+INVALIDATED: Final = INVALIDATION + 1
 
 #: Every store alive, once `live_caches()` was called.
 _live: dict[weakref.ref[StepCache], None] = {}
@@ -232,12 +236,7 @@ class StepCache:
 
 
 #: the names `fill_store`'s lines read (after their prefix)
-#: what an invalidation adds to a function's count in a store (whose low part is its
-#: misses), and an invalidating miss
-INVALIDATION: Final = 1 << 48
-INVALIDATED: Final = INVALIDATION + 1
-
-STORE_NAMES: Final = {"TRACKING": TRACKING, "track": track, "INVALIDATED": INVALIDATED}
+STORE_NAMES: Final = {"TRACKING": TRACKING, "track": track}
 StepCache.__init__ = method(  # type: ignore[method-assign]
     "<stepcache StepCache.__init__>",
     "__init__(self, owner=None, scope=None)",
