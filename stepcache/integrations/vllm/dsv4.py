@@ -184,24 +184,14 @@ def _sparse_index_method(
     has_num_rows: bool,
 ) -> Callable[..., Result]:
     sparse_pair = _cached_pair(name)
-    # the patch's counts (`stepcache.integrations.vllm.counters()`), a hit's inline
+    # the patch's counts (`stepcache.integrations.vllm.counters()`), counted inline
     table = counters.table()
     hit, missed = (name, "hit"), (name, "miss")
     stock = original
     if not has_num_rows:  # V4.1's method has no num_rows: called as V4's is
 
-        def stock(
-            self: Any,
-            kv_cache: torch.Tensor | None,
-            swa_k_cache: torch.Tensor,
-            swa_metadata: Any,
-            attn_metadata: Any,
-            swa_only: bool,
-            num_rows: int | None,
-        ) -> Result:
-            return original(
-                self, kv_cache, swa_k_cache, swa_metadata, attn_metadata, swa_only
-            )
+        def stock(self: Any, *params: Any) -> Result:
+            return original(self, *params[:-1])
 
     def _build_sparse_index_metadata(
         self: Any,
@@ -217,10 +207,18 @@ def _sparse_index_method(
         if cache.__class__ is not OwnedIndexCache or cache._owner() is not swa_metadata:
             cache = owned_index_cache(swa_metadata)
         key = key_of(self, swa_only, num_rows)
+        pair: tuple[torch.Tensor, torch.Tensor] | None = None
         if key is None:  # C4A: vLLM builds, every call
             counters.count(name, "uncached")
-            return stock(
-                self,
+        elif not SLOW[0]:
+            # Production: the dict, now this object's own, is the cache, as in stock
+            # vLLM (a stepcache entry would make each miss cost more than the dict's)
+            pair = cache.get(key)
+            event = missed if pair is None else hit
+            table[event] = table.get(event, 0) + 1
+        else:  # debug mode, or caching off: through stepcache's cache
+            built: list[Any] = [None]
+            args = (
                 kv_cache,
                 swa_k_cache,
                 swa_metadata,
@@ -228,45 +226,13 @@ def _sparse_index_method(
                 swa_only,
                 num_rows,
             )
-        pair: tuple[torch.Tensor, torch.Tensor] | None
-        if not SLOW[0]:
-            # Production: the dict, now this object's own, is the cache, as in stock
-            # vLLM (a stepcache entry would make each miss cost more than the dict's)
-            pair = cache.get(key)
-            if pair is None:  # vLLM's method builds and fills the dict
-                table[missed] = table.get(missed, 0) + 1
-                return stock(
-                    self,
-                    kv_cache,
-                    swa_k_cache,
-                    swa_metadata,
-                    attn_metadata,
-                    swa_only,
-                    num_rows,
-                )
-            table[hit] = table.get(hit, 0) + 1
-        else:  # debug mode, or caching off: through stepcache's cache
-            built: list[Any] = [None]
-            pair = sparse_pair(
-                swa_metadata,
-                key,
-                cache.token,
-                stock,
-                self,
-                (
-                    kv_cache,
-                    swa_k_cache,
-                    swa_metadata,
-                    attn_metadata,
-                    swa_only,
-                    num_rows,
-                ),
-                built,
-            )
+            pair = sparse_pair(swa_metadata, key, cache.token, stock, self, args, built)
             if built[0] is not None:  # computed in this call: vLLM's whole result
                 return built[0]  # type: ignore[no-any-return]
             cache[key] = pair  # vLLM's dict holds what stock's would
-        if not swa_only and kv_cache is None:  # vLLM's own assertion says what is wrong
+        if pair is None or (not swa_only and kv_cache is None):
+            # vLLM's method: C4A, a miss (it builds and fills the dict), or a C128A
+            # layer without its kv_cache (vLLM's own assertion says what is wrong)
             return stock(
                 self,
                 kv_cache,
