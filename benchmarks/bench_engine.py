@@ -58,7 +58,8 @@ from typing import Any
 
 from benchmarks._engine_page import per_call_median
 from benchmarks._timing import machine, source_state, time_stmt
-from stepcache.integrations.vllm import ADD_ENV, PLUGIN, SKIP_ENV
+from stepcache.integrations.plugin import ADD_ALL
+from stepcache.integrations.vllm import ADD_ENV, SKIP_ENV
 from stepcache.integrations.vllm.gdn import SPLIT_NAME
 from stepcache.integrations.vllm.mamba import PREFILL_NAME
 
@@ -79,7 +80,7 @@ THROUGHPUT_RUNS = (("llama", ""), ("qwen3_next", ""), ("qwen3_next", " (steady)"
 #: the models whose builders call a cache that is off by default
 ADDABLE = ("qwen3_next", "mamba2", "granite_hybrid")
 #: the environment that adds every cache off by default
-ADDED_ENV = {ADD_ENV: ",".join(sorted(PLUGIN.opt_in))}
+ADDED_ENV = {ADD_ENV: ADD_ALL}
 RUNNERS = ("v1", "v2")
 #: the build-time workloads, by label suffix: engine_run's arguments. "": 6 requests at
 #: once (one prefill step, then decodes); " (steady)": ``--steady``, a prefill in

@@ -24,8 +24,9 @@ Anything else is a :class:`SwitchError` (logged once; the engine is left alone).
 plugin may also name two more variables, each holding patch names separated by commas
 and read at each registration: ``skip_env``, the patches to leave out (a cache that does
 not pay on one's machine), and ``add_env``, the patches off by default
-(``Patch.opt_in``) to apply. A name that is no patch of the plugin, or one that both
-name, is a :class:`SwitchError` too.
+(``Patch.opt_in``) to apply (the word ``all``: every one that ``skip_env`` does not
+leave out). A name that is no patch of the plugin, or one that both name, is a
+:class:`SwitchError` too.
 :meth:`~EnginePlugin.register` is idempotent and may run again in a process (an
 engine may load its plugins in every process, more than once); it imports nothing of
 the engine (each patch waits for its module,
@@ -73,6 +74,7 @@ from .patching import (
 from .patching import when_imported as _when_imported
 
 __all__ = [
+    "ADD_ALL",
     "MODES",
     "EnginePlugin",
     "Sharer",
@@ -85,6 +87,9 @@ MODES: Final = ("off", "on", "verify", "force")
 
 _OFF: Final = ("", "0", "off", "false", "no")
 _ON: Final = ("1", "on", "true", "yes")
+
+#: The word of a plugin's ``add_env`` that names every patch off by default.
+ADD_ALL: Final = "all"
 
 #: ``(distribution, version)``
 Installed = tuple[str, str]
@@ -185,6 +190,8 @@ class EnginePlugin:
     _state: _State = dataclasses.field(default_factory=_State, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if any(patch.name == ADD_ALL for patch in self.patches):
+            raise TypeError(f"no patch may be named {ADD_ALL!r} (add_env's word)")
         if self.opt_in and self.add_env is None:
             raise TypeError(
                 f"the {self.engine} plugin declares patches off by default "
@@ -223,12 +230,17 @@ class EnginePlugin:
 
     def parse_add(self, raw: str | None) -> frozenset[str]:
         """The patch names a value of ``add_env`` applies, as :meth:`parse_skip`
-        reads them (a patch applied by default may be named: it applies)."""
-        return self._patch_names(self.add_env, raw)
+        reads them (a patch applied by default may be named: it applies); the word
+        ``all`` (:data:`ADD_ALL`) names every patch off by default."""
+        names = self._patch_names(self.add_env, raw, ADD_ALL)
+        return names - {ADD_ALL} | self.opt_in if ADD_ALL in names else names
 
-    def _patch_names(self, var: str | None, raw: str | None) -> frozenset[str]:
+    def _patch_names(
+        self, var: str | None, raw: str | None, word: str = ""
+    ) -> frozenset[str]:
+        """The names in ``raw``; one that is no patch (nor ``word``) raises."""
         names = frozenset(n.strip() for n in (raw or "").split(",") if n.strip())
-        unknown = sorted(names - {patch.name for patch in self.patches})
+        unknown = sorted(names - {patch.name for patch in self.patches} - {word})
         if unknown:
             raise SwitchError(
                 f"{var} names no patch of the {self.engine} plugin: "
@@ -241,8 +253,10 @@ class EnginePlugin:
         """The patches ``skip_env`` leaves out and those off by default that
         ``add_env`` does not name, from the environment now."""
         skip = self.parse_skip(os.environ.get(self.skip_env) if self.skip_env else None)
-        added = self.parse_add(os.environ.get(self.add_env) if self.add_env else None)
-        both = sorted(skip & added)
+        add = os.environ.get(self.add_env) if self.add_env else None
+        added = self.parse_add(add)
+        # only a name both spell out conflicts: ``all`` adds the others
+        both = sorted(skip & self._patch_names(self.add_env, add, ADD_ALL))
         if both:
             raise SwitchError(
                 f"{self.skip_env} and {self.add_env} both name "

@@ -15,7 +15,8 @@ from typing import IO, Any
 
 from engine_run import needs_triton
 
-from stepcache.integrations.vllm import ADD_ENV, PLUGIN, SKIP_ENV
+from stepcache.integrations.plugin import ADD_ALL
+from stepcache.integrations.vllm import ADD_ENV, SKIP_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -47,7 +48,7 @@ MODES = ("0", "1", "verify")
 CHECKED = [("qwen3_next", "v1"), ("granite_hybrid", "v1")]
 #: The caches off by default, which ``STEPCACHE_VLLM_ADD`` applies in the runs of
 #: mode "add" and "checks": the GDN split, and the Mamba builders' prefill counts
-ADD = ",".join(sorted(PLUGIN.opt_in))
+ADD = ADD_ALL
 #: The runs with them added (mode "add": plugin on): Qwen3-Next on both runners, and
 #: the Mamba family's two models
 ADDED = [

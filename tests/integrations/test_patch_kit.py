@@ -554,6 +554,38 @@ def test_a_patch_off_by_default_applies_only_where_added(
     assert attn.query_lens is query_lens
 
 
+def test_all_adds_every_patch_off_by_default_but_a_skipped_one(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin = opting_in(monkeypatch)
+    assert plugin.parse_add(" all ") == {LENS}
+    assert plugin.parse_add(f"all,{BUILD}") == {LENS, BUILD}
+    monkeypatch.setenv(ADD, "all")
+    plugin.register()
+    try:
+        assert set(plugin.status().values()) == {"applied"}
+        registered_again_it_caches(plugin, attn)
+        # a patch it leaves out stays out: all names no patch of its own
+        monkeypatch.setenv(SKIP, LENS)
+        plugin.unregister()
+        plugin.register()
+        assert plugin.active_mode() == "on"
+        assert plugin.status()[LENS].startswith("skipped")
+        assert attn.query_lens is query_lens
+    finally:
+        plugin.unregister()
+
+
+def test_no_patch_may_be_named_all() -> None:
+    import dataclasses
+
+    build, lens = PLUGIN.patches
+    with pytest.raises(TypeError, match="no patch may be named 'all'"):
+        dataclasses.replace(
+            PLUGIN, patches=(build, dataclasses.replace(lens, name="all"))
+        )
+
+
 @pytest.mark.parametrize(
     ("skip", "add", "message"),
     [

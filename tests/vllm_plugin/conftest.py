@@ -95,7 +95,7 @@ def registered(
     plugin_module.unregister()
     import_patched_modules()
     monkeypatch.setenv(plugin_module.ENV, mode)
-    monkeypatch.setenv(plugin_module.ADD_ENV, ",".join(plugin_module.PLUGIN.opt_in))
+    monkeypatch.setenv(plugin_module.ADD_ENV, "all")
     plugin_module.register()
     # these tests drive vLLM's builds with builders of their own: the scopes apply
     # as they do once the engine makes a builder that calls a cached function

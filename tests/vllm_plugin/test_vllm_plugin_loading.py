@@ -170,8 +170,8 @@ def test_asked_for_the_plugin_patches_every_target(
 
     before = _vllm_targets()
     monkeypatch.setenv(plugin.ENV, value)
-    # and those off by default
-    monkeypatch.setenv(plugin.ADD_ENV, ",".join(plugin.PLUGIN.opt_in))
+    # and those off by default (the word that names them all)
+    monkeypatch.setenv(plugin.ADD_ENV, "all")
     fresh_loader.load_general_plugins()
     assert set(plugin.status().values()) == {"applied"}
     after = _vllm_targets()
