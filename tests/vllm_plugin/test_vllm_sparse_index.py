@@ -508,3 +508,32 @@ def test_with_caching_off_every_layer_builds(
         _, _, indices, _ = _steps(make_attn(128, 2))
     assert fake.calls == 4
     assert indices.tolist() == [[4]]
+
+
+def test_no_pair_from_before_a_clear_serves_as_debug_mode_goes_on_and_off(
+    register_plugin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dict and debug mode's cache hand pairs to each other; vLLM's clear()
+    between them, seen or not, leaves neither a pair from before it."""
+    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
+
+    import stepcache
+
+    register_plugin()
+    monkeypatch.setattr(
+        flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", PureBuild()
+    )
+    attn = make_attn(128, 2)
+    for first, then in [("checks", "off"), ("off", "checks")]:
+        step = make_swa_metadata()
+        with stepcache.debug(first):
+            before = build(attn, step, "c128a")[2]
+        with stepcache.debug(then):
+            again = build(attn, step, "c128a")[2]
+        # debug mode's cache fills the dict, which serves production; production's
+        # dict, untracked, is replaced in debug mode
+        assert (again is before) is (first == "checks")
+        step.flashinfer_sparse_index_cache.clear()
+        for mode in (first, then):
+            with stepcache.debug(mode):
+                assert build(attn, step, "c128a")[2] is not before

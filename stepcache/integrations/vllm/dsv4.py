@@ -19,8 +19,9 @@
   the pair), without the rest of its work, which serves only a build. With debug
   mode on (or caching off) the pairs go through a stepcache cache instead
   (:func:`_cached_pair`, named in :func:`stepcache.stats`): an entry per layer kind
-  (and row count) on the metadata object, depending on its dict, whose ``clear()``
-  gives it a new token, so the entries of the dict before no longer serve. C4A
+  (and row count) on the metadata object, depending on its dict, then one that
+  counts its ``clear()`` calls (:class:`TokenedIndexCache`, put in place of the
+  production one), so the entries of the dict before no longer serve. C4A
   layers, whose indices are their own, are vLLM's alone.
 * ``_get_c128_boundary``: a pure function of the batch layout that every DSv4
   compressor builder of a step computes again (a Python loop over the requests),
@@ -36,7 +37,7 @@ import sys
 import weakref
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -58,6 +59,7 @@ __all__ = [
     "SPARSE_INDEX_NAME",
     "SPARSE_INDEX_V41_NAME",
     "OwnedIndexCache",
+    "TokenedIndexCache",
     "find_c128_boundary",
     "find_sparse_index",
     "find_sparse_index_v41",
@@ -90,15 +92,14 @@ class OwnedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
     """vLLM's per-step sparse-index dict, bound to the metadata object it serves.
 
     A plain ``dict`` to vLLM's code, which reads it with ``get``, fills it with
-    ``[key] = pair`` and empties it with ``clear()``. The cached pairs depend on its
-    ``token``: a new dict, or ``clear()``, gives new pairs.
+    ``[key] = pair`` and empties it with ``clear()`` (dict's own: a miss after it
+    costs what stock's does).
     """
 
-    __slots__ = ("_owner", "token")
+    __slots__ = ("_owner",)
 
     def __init__(self, owner: object) -> None:
         super().__init__()
-        self.token = next(_tokens)
         try:
             self._owner: Callable[[], object] = weakref.ref(owner)
         except TypeError:  # an owner without weak references: keep it alive
@@ -107,6 +108,17 @@ class OwnedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
     def owner(self) -> object:
         """The metadata object the dict belongs to (``None`` once it is gone)."""
         return self._owner()
+
+
+class TokenedIndexCache(OwnedIndexCache):
+    """The same dict with a ``token`` that a new dict or ``clear()`` renews: what the
+    pairs of debug mode's cache depend on (:func:`_cached_pair`)."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, owner: object) -> None:
+        super().__init__(owner)
+        self.token = next(_tokens)
 
     def clear(self) -> None:
         super().clear()
@@ -119,10 +131,23 @@ def owned_index_cache(swa_metadata: Any) -> OwnedIndexCache:
     dict may describe other tokens: one bound to another object was carried over by
     ``dataclasses.replace()`` or ``copy.copy``, and so may be a plain dict vLLM put
     there before the plugin loaded."""
+    return _installed(swa_metadata, OwnedIndexCache)
+
+
+def _tokened_index_cache(swa_metadata: Any) -> TokenedIndexCache:
+    """The same, a `TokenedIndexCache` (one without a token may have been cleared
+    unseen: replaced)."""
+    return _installed(swa_metadata, TokenedIndexCache)
+
+
+_Owned = TypeVar("_Owned", bound=OwnedIndexCache)
+
+
+def _installed(swa_metadata: Any, kind: type[_Owned]) -> _Owned:
     cache = getattr(swa_metadata, _FIELD)
-    if type(cache) is OwnedIndexCache and cache.owner() is swa_metadata:
+    if isinstance(cache, kind) and cache.owner() is swa_metadata:
         return cache
-    owned = OwnedIndexCache(swa_metadata)
+    owned = kind(swa_metadata)
     setattr(swa_metadata, _FIELD, owned)
     return owned
 
@@ -204,7 +229,10 @@ def _sparse_index_method(
     ) -> Result:
         cache = swa_metadata.flashinfer_sparse_index_cache
         # owned_index_cache's own test, inline: the step's dict makes no call of ours
-        if cache.__class__ is not OwnedIndexCache or cache._owner() is not swa_metadata:
+        if (
+            cache.__class__ is not OwnedIndexCache
+            and cache.__class__ is not TokenedIndexCache
+        ) or cache._owner() is not swa_metadata:
             cache = owned_index_cache(swa_metadata)
         key = key_of(self, swa_only, num_rows)
         pair: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -217,6 +245,7 @@ def _sparse_index_method(
             event = missed if pair is None else hit
             table[event] = table.get(event, 0) + 1
         else:  # debug mode, or caching off: through stepcache's cache
+            cache = _tokened_index_cache(swa_metadata)
             built: list[Any] = [None]
             args = (
                 kv_cache,
