@@ -19,9 +19,9 @@
   the pair), without the rest of its work, which serves only a build. With debug
   mode on (or caching off) the pairs go through a stepcache cache instead
   (:func:`_cached_pair`, named in :func:`stepcache.stats`): an entry per layer kind
-  (and row count) on the metadata object, depending on its dict, then one that
-  counts its ``clear()`` calls (:class:`TokenedIndexCache`, put in place of the
-  production one), so the entries of the dict before no longer serve. C4A
+  (and row count) on the metadata object, depending on its dict: one that renews a
+  token on each ``clear()`` (:class:`TokenedIndexCache`, which debug mode puts in
+  place of production's), so the entries of the dict before no longer serve. C4A
   layers, whose indices are their own, are vLLM's alone.
 * ``_get_c128_boundary``: a pure function of the batch layout that every DSv4
   compressor builder of a step computes again (a Python loop over the requests),
