@@ -232,8 +232,11 @@ class EnginePlugin:
         """The patch names a value of ``add_env`` applies, as :meth:`parse_skip`
         reads them (a patch applied by default may be named: it applies); the word
         ``all`` (:data:`ADD_ALL`) names every patch off by default."""
-        names = self._patch_names(self.add_env, raw, ADD_ALL)
-        return names - {ADD_ALL} | self.opt_in if ADD_ALL in names else names
+        return self._added(self._patch_names(self.add_env, raw, ADD_ALL))
+
+    def _added(self, named: frozenset[str]) -> frozenset[str]:
+        """The patches ``named`` in ``add_env`` apply, ``all`` read."""
+        return named - {ADD_ALL} | self.opt_in if ADD_ALL in named else named
 
     def _patch_names(
         self, var: str | None, raw: str | None, word: str = ""
@@ -254,15 +257,15 @@ class EnginePlugin:
         ``add_env`` does not name, from the environment now."""
         skip = self.parse_skip(os.environ.get(self.skip_env) if self.skip_env else None)
         add = os.environ.get(self.add_env) if self.add_env else None
-        added = self.parse_add(add)
+        named = self._patch_names(self.add_env, add, ADD_ALL)
         # only a name both spell out conflicts: ``all`` adds the others
-        both = sorted(skip & self._patch_names(self.add_env, add, ADD_ALL))
+        both = sorted(skip & named)
         if both:
             raise SwitchError(
                 f"{self.skip_env} and {self.add_env} both name "
                 f"{', '.join(map(repr, both))}: leave it out or add it"
             )
-        return skip, self.opt_in - added - skip
+        return skip, self.opt_in - self._added(named) - skip
 
     def installed_version(self) -> Installed | None:
         """``(distribution, version)`` of the installed engine, ``None`` if there is
