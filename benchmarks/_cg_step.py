@@ -6,11 +6,6 @@ Run by :mod:`benchmarks.bench_instructions` as
 STEPS LAYERS TOKENS``: start-up and five warm-up steps run uninstrumented, then
 ``callgrind_control -i on`` counts the instructions of ``STEPS`` steps.
 
-The variants ``hit`` and ``hit-without-switch-test`` count ``STEPS`` hits of a method
-keyed by one argument instead: as stepcache generates its hit, and with the hit's
-test of the switch flag (``if _sc_SLOW[0]:``) compiled out. The difference is what
-testing the switches costs per hit.
-
 The variant ``stepcache-without-expect`` counts the stepcache steps with the ``expect``
 check of both integrations' decorated functions turned off: the difference to
 ``stepcache`` is what validating each stored value costs a step.
@@ -23,7 +18,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from demo import demo
 from stepcache.integrations.dsv4 import request_index
@@ -36,36 +30,6 @@ def _count(run: Callable[[], object], times: int) -> None:
     for _ in range(times):
         run()
     subprocess.run(["callgrind_control", "-i", "off", pid], capture_output=True)
-
-
-SWITCH_TEST = "if not _sc_SLOW[0]:"
-
-
-def hits(variant: str, times: int) -> None:
-    """``times`` hits of a keyed method (see the module doc)."""
-    from stepcache import _hit
-
-    if variant == "hit-without-switch-test":
-        make = _hit.source
-
-        def without(*args: Any) -> str:
-            text = make(*args)
-            if SWITCH_TEST not in text:
-                raise RuntimeError(f"the generated hit has no {SWITCH_TEST!r}")
-            return text.replace(SWITCH_TEST, "if True:")  # compiled away
-
-        setattr(_hit, "source", without)  # noqa: B010 (a patch of the module)
-
-    import stepcache
-
-    class Meta:
-        @stepcache.step_cached(key="k")
-        def value(self, k: int) -> int:
-            return k
-
-    meta = Meta()
-    meta.value(1)
-    _count(lambda: meta.value(1), times)
 
 
 def without_expect() -> None:
@@ -84,9 +48,6 @@ def without_expect() -> None:
 def main(argv: list[str]) -> None:
     variant, steps, layers, tokens = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     gc.disable()  # a collection would land in one variant's count only
-    if variant.startswith("hit"):
-        hits(variant, steps)
-        return
     if variant == "stepcache-without-expect":
         without_expect()
         variant = "stepcache"

@@ -29,7 +29,6 @@ VARIANTS = ("uncached", "handwritten", "stepcache")
 POINTS = ((8, 4), (61, 4), (8, 1024), (61, 1024))
 #: the point at which the cost of ``expect`` is counted
 EXPECT_POINT = (8, 4)
-HIT_VARIANTS = ("hit", "hit-without-switch-test")
 
 
 @functools.cache
@@ -82,28 +81,6 @@ def count(variant: str, steps: int, layers: int, tokens: int) -> int:
     return int(found.group(1))
 
 
-def switch_test_rows(hits: int) -> list[str]:
-    """What the hit's test of the switch flag costs: instructions per hit of a method
-    keyed by one argument, as generated and with that test compiled out."""
-    progress(f"  counting {hits:,} hits with and without the switch test ...")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = [pool.submit(count, v, hits, 0, 0) for v in HIT_VARIANTS]
-        with_test, without = (job.result() / hits for job in jobs)
-    return [
-        "",
-        f"Instructions per hit of a method keyed by one argument ({hits:,} hits, the "
-        "loop and the call included): as stepcache generates the hit, and with the "
-        "hit's test of the switch flag (`if _sc_SLOW[0]:`, true while `disabled()` "
-        "or debug mode is on) compiled out of the same source.",
-        "",
-        "| hit | instr/hit |",
-        "| --- | ---: |",
-        f"| as generated | {with_test:,.0f} |",
-        f"| without the switch test | {without:,.0f} |",
-        f"| the switch test | {with_test - without:,.0f} |",
-    ]
-
-
 def expect_rows(steps: int, handwritten: float, stepcache: float) -> list[str]:
     """What validating each stored value (``expect``) costs a step at
     :data:`EXPECT_POINT`: stepcache's count with and without the checks."""
@@ -132,7 +109,6 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None
     )
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--hits", type=int, default=20_000)
     parser.add_argument("--markdown", type=Path, help="also write the table here")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
@@ -175,7 +151,6 @@ def main(argv: list[str] | None = None) -> None:
             )
     at = counted[EXPECT_POINT]
     lines += expect_rows(args.steps, at["handwritten"], at["stepcache"])
-    lines += switch_test_rows(args.hits)
     text = "\n".join(lines)
     print(text)
     if args.markdown:

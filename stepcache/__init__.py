@@ -16,29 +16,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from stepcache._bypass import BYPASS
+from stepcache._codegen import generated_source
 from stepcache._debug import DebugReport, Detection, clear_debug_report, debug_report
 from stepcache._decorator import step_cached
 from stepcache._diff import first_difference
 from stepcache._errors import CacheValidationError, StaleCacheError, StepCacheError
 from stepcache._guard import GuardedTensor
-from stepcache._scope import Scope, active_scope, scope
+from stepcache._owners import cache_field, dataclass_cache_field
+from stepcache._scope import Scope, active_scope, attach, cache_of, scope
 from stepcache._spec import Arg, Attr, TensorSpec, normalize_device
-from stepcache._state import (
-    BYPASS,
+from stepcache._stats import FunctionStats, StatsTable, reset_stats, stats
+from stepcache._store import StepCache
+from stepcache._switches import (
     debug,
     disabled,
     get_debug,
     get_disabled,
     set_debug,
     set_disabled,
-)
-from stepcache._stats import FunctionStats, StatsTable, reset_stats, stats
-from stepcache._store import (
-    StepCache,
-    attach,
-    cache_field,
-    cache_of,
-    dataclass_cache_field,
 )
 
 if TYPE_CHECKING:
@@ -64,7 +60,15 @@ Examples:
 """
 
 # grouped by what they are for (the API reference's pages)
-__all__ = ["step_cached", "BYPASS", "TensorSpec", "Arg", "Attr", "normalize_device"]
+__all__ = [
+    "step_cached",
+    "generated_source",
+    "BYPASS",
+    "TensorSpec",
+    "Arg",
+    "Attr",
+    "normalize_device",
+]
 __all__ += ["StepCache", "attach", "cache_of", "cache_field", "dataclass_cache_field"]
 __all__ += ["scope", "active_scope", "Scope"]
 __all__ += ["StepCacheError", "CacheValidationError", "StaleCacheError"]

@@ -13,25 +13,48 @@ import operator
 import re
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
-from typing import Any, overload
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import numpy as np
 import torch
 
-from stepcache import _entry as fp
-from stepcache import _state
+from stepcache import _kinds as fp
+from stepcache._bypass import BYPASS
 from stepcache._diff import describe, first_difference
-from stepcache._entry import Entry
+from stepcache._entry import Entry, tensors, walk
 from stepcache._errors import CacheValidationError, StaleCacheError
 from stepcache._guard import guarded
+from stepcache._owners import closed_error, held
 from stepcache._recorder import Recording, data_read
-from stepcache._seams import Cached
+from stepcache._scope import open_here
 from stepcache._spec import normalize_device
-from stepcache._state import BYPASS
 from stepcache._store import StepCache
+from stepcache._switches import STEPCACHE_DEBUG_GUARD, Switches
 
-Args = tuple[Any, ...]
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from numpy.typing import NDArray
+
+    from stepcache._decorator import CachedFunction as Cached
+
+    #: the memory of a small CPU tensor or numpy array, read through numpy (`_view`)
+    _View: TypeAlias = NDArray[np.generic]
+    #: what `_deep` records of a dependency, read back by position: ``(snapshot,)``,
+    #: ``(tag,)`` or ``(shape, dtype, address, contents)``
+    _State: TypeAlias = tuple[Any, ...]
+    #: a dependency as `_record` keeps it: (name, object, view, address, state); the
+    #: object is a tensor, a numpy array, a list, dict or set (a tensor where
+    #: ``address`` is set)
+    _Dep: TypeAlias = tuple[str, object, _View | None, int | None, _State]
+    #: debug mode's `_tag` of a cached tensor: its version, or an inference tensor's
+    #: (tag, contents)
+    _Tag: TypeAlias = int | tuple[int | fp.Place | str, bytes | None]
+    #: a cached tensor, its `_tag` and its address (`_versioned`)
+    _Versioned: TypeAlias = tuple[torch.Tensor, _Tag, int | None]
+
+Args = tuple[object, ...]
 _MAX_REPORT = 10_000
 _MISSING = object()
 _NO_VIEWS = (None, None)
@@ -208,7 +231,7 @@ _MESSAGES: dict[str, str] = {
 
 
 def detect(
-    kind: str, fn: Cached, key: Any, text: str = "", **fields: Any
+    kind: str, fn: Cached, key: object, text: str = "", **fields: object
 ) -> StaleCacheError | CacheValidationError:
     """Record a detection of ``fn`` (a `CachedFunction`); return its error (message:
     ``text``, else the kind's)."""
@@ -225,23 +248,23 @@ def detect(
 class _Info:
     """What debug mode records of an entry when it is stored (``Entry.info``)."""
 
-    deps: list[tuple[Any, ...]]  # its tensor and array dependencies: `_record`
-    versions: list[
-        tuple[torch.Tensor, Any, Any]
-    ]  # each tensor of the value: `_versioned`
-    watched: dict[str, tuple[Any, Any]]  # fingerprints of undeclared owner attributes
+    deps: list[_Dep]  # its tensor and array dependencies: `_record`
+    versions: list[_Versioned]  # each tensor of the value: `_versioned`
+    watched: dict[str, fp.Print]  # fingerprints of undeclared owner attributes
     #: (position in the call, fingerprint) of each ignored argument
-    ignored: tuple[tuple[int, Any, Any], ...]
-    refs: tuple[Any, ...]  # what `expect`'s references held when it was validated
+    ignored: tuple[tuple[int, object, object], ...]
+    refs: tuple[object, ...]  # what `expect`'s references held when it was validated
     #: nothing to check on a hit in checks mode (the slow path serves it at once)
     quiet: bool
-    value: Any
+    value: object
     #: what calls through each store hand out (by the store's id: its weak reference
     #: and the value, its tensors guarded)
-    handed: dict[int, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+    handed: dict[int, tuple[weakref.ref[StepCache], object]] = dataclasses.field(
+        default_factory=dict
+    )
 
 
-def _view(x: Any) -> Any:
+def _view(x: object) -> _View | None:
     """A numpy array sharing the memory of ``x``, a small CPU tensor or numpy array
     (else ``None``), through which its contents are read again."""
     if isinstance(x, np.ndarray):
@@ -257,7 +280,7 @@ def _view(x: Any) -> Any:
         return None
 
 
-def _deep(x: Any, view: Any) -> tuple[Any, ...]:
+def _deep(x: object, view: _View | None) -> _State:
     """What a write behind the version counter changes in tensor or array ``x``:
     shape, dtype, address and contents (read through ``view``); a tensor with no
     plain memory (sparse, nested): its tag; a list, dict or set: its snapshot."""
@@ -269,11 +292,11 @@ def _deep(x: Any, view: Any) -> tuple[Any, ...]:
     return x.shape, x.dtype, address, None if view is None else view.tobytes()
 
 
-def _record(names: Sequence[str], deps: Args) -> list[tuple[Any, ...]]:
+def _record(names: Sequence[str], deps: Args) -> list[_Dep]:
     """(name, object, view, address, `_deep` state) of each tensor, numpy array, list,
     dict or set dependency, once per object: what a write behind the cache changes
     (a scalar cannot change)."""
-    found: dict[int, tuple[Any, ...]] = {}
+    found: dict[int, _Dep] = {}
     for name, x in zip(names, deps, strict=True):
         mutable = (
             isinstance(x, (torch.Tensor, np.ndarray)) or fp.snapshot(x) is not None
@@ -285,11 +308,11 @@ def _record(names: Sequence[str], deps: Args) -> list[tuple[Any, ...]]:
     return list(found.values())
 
 
-def _check_deps(kind: str, fn: Cached, key: Any, records: Any) -> None:
+def _check_deps(kind: str, fn: Cached, key: object, records: Iterable[_Dep]) -> None:
     """Raise ``kind`` for the first recorded dependency no longer in its state (at
     its address with its contents: not read further)."""
     for name, x, view, address, before in records:
-        same = address is not None and x.data_ptr() == address
+        same = address is not None and cast("torch.Tensor", x).data_ptr() == address
         if same and (view is None or view.tobytes() == before[3]):
             continue
         if (after := _deep(x, view)) != before:
@@ -298,7 +321,7 @@ def _check_deps(kind: str, fn: Cached, key: Any, records: Any) -> None:
             raise detect(kind, fn, key, dep=name, diff=diff, now=now, why=why)
 
 
-def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+def _deep_difference(before: _State, after: _State) -> str:
     if len(before) == 1:  # snapshots, shown as the values they were of; tags
         b, a = (_shown(s[0]) for s in (before, after))
         return f"expected {b!r:.80}, actual {a!r:.80}"
@@ -315,16 +338,16 @@ def _deep_difference(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
     return f"contents mismatch at flat index {j}. expected {b[j].item()}, actual {a[j].item()}"
 
 
-def _shown(v: Any) -> Any:
+def _shown(v: object) -> object:
     """A snapshot (a pair) as the value it was taken of; a tag as it is."""
     return fp.unsnapshot(v) if v.__class__ is tuple and len(v) == 2 else v
 
 
-def _tag(t: torch.Tensor) -> Any:
+def _tag(t: torch.Tensor) -> _Tag:
     """Debug mode's tag of a cached tensor: its tag, and for an inference tensor
     (written in place without a trace) its contents, where `_view` reads them."""
     if not t.is_inference():
-        return t._version
+        return fp.version(t)
     view = _view(t)
     return fp.tag(t), None if view is None else view.tobytes()
 
@@ -333,15 +356,15 @@ def _address(t: torch.Tensor) -> int | None:
     return t.data_ptr() if fp.strided(t) else None
 
 
-def _versioned(t: torch.Tensor) -> tuple[torch.Tensor, Any, int | None]:
+def _versioned(t: torch.Tensor) -> _Versioned:
     """A cached tensor, its `_tag` and its address, as a debug hit checks them."""
     return t, _tag(t), _address(t)
 
 
-def _check_tags(
-    fn: Cached, key: Any, tagged: Iterable[tuple[torch.Tensor, Any, Any]]
-) -> None:
+def _check_tags(fn: Cached, key: object, tagged: Iterable[_Versioned]) -> None:
     """Raise buffer-overwritten for the first tensor whose `_tag` is not the one paired."""
+    old: Any  # each `_Tag`, a version or a pair: told apart by its class below
+    new: Any
     for t, old, _ in tagged:
         if (new := _tag(t)) != old:
             if old.__class__ is int:
@@ -365,10 +388,10 @@ def _recheck(
     kind: str,
     fn: Cached,
     a: Args,
-    key: Any,
+    key: object,
     entry: Entry,
-    fingerprints: dict[str, tuple[Any, Any]],
-    read: Any,
+    fingerprints: dict[str, fp.Print],
+    read: Callable[[str], object],
 ) -> None:
     """Where an input nothing declares (an owner attribute the function read, an
     ignored argument: ``read(name)``) no longer matches its fingerprint, compute
@@ -385,13 +408,13 @@ def _recompute(fn: Cached, a: Args, entry: Entry) -> str | None:
     """Where a fresh computation differs from the entry's value (``None``: nowhere).
     An equal one written into the cached buffers moves their tags on, and the result
     guard's: the entry and its views stay valid."""
-    with torch._C.DisableTorchFunctionSubclass():
-        before = fp.walk(entry.value, lambda t: t.detach().clone())
+    with fp.plain_torch():
+        before = walk(entry.value, lambda t: t.detach().clone())
     difference = first_difference(before, fn.run(a))
     if difference is None and entry.info is not None:
         entry.info.versions[:] = [_versioned(t) for t, _, _ in entry.info.versions]
     if difference is None and entry.guard is not None:
-        entry.gtag = entry.guard._version
+        entry.gtag = fp.version(entry.guard)
     return difference
 
 
@@ -409,20 +432,22 @@ def _fix(fn: Cached, info: _Info | None) -> str:
     return "Fix: add the input that distinguishes these calls to key= or depends_on=."
 
 
-def _canonical(key: Any) -> Any:
+def _canonical(key: object) -> object:
     """``key`` with each device in it (a `torch.device` or a string) normalised."""
     if isinstance(key, tuple):
         return tuple(_canonical(k) for k in key)
     named = isinstance(key, str) and _DEVICE_TEXT.fullmatch(key)
     if isinstance(key, torch.device) or named:
-        return ("device", normalize_device(key))
+        return ("device", normalize_device(cast("torch.device | str", key)))
     return key
 
 
 class _Miss:
     """What `Checks.before_miss` records of a miss while the function runs."""
 
-    def __init__(self, owner: object, names: Any, deps: Args, store: StepCache) -> None:
+    def __init__(
+        self, owner: object, names: Sequence[str], deps: Args, store: StepCache
+    ) -> None:
         self.owner, self.store = owner, store
         self.recorded = _record(names, deps)
         self.reads = Recording(owner)
@@ -442,21 +467,19 @@ class Checks:
     def bypassed(self, fn: Cached, a: Args) -> None:
         """A bypassed call: use-after-close, if its owner's store was closed (as in
         production, a bypass makes no store)."""
-        from stepcache._store import closed_error, found
-
         owner = a[fn.owner_index]
-        store = found(owner)
+        store = held(owner)
         if store is not None and store.closed and store.belongs_to(owner):
             raise detect("use-after-close", fn, BYPASS, str(closed_error(owner)))
 
     def closed(
-        self, fn: Cached, key: Any, error: StaleCacheError
+        self, fn: Cached, key: object, error: StaleCacheError
     ) -> StaleCacheError | CacheValidationError:
         """The detection of a call through an owner whose store was closed."""
         return detect("use-after-close", fn, key, str(error))
 
     def invalid(
-        self, fn: Cached, key: Any, wrong: str
+        self, fn: Cached, key: object, wrong: str
     ) -> StaleCacheError | CacheValidationError:
         """The detection of a value that breaks ``expect`` (``wrong``) when stored."""
         return detect("validation", fn, key, wrong[2:])
@@ -465,28 +488,29 @@ class Checks:
         self,
         fn: Cached,
         a: Args,
-        key: Any,
+        key: object,
         owner: object,
         store: StepCache,
         deps: Args,
         entry: Entry,
-    ) -> Any:
+    ) -> object:
         """Check a hit; what it hands out. The common case (each input as it was
         recorded) is tested inline; a difference goes to the check that explains it."""
         scope = store.scope
-        if scope is not None and scope.open and not _state.open_here(scope):
+        if scope is not None and scope.open and not open_here(scope):
             raise detect("scope-thread", fn, key)  # another thread's scope
-        info = entry.info  # None if stored in production
+        info: _Info | None = entry.info  # None if stored in production
         swapped = False  # a value's storage swapped behind its version (`.data =`)
         if info is not None:
             for _, x, view, address, before in info.deps:  # `_check_deps`, inline
-                if (address is not None and x.data_ptr() != address) or (
-                    view is not None and view.tobytes() != before[3]
-                ):
+                if (
+                    address is not None
+                    and cast("torch.Tensor", x).data_ptr() != address
+                ) or (view is not None and view.tobytes() != before[3]):
                     _check_deps("dependency-changed", fn, key, info.deps)
             for t, tag, address in info.versions:
                 # guard_result: the hit tested a version counter already
-                if tag.__class__ is not int or (not fn.guard and t._version != tag):
+                if tag.__class__ is not int or (not fn.guard and fp.version(t) != tag):
                     _check_tags(fn, key, [(t, tag, address)])
                 swapped = swapped or (address is not None and t.data_ptr() != address)
             if info.watched:
@@ -504,7 +528,7 @@ class Checks:
         if info is not None and info.ignored:
             for i, o, v in info.ignored:
                 x = a[i]
-                if x is not o or (v.__class__ is int and x._version != v):
+                if not fp.match(x, o, v):
                     # another argument (a buffer on another device): expect first
                     if fn.expect is not None and (
                         wrong := fn.violation(entry.value, a)
@@ -516,10 +540,10 @@ class Checks:
                     # what it remembered, for the next hit
                     info.ignored = tuple((fn.index[n], *f) for n, f in prints.items())
                     break
-        if _state.switches[1] == "verify" and (diff := _recompute(fn, a, entry)):
+        if Switches.mode == "verify" and (diff := _recompute(fn, a, entry)):
             fix = _fix(fn, info) + ("" if scope is None else _IN_SCOPE)
             raise detect("key-too-coarse", fn, key, diff=diff, fix=fix)
-        if not info or not info.versions or not _state.STEPCACHE_DEBUG_GUARD:
+        if not info or not info.versions or not STEPCACHE_DEBUG_GUARD:
             return entry.value
         ref, handed = info.handed.get(id(store), _NO_VIEWS)
         return (
@@ -529,7 +553,7 @@ class Checks:
         )
 
     def before_miss(
-        self, fn: Cached, a: Args, key: Any, store: StepCache, deps: Args
+        self, fn: Cached, a: Args, key: object, store: StepCache, deps: Args
     ) -> _Miss:
         """Check a miss before it computes, and start recording what it reads."""
         canonical = _canonical(key)
@@ -539,7 +563,7 @@ class Checks:
         return _Miss(a[fn.owner_index], fn.dep_names, deps, store)
 
     def after_miss(
-        self, fn: Cached, miss: _Miss, a: Args, key: Any, value: Any
+        self, fn: Cached, miss: _Miss, a: Args, key: object, value: object
     ) -> _Info:
         """Check a computed value; what the entry's ``info`` keeps for later hits."""
         owner = miss.owner
@@ -557,7 +581,7 @@ class Checks:
         ignored = tuple(
             (fn.index[n], *fp.fingerprint(a[fn.index[n]])) for n in fn.ignored
         )
-        versions = [_versioned(t) for t in fp.tensors(value)]
+        versions = [_versioned(t) for t in tensors(value)]
         refs = fn.refs_of(owner) if fn.expect is not None else ()
         # a hit matches tensors and arrays by identity: they are checked on hits; a list
         # or dict is matched by its contents in every mode
@@ -567,12 +591,14 @@ class Checks:
         quiet = quiet and miss.store.scope is None
         return _Info(deps, versions, watched, ignored, refs, quiet, value)
 
-    def hand_out(self, fn: Cached, key: Any, entry: Entry, store: StepCache) -> Any:
+    def hand_out(
+        self, fn: Cached, key: object, entry: Entry, store: StepCache
+    ) -> object:
         """What a call through ``store`` hands out: the value, its tensors as guarded
         views that check ``store`` (a copied owner's store serves the original's
         entries), made once per store."""
-        info = entry.info
-        if info is None or not info.versions or not _state.STEPCACHE_DEBUG_GUARD:
+        info: _Info | None = entry.info
+        if info is None or not info.versions or not STEPCACHE_DEBUG_GUARD:
             return entry.value
         ref, handed = info.handed.get(id(store), (None, None))
         if ref is not None and ref() is store:
@@ -580,7 +606,7 @@ class Checks:
         index = {id(t): i for i, (t, _, _) in enumerate(info.versions)}
         ref = weakref.ref(store)
 
-        def guard_of(t: torch.Tensor) -> Any:
+        def guard_of(t: torch.Tensor) -> Callable[[torch.Tensor], None]:
             i = index[id(t)]
 
             def guard(view: torch.Tensor) -> None:

@@ -1,39 +1,44 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ``@step_cached`` decorator, and the slow path behind every decorated function."""
+"""``@step_cached``: a decoration checked once, and the slow path behind its
+generated call (`stepcache._codegen`)."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import keyword
-import linecache
 import operator
 import types
 import weakref
 from collections.abc import Callable, Container, Hashable, Iterator, Mapping, Sequence
-from typing import Any, Final, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
-from stepcache import _debug, _state, _store
-from stepcache._entry import Entry, fingerprint, fingerprints
+from stepcache import _debug, _registry
+from stepcache._bypass import BYPASS
+from stepcache._codegen import Compiled
+from stepcache._entry import Entry
 from stepcache._errors import (
     CacheValidationError,
     OwnerError,
     StaleCacheError,
     StepCacheError,
 )
-from stepcache._hit import compile_hit
-from stepcache._seams import Watch
-from stepcache._spec import Arg, TensorSpec, check, of_args
-from stepcache._spec_code import predicate
-from stepcache._state import BYPASS, Counts
+from stepcache._kinds import Print, fingerprint, fingerprints
+from stepcache._owners import held
+from stepcache._registry import Counts
+from stepcache._scope import Scope, cache_of, innermost
+from stepcache._spec import Arg, Spec, TensorSpec, check, of_args, predicate
+from stepcache._store import NO_KEY, NO_STORE, StepCache
+from stepcache._switches import Switches
 
 P = ParamSpec("P")
 R = TypeVar("R")
 Expect = TensorSpec | tuple[TensorSpec | None, ...] | None
 KeyArg = Callable[..., Hashable] | str | Sequence[str] | None
-Args = tuple[Any, ...]
-#: ``call()`` without a key: the key is not known yet (or the function has none)
-NO_KEY: Final = object()
+Args = tuple[Any, ...]  # a call's arguments: each parameter's value, in order
+#: ``call()``'s key before it is known (``NO_KEY``: the function has none)
+UNKNOWN: Any = object()
 _STARS = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
@@ -51,23 +56,17 @@ def _reader(
     return (lambda a, o: (get(o),)) if len(deps) == 1 else (lambda a, o: tuple(get(o)))
 
 
-def _getter(names: list[str]) -> Callable[[Any], tuple[Any, ...]]:
-    """The owner attributes ``names`` of an owner, as a tuple (missing: ``None``)."""
-    return lambda owner: tuple([getattr(owner, n, None) for n in names])
-
-
-def _forget(fid: int, label: str) -> None:
-    _store.unregister(fid)
-    linecache.cache.pop(label, None)
+def _names(value: Any) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 class CachedFunction:
     """Everything stepcache knows about one decorated function, and its slow path.
 
-    Its hit is generated (`stepcache._hit`); every other call lands in :meth:`call`,
-    which finds a hit or a miss once. A call's arguments travel as ``a``, the
-    parameters' values in order. Debug modes watch this path through the hooks of
-    `stepcache._debug.Checks`.
+    Its call is generated (`stepcache._codegen`); every call that code does not
+    finish lands in :meth:`call`, which finds a hit or a miss once. A call's
+    arguments travel as ``a``, the parameters' values in order. Debug modes watch
+    this path through the hooks of `stepcache._debug.Checks`.
     """
 
     def __init__(
@@ -82,172 +81,218 @@ class CachedFunction:
         only: Mapping[str, Container[Any]] | None = None,
         ignore: Sequence[str] = (),
     ) -> None:
+        self.name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
+        self.keyed = key is not None
         if not callable(fn) or isinstance(fn, (staticmethod, classmethod, property)):
-            raise StepCacheError(
-                f"@step_cached decorates plain functions and methods (got {fn!r}); "
-                "put it under @staticmethod/@classmethod/@property, not above. "
-                "(Wrote @step_cached without parentheses? Use @step_cached().)"
+            raise self.error(
+                f"@step_cached decorates plain functions and methods (got {fn!r})",
+                "put @step_cached under @staticmethod/@classmethod/@property, not "
+                "above; without parentheses, write @step_cached()",
             )
         self.fn, self.guard, self.expect = fn, guard_result, expect
-        self.name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
-        self.fid = _state.new_id()
-        self.label = f"<stepcache generated hit {self.name} #{self.fid}>"
+        self.fid = _registry.new_id()
         self.counts = Counts()
         try:
             self.signature = inspect.signature(fn)
         except (TypeError, ValueError) as exc:
-            raise self._error(f"cannot read its signature ({exc})") from exc
+            raise self.error(
+                f"cannot read its signature ({exc})", "decorate a Python function"
+            ) from exc
         self.params = tuple(self.signature.parameters.values())
         self.names = [p.name for p in self.params]
         self.index = {n: i for i, n in enumerate(self.names)}
         plain = [p.name for p in self.params if p.kind not in _STARS]
         self.owner_name = (plain or [""])[0] if owner is None else owner
-        self.keyed = key is not None
         self.key_fn = key if callable(key) else None
         names: Any = () if key is None or callable(key) else key
         names = (names,) if isinstance(names, str) else names
-        self.dep_names: tuple[str, ...] = (
-            (depends_on,) if isinstance(depends_on, str) else tuple(depends_on)
-        )
-        self.ignored: tuple[str, ...] = (
-            (ignore,) if isinstance(ignore, str) else tuple(ignore)
-        )
-        problems = self._problems(key, names, plain, only)
-        if (problem := next(problems, None)) is not None:
-            raise self._error(problem)
+        self.dep_names = _names(depends_on)
+        self.ignored = _names(ignore)
+        problem = next(self._problems(key, names, plain, only), None)
+        if problem is not None:
+            raise self.error(*problem)
         self.owner_index = self.index[self.owner_name]
         self.key_names: tuple[str, ...] = tuple(names)
         specs = (expect,) if isinstance(expect, TensorSpec) else expect or ()
-        # what a hit's value is validated against can change only through these:
-        # every parameter is keyed, a dependency or ignored (checked on hits), and a
-        # declared attribute is matched; an owner attribute only `expect` reads is not
         refs = [r for s in specs if s is not None for r in s.refs()]
         #: the parameters `expect` reads (`Arg`): a hit checks the cached value against
         #: the caller's, as the value was checked against the computing call's
-        self.arg_refs: tuple[str, ...] = tuple(
-            dict.fromkeys(r.name for r in refs if type(r) is Arg)
-        )
-        self.of_args = of_args(expect) if self.arg_refs else None
-        #: `expect`'s plain case, tested before its full check (``None``: no expect)
+        self.arg_refs = tuple(dict.fromkeys(r.name for r in refs if type(r) is Arg))
+        self.of_args: Spec | None = of_args(expect) if self.arg_refs else None
+        #: `expect`'s plain case, tested before its full check
         self.meets = (
             None if expect is None else predicate(expect, self.index, self.owner_index)
         )
-        loose = sorted(
-            {r.name for r in refs if type(r) is not Arg} - set(self.dep_names)
+        loose = sorted({r.name for r in refs if type(r) is not Arg} - {*self.dep_names})
+        #: the owner attributes only `expect` reads (debug mode checks them again)
+        self.refs_of: Callable[[Any], tuple[Any, ...]] = lambda o: tuple(
+            [getattr(o, n, None) for n in loose]
         )
-        self.refs_of = _getter(loose)
         self.only: dict[str, Container[Any]] = dict(only or {})
         self._deps_checked = False
+        self._deps_of = _reader(self.dep_names, self.index)
         #: the user's function called with a call's arguments: the one place it runs
         self.run: Callable[[Args], Any] = (
             (lambda a: fn(*a))
             if all(p.kind < p.VAR_POSITIONAL for p in self.params)
             else functools.partial(self._bound_call, fn)
         )
-        self._deps_of = _reader(self.dep_names, self.index)
-        self.absent = Entry.absent(len(self.dep_names))
-        if self.keyed:  # before the hit reads it
-            _store.register(self.fid, self.absent)
-        self.wrapper = compile_hit(self)
+        self.compiled = Compiled(self)
+        self.wrapper = self.compiled.wrapper
         functools.update_wrapper(self.wrapper, fn)
         setattr(self.wrapper, "__stepcache__", self)  # noqa: B010
-        _state.register(self)
-        # a factory's functions come and go: what they left behind goes with them
-        weakref.finalize(self, _forget, self.fid, self.label).atexit = False
+        with _registry.lock:  # what a switch flipped meanwhile finds it
+            _registry.add_locked(self)
+            self.compiled.use(Switches.variant())
+        # a factory's functions come and go: their sources go with them
+        weakref.finalize(self, Compiled.forget, self.compiled.label).atexit = False
 
-    def _error(self, message: str) -> StepCacheError:
-        return StepCacheError(f"{self.name}: {message}")
+    # -- errors -------------------------------------------------------------------------
+    def where(self, key: Any = NO_KEY) -> str:
+        """How messages name this function (and the entry's key, when it has one)."""
+        if self.keyed and key is not NO_KEY and key is not UNKNOWN:
+            return f"step_cached function '{self.name}' (key={key!r})"
+        return f"step_cached function '{self.name}'"
+
+    def error(self, what: str, fix: str, key: Any = NO_KEY) -> StepCacheError:
+        """The error of a misuse: what is wrong, and the fix."""
+        return StepCacheError(f"{self.where(key)}: {what}. Fix: {fix}.")
 
     def _problems(
         self, key: Any, names: Any, plain: list[str], only: Any
-    ) -> Iterator[str]:
-        """What makes the decoration unworkable, in order (the first is raised; later
-        checks may assume the earlier ones passed)."""
+    ) -> Iterator[tuple[str, str]]:
+        """What makes the decoration unworkable, and its fix, in order (the first is
+        raised; later checks may assume the earlier ones passed)."""
         listing = f"(parameters: {', '.join(self.names)})"
         if any(n.startswith("_sc_") for n in self.names):
-            yield "parameter names starting with '_sc_' are reserved"
+            yield "parameter names starting with '_sc_' are reserved", "rename them"
         if inspect.isgeneratorfunction(self.fn) or inspect.isasyncgenfunction(self.fn):
             yield (
                 "it is a generator function: its cached value would be a generator, "
-                "exhausted after the first caller. Fix: return a list or tuple."
+                "exhausted after the first caller",
+                "return a list or tuple",
             )
         if inspect.iscoroutinefunction(self.fn):
             yield (
                 "it is an async function: its cached value would be a coroutine, "
-                "awaitable once. Fix: cache a plain function that the coroutine calls."
+                "awaitable once",
+                "cache a plain function that the coroutine calls",
             )
         if not plain:
             yield (
-                "a step-cached function needs an owner parameter (its first parameter, "
-                "or the one named by owner=)"
+                "it has no owner parameter (its first, or the one named by owner=)",
+                "take the step's metadata object as the first parameter",
             )
         if self.owner_name not in plain:
-            yield f"owner={self.owner_name!r} is not a parameter {listing}"
+            yield (
+                f"owner={self.owner_name!r} is not a parameter {listing}",
+                "name the parameter that holds the step's metadata object",
+            )
         if not isinstance(names, Sequence) or not all(
             isinstance(k, str) for k in names
         ):
             yield (
-                "key must be a callable, a parameter name or a tuple of parameter "
-                f"names (got {key!r})"
+                f"key must be a callable, a parameter name or a tuple of parameter "
+                f"names (got {key!r})",
+                "pass key='kind' or key=('kind', 'device'), or a function",
             )
         if not names and self.keyed and not callable(key):
-            yield "key=() names no parameter"
+            yield "key=() names no parameter", "leave key out for one entry per owner"
         for k in names:
             if k not in self.index:
-                yield f"key names {k!r}, which is not a parameter {listing}"
+                yield (
+                    f"key names {k!r}, which is not a parameter {listing}",
+                    _did_you_mean(k, self.names, "key"),
+                )
         for d in self.dep_names:
             if not isinstance(d, str) or not d.isidentifier() or keyword.iskeyword(d):
-                yield f"depends_on takes attribute or parameter names (got {d!r})"
+                yield (
+                    f"depends_on takes attribute or parameter names (got {d!r})",
+                    "pass a tuple of names, such as depends_on=('query_start_loc',)",
+                )
             if d == self.owner_name:
-                yield f"depends_on names the owner {d!r} itself; name its attributes instead"
+                yield (
+                    f"depends_on names the owner {d!r} itself",
+                    "name the owner's attributes that the value is computed from",
+                )
         for n in self.ignored:
             if n not in self.index or n == self.owner_name:
-                yield f"ignore= names {n!r}, which is not a parameter besides the owner {listing}"
+                yield (
+                    f"ignore= names {n!r}, which is not a parameter besides the owner "
+                    f"{listing}",
+                    _did_you_mean(n, self.names[1:], "ignore="),
+                )
             elif n in names or n in self.dep_names:
-                yield f"ignore= names {n!r}, which key= or depends_on names too"
+                yield (
+                    f"ignore= names {n!r}, which key= or depends_on names too",
+                    f"leave {n!r} out of ignore=",
+                )
         specs = (self.expect,) if isinstance(self.expect, TensorSpec) else self.expect
         if not isinstance(specs, tuple | None) or not all(
             s is None or isinstance(s, TensorSpec) for s in specs or ()
         ):
-            yield f"expect must be a TensorSpec or a tuple of them (got {self.expect!r})"
+            yield (
+                f"expect must be a TensorSpec or a tuple of them (got {self.expect!r})",
+                "pass expect=stepcache.TensorSpec(...)",
+            )
         for ref in (r for s in specs or () if s is not None for r in s.refs()):
             if isinstance(ref, Arg) and ref.name not in self.index:
-                yield f"expect refers to Arg({ref.name!r}), which is not a parameter {listing}"
+                yield (
+                    f"expect refers to Arg({ref.name!r}), which is not a parameter "
+                    f"{listing}",
+                    _did_you_mean(ref.name, self.names, "Arg()"),
+                )
         if not isinstance(self.guard, bool):
-            yield f"guard_result must be True or False (got {self.guard!r})"
+            yield (
+                f"guard_result must be True or False (got {self.guard!r})",
+                "pass guard_result=True",
+            )
         if only is not None and not isinstance(only, Mapping):
-            yield f"only= takes a mapping of parameter names to collections (got {only!r})"
+            yield (
+                f"only= takes a mapping of parameter names to collections (got "
+                f"{only!r})",
+                "pass only={'kind': frozenset({...})}",
+            )
         for n, allowed in (only or {}).items():
             if n not in self.index or n == self.owner_name:
-                yield f"only= names {n!r}, which is not a parameter besides the owner {listing}"
+                yield (
+                    f"only= names {n!r}, which is not a parameter besides the owner "
+                    f"{listing}",
+                    _did_you_mean(n, self.names[1:], "only="),
+                )
             if isinstance(allowed, (str, bytes)) or not hasattr(
                 allowed, "__contains__"
             ):
                 yield (
-                    f"only={{{n!r}: ...}} must be a collection of the values to cache, "
-                    f"such as a frozenset (got {allowed!r})"
+                    f"only={{{n!r}: ...}} must be a collection of the values to cache "
+                    f"(got {allowed!r})",
+                    "pass a frozenset of the values",
                 )
         covered = {self.owner_name, *names, *self.dep_names, *self.ignored}
         for n in self.names if not callable(key) else ():
             if n not in covered:
                 yield (
                     f"parameter {n!r} is in neither key= nor depends_on, so every call "
-                    f"would share one cached value whatever {n!r} is. Fix: add it to "
-                    f"key= (one entry per value), or name it in ignore= if it does not "
-                    f"change the result (an output buffer, say)."
+                    f"would share one cached value whatever {n!r} is",
+                    "add it to key= (one entry per value), or name it in ignore= if "
+                    "it does not change the result (an output buffer, say)",
                 )
 
     def owner_error(self, exc: OwnerError) -> StepCacheError:
         """``exc`` (what is wrong with an owner) naming this function's owner."""
-        return self._error(f"its owner parameter {self.owner_name!r} {exc}")
+        return StepCacheError(
+            f"{self.where()}: its owner parameter {self.owner_name!r} {exc}"
+        )
+
+    def key_error(self, exc: Exception) -> StepCacheError:
+        """The error of a key function that raised ``exc``."""
+        return self.error(
+            f"its key function raised {type(exc).__name__}: {exc}",
+            "make the key function return a hashable for every call (the exception "
+            "above is its own)",
+        )
 
     # -- the pieces of a call -----------------------------------------------------------
-    def where(self, key: Any = NO_KEY) -> str:
-        """How messages name this function (and the entry's key, when it has one)."""
-        if self.keyed and key is not NO_KEY:
-            return f"step_cached function '{self.name}' (key={key!r})"
-        return f"step_cached function '{self.name}'"
-
     def _bound_call(self, fn: Callable[..., Any], a: Args) -> Any:
         """``fn`` called with ``a`` as the decorated signature binds it (``*args``,
         keyword-only parameters, ``**kwargs``)."""
@@ -257,24 +302,26 @@ class CachedFunction:
         return fn(*bound.args, **bound.kwargs)
 
     def key_of(self, a: Args) -> Any:
-        """The call's key (`BYPASS` for a call that ``only=`` leaves out); ``None``
+        """The call's key (`BYPASS` for a call that ``only=`` leaves out); `NO_KEY`
         for an unkeyed function."""
-        what = "its only= test"
         try:
             for name, allowed in self.only.items():
                 if a[self.index[name]] not in allowed:
                     return BYPASS
-            if self.key_fn is not None:
-                what = "its key function"
-                key = self._bound_call(self.key_fn, a)
-            else:
-                values = tuple(a[self.index[n]] for n in self.key_names)
-                key = values[0] if len(values) == 1 else values or None
         except Exception as exc:
-            raise StepCacheError(
-                f"{self.where()}: {what} raised {type(exc).__name__}: {exc}"
+            raise self.error(
+                f"its only= test raised {type(exc).__name__}: {exc}",
+                "pass only= collections that can hold every value of their parameter",
             ) from exc
-        return key
+        if self.key_fn is not None:
+            try:
+                return self._bound_call(self.key_fn, a)
+            except Exception as exc:
+                raise self.key_error(exc) from exc
+        if not self.key_names:
+            return NO_KEY
+        values = tuple(a[self.index[n]] for n in self.key_names)
+        return values[0] if len(values) == 1 else values
 
     def deps_of(self, a: Args, owner: object) -> Args:
         """The call's dependencies, in `depends_on` order."""
@@ -283,10 +330,14 @@ class CachedFunction:
         try:
             deps = self._deps_of(a, owner)
         except AttributeError as exc:
-            raise StepCacheError(
-                f"{self.where()}: depends_on names an attribute the owner "
-                f"{type(owner).__qualname__} does not have ({exc})"
-            ) from exc
+            missing = next(
+                (d for d in self.dep_names if not hasattr(owner, d)), str(exc)
+            )
+            raise self.error(
+                f"depends_on names {missing!r}, an attribute the owner "
+                f"{type(owner).__qualname__} does not have",
+                _did_you_mean(missing, _attributes(owner), "depends_on"),
+            ) from None
         if not self._deps_checked:  # the first call: what kinds the dependencies are
             for i, x in enumerate(deps):
                 self._check_kind(i, x)
@@ -295,29 +346,25 @@ class CachedFunction:
 
     def _check_kind(self, i: int, x: Any) -> None:
         if isinstance(x, types.MethodType | types.BuiltinMethodType):
-            raise self._error(
+            raise self.error(
                 f"depends_on names {self.dep_names[i]!r}, a method: a bound method is "
-                "a new object on every access, so the entry would never be reused. "
-                "Fix: name the attributes the method reads instead."
+                "a new object on every access, so the entry would never be reused",
+                "name the attributes the method reads instead",
             )
 
-    def fingerprint(self, i: int, x: Any, store: object) -> tuple[Any, Any]:
-        """The fingerprint of dependency ``i``, ``x``, for an entry of ``store`` (a
-        scope's, or `stepcache._state.NO_STORE`), as the generated miss takes it
-        where ``x`` is not a tensor with a version counter."""
+    def fingerprint(self, i: int, x: Any, store: StepCache) -> Print:
+        """The fingerprint of dependency ``i``, ``x``, for an entry of ``store``, as
+        the generated miss takes it where ``x`` is not a tensor with a version
+        counter."""
         self._check_kind(i, x)
-        return fingerprint(x, scoped=store is not _state.NO_STORE)
-
-    def invalid(self, key: Any, wrong: str) -> CacheValidationError:
-        """The error of a value that breaks `expect` (``wrong``: `violation`'s text)."""
-        return CacheValidationError(f"{self.where(key)}{wrong}")
+        return fingerprint(x, scoped=store.scope is not None)
 
     def violation(self, value: Any, a: Args) -> str | None:
         """What ``value`` breaks of ``expect`` (``": result ..."``), or ``None``."""
         if self.expect is None or self.meets is None:
             return None
         try:
-            if self.meets(value, a):  # the plain case (`stepcache._spec_code`)
+            if self.meets(value, a):  # the plain case
                 return None
         except Exception:  # noqa: S110
             pass  # the full check says what is wrong
@@ -327,12 +374,10 @@ class CachedFunction:
             return f": {exc}"
         return None
 
-    def args_of(self, a: Args) -> Args | None:
-        """The arguments `expect` read when a value was checked (``None``: it reads
-        none): a hit with the same objects needs no check."""
-        return (
-            tuple([a[self.index[n]] for n in self.arg_refs]) if self.arg_refs else None
-        )
+    def validate(self, value: Any, a: Args, key: Any) -> None:
+        """Raise `CacheValidationError` where a computed ``value`` breaks ``expect``."""
+        if (wrong := self.violation(value, a)) is not None:
+            raise CacheValidationError(f"{self.where(key)}{wrong}")
 
     def args_ok(self, value: Any, a: Args) -> bool:
         """Whether a cached ``value`` meets what `expect` reads of the caller's
@@ -345,25 +390,25 @@ class CachedFunction:
         return True
 
     # -- the slow path ------------------------------------------------------------------
-    def call(self, a: Args, key: Any = NO_KEY) -> Any:
-        """Every call the generated hit did not serve: a miss, a bypass (`served`
-        takes a hit it found while caching is off or debug mode is on)."""
-        disabled, mode = _state.switches
-        if disabled:
+    def call(self, a: Args, key: Any = UNKNOWN) -> Any:
+        """Every call the generated code did not finish: the first of an owner that
+        the slow path must place, a bypass, and every call while caching is off or
+        debug mode is on."""
+        if Switches.disabled:
             return self.bypass(a)
-        watch = None if mode == "off" else _debug.checks
-        if key is NO_KEY and (self.keyed or self.only):
+        watch = None if Switches.mode == "off" else _debug.checks
+        if key is UNKNOWN:
             key = self.key_of(a)
         if key is BYPASS:
             if watch is not None:
                 watch.bypassed(self, a)
             return self.bypass(a)
         owner = a[self.owner_index]
-        store = self.store_of(owner, key, watch)
+        store = self.place_of(owner, key, watch)
         deps = self.deps_of(a, owner)
-        entry = self.find(store, key, owner, deps)
+        entry, stale = self.find(store, key, owner, deps)
         if entry is None:
-            return self.miss(a, key, owner, store, deps, watch)
+            return self.miss(a, key, owner, store, deps, stale, watch)
         value = entry.value
         if watch is not None:
             value = watch.hit(self, a, key, owner, store, deps, entry)
@@ -375,70 +420,74 @@ class CachedFunction:
         self.counts.hits += 1
         return value
 
-    def served(self, a: Args, key: Any, entry: Entry) -> Any:
-        """A hit the generated code found (every test passed) while caching is off or
-        debug mode is on: debug mode checks it."""
-        disabled, mode = _state.switches
-        if disabled:
-            return self.bypass(a)
+    def observed(
+        self, a: Args, key: Any, entry: Entry, place: StepCache | Scope
+    ) -> Any:
+        """A hit the generated code found in debug mode (in ``place``, where it
+        looked): debug mode checks it and says what to hand out."""
         info = entry.info
-        if mode == "off" or (info is not None and info.quiet and mode == "checks"):
-            # switched off since the generated code looked, or nothing to check
-            self.counts.hits += 1
+        if info is not None and info.quiet and Switches.mode == "checks":
+            self.counts.hits += 1  # stored in checks mode with nothing to recheck
             return entry.value
         owner = a[self.owner_index]
-        # the generated code read owner._stepcache: its own store, or the placeholder
-        # where it found the entry in the scope's table (joined by store_of)
-        store = owner._stepcache
-        if store.__class__ is not _store.StepCache or (
-            store._first != id(owner) and not store.belongs_to(owner)
-        ):
-            store = self.store_of(owner, key, _debug.checks)
-        # the hit matched the dependencies: debug mode reads them if it doubts
+        store = place.store if isinstance(place, Scope) else place
         value = _debug.checks.hit(self, a, key, owner, store, (), entry)
         self.counts.hits += 1
         return value
 
-    def store_of(self, owner: Any, key: Any, watch: Watch | None) -> _store.StepCache:
+    def place_of(
+        self, owner: object, key: Any, watch: _debug.Checks | None
+    ) -> StepCache:
+        """Where a call looks and stores, as the generated code decides: the owner's
+        own store, the open scope's (read, not joined), else `store_of`'s."""
+        own, inner = held(owner), innermost()
+        if own is None and isinstance(inner, Scope) and inner.table is not None:
+            return inner.store
+        if own is not None and own.made_by(owner) and inner is NO_STORE:
+            return own
+        return self.store_of(owner, key, watch)
+
+    def store_of(self, owner: Any, key: Any, watch: _debug.Checks | None) -> StepCache:
         """`cache_of(owner)`: its store, made or joined to the open scope, or the
         typed error of an owner that cannot have one (``watch`` records it)."""
         try:
-            return _store.cache_of(owner)
+            return cache_of(owner)
         except StaleCacheError as exc:
             raise exc if watch is None else watch.closed(self, key, exc) from None
         except OwnerError as exc:
             raise self.owner_error(exc) from None
 
     def find(
-        self, store: _store.StepCache, key: Any, owner: object, deps: Args
-    ) -> Entry | None:
-        """The entry that serves the call (``None``: a miss); an entry that no longer
-        serves its owner is counted as an invalidation."""
+        self, store: StepCache, key: Any, owner: object, deps: Args
+    ) -> tuple[Entry | None, Entry | None]:
+        """The entry that serves the call, or ``None`` and the entry found that no
+        longer serves it (``None``: none found)."""
         try:
-            entry: Entry | None = store.lookup(self.fid, self.keyed, key)
+            entry = store.lookup(self.fid, key)
         except TypeError as exc:  # the lookup hashes every key
-            raise StepCacheError(
-                f"{self.where()}: the key {key!r} is unhashable ({exc}). Fix: return a "
-                "tuple of ints/strings (e.g. tuple(values) instead of a list)."
+            named = f"parameter {self.key_names[0]!r}" if self.key_names else ""
+            raise self.error(
+                f"the key {key!r} is unhashable ({exc})",
+                f"pass a hashable value for key {named} (a tuple, not a list)"
+                if named
+                else "return a tuple of ints/strings from the key function (e.g. "
+                "tuple(values) instead of a list)",
             ) from None
         if entry is None or entry.serves(owner, deps):
-            return entry
-        # an invalidation, unless the entry is bound to another owner of the store
-        if entry.bound is None or entry.bound() is owner:
-            self.counts.invalidations += 1
-            store.missed(self.fid, _store.INVALIDATION)
-        return None
+            return entry, None
+        return None, entry
 
     def miss(
         self,
         a: Args,
         key: Any,
         owner: object,
-        store: _store.StepCache,
+        store: StepCache,
         deps: Args,
-        watch: Watch | None,
+        stale: Entry | None,
+        watch: _debug.Checks | None,
     ) -> Any:
-        """Compute, validate and store the call's value: every miss, in every mode."""
+        """Compute, validate and store the call's value: every miss of the slow path."""
         fps = fingerprints(deps, scoped=store.scope is not None)
         record = None if watch is None else watch.before_miss(self, a, key, store, deps)
         try:
@@ -446,26 +495,42 @@ class CachedFunction:
         finally:
             if record is not None:
                 record.stop()
-        info = None if watch is None else watch.after_miss(self, record, a, key, value)
+        info = None
+        if watch is not None and record is not None:
+            info = watch.after_miss(self, record, a, key, value)
         if self.expect is not None and (wrong := self.violation(value, a)) is not None:
-            raise (
-                self.invalid(key, wrong)
-                if watch is None
-                else watch.invalid(self, key, wrong)
-            )
+            if watch is not None:
+                raise watch.invalid(self, key, wrong)
+            raise CacheValidationError(f"{self.where(key)}{wrong}")
+        args = tuple([a[self.index[n]] for n in self.arg_refs]) or None
         try:
-            entry = Entry(value, owner, fps, self.guard, info, self.args_of(a))
+            entry = Entry(value, owner, fps, self.guard, info, args)
         except OwnerError as exc:
             raise self.owner_error(exc) from None
-        store.insert(self.fid, self.keyed, key, entry)
+        if store.put(self.fid, key, entry, stale):
+            self.counts.invalidations += 1
         self.counts.misses += 1
-        store.missed(self.fid)
         return value if watch is None else watch.hand_out(self, key, entry, store)
 
     def bypass(self, a: Args) -> Any:
         """A call left out of the cache (a `BYPASS` key, only=, or caching off)."""
         self.counts.bypasses += 1
         return self.run(a)
+
+
+def _attributes(owner: object) -> list[str]:
+    try:
+        return [n for n in dir(owner) if not n.startswith("__")]
+    except Exception:
+        return []
+
+
+def _did_you_mean(name: str, choices: Sequence[str], where: str) -> str:
+    """A fix that names the closest of ``choices`` to ``name``."""
+    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.6)
+    if close:
+        return f"did you mean {' or '.join(repr(c) for c in close)}? Name it in {where}"
+    return f"name one of {', '.join(map(repr, choices))} in {where}"
 
 
 def step_cached(

@@ -11,15 +11,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepcache._entry import strided
+from stepcache._kinds import plain_torch, strided, version
 
 _MISSING = object()
 
 
-def describe(x: Any) -> str:
+def describe(x: object) -> str:
     """A short description of a value, for messages."""
     if isinstance(x, torch.Tensor):
-        state = "inference tensor" if x.is_inference() else f"version={x._version}"
+        state = "inference tensor" if x.is_inference() else f"version={version(x)}"
         shape = "nested" if x.is_nested else list(x.shape)
         text = f"tensor(shape={shape}, dtype={x.dtype}, device={x.device}, "
         text, small = text + state, strided(x) and x.is_cpu and x.numel() <= 16
@@ -31,8 +31,8 @@ def describe(x: Any) -> str:
 
 
 def first_difference(
-    expected: Any,
-    actual: Any,
+    expected: object,
+    actual: object,
     path: str = "result",
     seen: frozenset[tuple[int, int]] = frozenset(),
 ) -> str | None:
@@ -56,7 +56,7 @@ def first_difference(
         True
     """
     if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
-        with torch._C.DisableTorchFunctionSubclass():
+        with plain_torch():
             for what in ("device", "dtype", "layout", "is_nested", "ndim"):
                 if (e := getattr(expected, what)) != (a := getattr(actual, what)):
                     return f"tensor '{path}' {what} mismatch. expected {e}, actual {a}"
@@ -76,14 +76,18 @@ def first_difference(
     mismatch = f"'{path}': expected {describe(expected)}, actual {describe(actual)}"
     if type(expected) is not type(actual):
         return mismatch
-    if isinstance(expected, dict) and expected.keys() != actual.keys():
-        keys = [sorted(map(repr, d)) for d in (expected, actual)]
+    # ``actual``, of ``expected``'s class: read as it is (mypy cannot follow that test)
+    got: Any = actual
+    if isinstance(expected, dict) and expected.keys() != got.keys():
+        keys = [sorted(map(repr, d)) for d in (expected, got)]
         return f"'{path}' keys mismatch. expected {keys[0]}, actual {keys[1]}"
     if isinstance(expected, (tuple, list, dict)):
-        if len(expected) != len(actual):
-            return f"'{path}' length mismatch. expected {len(expected)}, actual {len(actual)}"
+        if len(expected) != len(got):
+            return (
+                f"'{path}' length mismatch. expected {len(expected)}, actual {len(got)}"
+            )
         for k in expected if isinstance(expected, dict) else range(len(expected)):
-            found = first_difference(expected[k], actual[k], f"{path}[{k!r}]", seen)
+            found = first_difference(expected[k], got[k], f"{path}[{k!r}]", seen)
             if found:
                 return found
         return None
@@ -101,7 +105,7 @@ def first_difference(
     try:
         if isinstance(expected, np.ndarray):
             nan = expected.dtype.kind in "fc"  # equal_nan raises for other dtypes
-            return None if np.array_equal(expected, actual, equal_nan=nan) else mismatch
+            return None if np.array_equal(expected, got, equal_nan=nan) else mismatch
         if isinstance(expected, float) and expected != expected:
             return None if actual != actual else mismatch  # NaN equals NaN, as above
         return None if bool(expected == actual) else mismatch
@@ -109,10 +113,10 @@ def first_difference(
         return None if expected is actual else mismatch
 
 
-def _fields(x: Any) -> dict[str, Any] | None:
+def _fields(x: object) -> dict[str, object] | None:
     """The fields of a dataclass or attrs object, or the attributes of an object
     compared by identity (a fresh one never equals the cached one); else ``None``."""
-    cls: Any = type(x)
+    cls = type(x)
     if dataclasses.is_dataclass(x):  # the fields its == compares
         names = [f.name for f in dataclasses.fields(x) if f.compare]
     elif hasattr(cls, "__attrs_attrs__"):
@@ -124,7 +128,7 @@ def _fields(x: Any) -> dict[str, Any] | None:
     return {n: getattr(x, n, _MISSING) for n in names if n != "_stepcache"}
 
 
-def _plain_object(x: Any) -> bool:
+def _plain_object(x: object) -> bool:
     """An instance with a ``__dict__`` that is data: not a class, module or function."""
     data = not callable(x) and not isinstance(x, types.ModuleType)
     return data and isinstance(getattr(x, "__dict__", None), dict)

@@ -16,7 +16,7 @@ class StepCacheError(Exception):
         ... def index(self, kind):
         ...     return kind
         Traceback (most recent call last):
-        stepcache.StepCacheError: index: key names 'layer', which is not a parameter (parameters: self, kind)
+        stepcache.StepCacheError: step_cached function 'index': key names 'layer', which is not a parameter (parameters: self, kind). Fix: name one of 'self', 'kind' in key.
     """
 
 

@@ -5,14 +5,15 @@ happens."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import SupportsIndex
 
 import torch
 
-from stepcache._entry import strided, walk
+from stepcache._entry import walk
+from stepcache._kinds import plain_torch, strided
 
-Args = tuple[Any, ...]
+Args = tuple[object, ...]
 
 
 class GuardedTensor(torch.Tensor):
@@ -47,17 +48,21 @@ class GuardedTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(
-        cls, func: Any, types: Any, args: Args = (), kwargs: Any = None
-    ) -> Any:
+        cls,
+        func: Callable[..., object],
+        types: Iterable[type],
+        args: Args = (),
+        kwargs: Mapping[str, object] | None = None,
+    ) -> object:
         kwargs = kwargs or {}
-        with torch._C.DisableTorchFunctionSubclass():
+        with plain_torch():
             for arg in (*args, *kwargs.values()):
                 for t in arg if isinstance(arg, (tuple, list)) else (arg,):
                     if isinstance(t, GuardedTensor):
-                        t._sc_check()
+                        t.stepcache_check()
             return func(*args, **kwargs)
 
-    def _sc_check(self) -> None:
+    def stepcache_check(self) -> None:
         """Raise unless this view's cache is open and its storage unwritten since."""
         guard = self.__dict__.get("_sc_guard")
         if guard is not None:
@@ -66,21 +71,22 @@ class GuardedTensor(torch.Tensor):
     # a copy, a deep copy or a pickle is of the plain tensor, once the guard passed: a
     # copy made in time is not the cache's (nor can its guard be pickled)
     def _sc_plain(self) -> torch.Tensor:
-        with torch._C.DisableTorchFunctionSubclass():
-            self._sc_check()
+        with plain_torch():
+            self.stepcache_check()
             return self.as_subclass(torch.Tensor)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
+    def __deepcopy__(self, memo: dict[int, object]) -> torch.Tensor:
         return copy.deepcopy(self._sc_plain(), memo)
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        plain: Any = self._sc_plain()
+    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[object, ...]:
+        # as object: torch leaves its own __reduce_ex__ unannotated
+        plain: object = self._sc_plain()
         return plain.__reduce_ex__(protocol)
 
 
 def guarded(
-    value: Any, guard_of: Callable[[torch.Tensor], Callable[[Any], None]]
-) -> Any:
+    value: object, guard_of: Callable[[torch.Tensor], Callable[[torch.Tensor], None]]
+) -> object:
     """``value`` with each tensor in it (as `walk` finds them) handed out as a
     `GuardedTensor` view whose guard is ``guard_of(tensor)``; tensors with no plain
     memory (sparse, nested) and guarded views are handed out as they are."""

@@ -14,9 +14,13 @@ code that patches the same class.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 __all__ = ["Recording", "Watch", "data_read", "unrecorded", "watch"]
+
+#: a class's ``__getattribute__``, as its instances' attribute reads call it
+_GetAttribute = Callable[[object, str], object]
 
 
 class _Patch:
@@ -24,7 +28,9 @@ class _Patch:
 
     __slots__ = ("cls", "original", "own", "users", "watchers", "wrapper")
 
-    def __init__(self, cls: type, own: Any, original: Any) -> None:
+    def __init__(
+        self, cls: type, own: _GetAttribute | None, original: _GetAttribute
+    ) -> None:
         self.cls = cls
         #: the class's own ``__getattribute__`` (``None``: it inherited one)
         self.own = own
@@ -34,7 +40,7 @@ class _Patch:
         self.users = 0
         #: id(object) -> the name set of each watch on it
         self.watchers: dict[int, list[set[str]]] = {}
-        self.wrapper: Any = None
+        self.wrapper: _GetAttribute | None = None
 
 
 _patched: dict[type, _Patch] = {}
@@ -45,11 +51,12 @@ def _patch(cls: type) -> _Patch | None:
     """Patch the recording ``__getattribute__`` into ``cls`` (under ``_lock``); ``None``
     when the class cannot be patched (a built-in class)."""
     own = cls.__dict__.get("__getattribute__")
-    original: Any = cls.__getattribute__
+    # the instances' method: mypy reads ``cls.__getattribute__`` as the class's own
+    original = cast("_GetAttribute", cls.__getattribute__)
     patch = _Patch(cls, own, original)
     watchers = patch.watchers
 
-    def recording(obj: Any, name: str) -> Any:
+    def recording(obj: object, name: str) -> object:
         sets = watchers.get(id(obj))
         if sets is not None and not name.startswith("__"):
             for names in sets:

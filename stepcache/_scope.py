@@ -1,23 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A lifetime the engine names (`scope`): one metadata build, or one draft step."""
+"""Scopes: a lifetime the engine names (one metadata build, or one draft step), each
+context's open ones, and how an owner finds its store (its own, or the scope's it
+joins)."""
 
 from __future__ import annotations
 
+import threading
 import weakref
+from contextvars import ContextVar
 from typing import Any
 
-from stepcache._errors import StepCacheError
-from stepcache._state import INNERMOST, NO_STORE, current, innermost, open_here
-from stepcache._store import StepCache, restore
+from stepcache._entry import weak
+from stepcache._errors import StaleCacheError, StepCacheError
+from stepcache._owners import closed_error, forget, held, new_store, write
+from stepcache._store import NO_STORE, NoStore, StepCache
 
-
-class _Ended:
-    """What a closed scope's store names as its scope."""
-
-    open = False
-
-
-_ENDED = _Ended()
+_attach_lock = threading.Lock()
 
 
 class Scope:
@@ -37,21 +35,20 @@ class Scope:
 
     # Opened and closed once per metadata build, between long stretches of the
     # engine's own code: kept to a few attribute writes. Its store is made at its
-    # first miss; until then its table is the placeholder's, which answers every
-    # lookup with an absent entry: a build that caches nothing makes nothing.
-    __slots__ = ("_entered", "_joined", "_outer", "_store", "open", "table")
+    # first miss; until then its table is the placeholder's, which finds nothing.
+    __slots__ = ("_entered", "_joined", "_store", "open", "outer", "table")
 
     def __init__(self) -> None:
         self._store: StepCache | None = None
         #: whether the scope is open (a closed one is never reopened)
         self.open = False
         self._entered = False
-        #: the scope it was opened in (`_state.INNERMOST`), or `NO_STORE`
-        self._outer: Any = NO_STORE
+        #: the scope it was opened in, or `NO_STORE`
+        self.outer: Scope | NoStore = NO_STORE
         #: (weak reference to each joined owner, the store it had, or ``None``)
         self._joined: list[tuple[weakref.ref[Any], StepCache | None]] | None = None
-        #: what the first calls of owners without a store read (`_state.INNERMOST`);
-        #: ``None`` while it is nested: those calls take the slow path
+        #: what the first calls of owners without a store read (`innermost`);
+        #: ``None`` while it is nested or closed: those calls take the slow path
         self.table: dict[int, Any] | None = NO_STORE.table
 
     def __repr__(self) -> str:
@@ -61,13 +58,18 @@ class Scope:
     def store(self) -> StepCache:
         """The store the owners of the scope share."""
         if self._store is None:
-            self._store = StepCache(None, self if self.open else _ENDED)
-            if self.open and self.table is not None:
+            if not self.open:  # asked by a context that still names it: kept nowhere
+                return StepCache(None, self)
+            self._store = StepCache(None, self)
+            if self.table is not None:
                 self.table = self._store.table
         return self._store
 
-    def joined(self, owner: object, before: StepCache | None) -> None:
-        """Remember the store ``owner`` had before it joined (called by `attach`)."""
+    def join(self, owner: object) -> StepCache:
+        """Make ``owner`` use this scope's store until it closes; returns the store."""
+        return attach(owner, self.store)
+
+    def remember(self, owner: object, before: StepCache | None) -> None:
         if self._joined is None:
             self._joined = []
         self._joined.append((weakref.ref(owner), before))
@@ -76,10 +78,10 @@ class Scope:
         if self._entered:
             raise StepCacheError("a scope is entered once (make a new scope())")
         self._entered = self.open = True
-        outer = self._outer = current()
+        outer = self.outer = current()
         if outer is not NO_STORE:
             self.table = None  # nested: the slow path joins owners to it
-        INNERMOST.set(self)
+        _INNERMOST.set(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -90,24 +92,64 @@ class Scope:
                     "a scope is closed in the thread that opened it, innermost first"
                 )
             while inner is not self:  # an inner one left open: closed with it
-                inner.__exit__()
+                inner.__exit__()  # type: ignore[union-attr]
                 inner = innermost()
-        INNERMOST.set(self._outer)
+        _INNERMOST.set(self.outer)
         self.open = False
-        # read only where a context copied while it was open still names it (an
-        # asyncio task made inside it): those calls take the slow path
         self.table = None
-        store = self._store
+        store, self._store = self._store, None  # no cycle left to the collector
         if store is None:
             return
-        if self._joined:
-            for ref, before in reversed(self._joined):
-                if (owner := ref()) is not None:
-                    restore(owner, store, before)
-            self._joined = None
+        for ref, before in reversed(self._joined or ()):
+            if (owner := ref()) is not None and held(owner) is store:
+                if before is not None:
+                    write(owner, before)
+                else:
+                    forget(owner)
+        self._joined = None
         store.clear()
-        # the store no longer names the scope: no cycle left to the collector
-        store.scope = _ENDED
+
+
+#: This context's innermost open scope, or `NO_STORE` while none is open: where an
+#: owner without a store looks, read by every first call of a step. A context
+#: variable: each thread (and each asyncio task) has its own.
+_INNERMOST: ContextVar[Scope | NoStore] = ContextVar(
+    "stepcache.innermost", default=NO_STORE
+)
+innermost = _INNERMOST.get
+
+
+def current() -> Scope | NoStore:
+    """This context's innermost scope that is still open, or `NO_STORE`. A context
+    copied while a scope was open (an asyncio task made inside it) still names it
+    after it closed; the scopes it is nested in may be open."""
+    inner = innermost()
+    while isinstance(inner, Scope) and not inner.open:
+        inner = inner.outer
+    return inner
+
+
+def open_here(scope: Scope) -> bool:
+    """Whether ``scope`` is open in this context (innermost or enclosing)."""
+    inner = innermost()
+    while isinstance(inner, Scope):
+        if inner is scope:
+            return scope.open
+        inner = inner.outer
+    return False
+
+
+def miss_store(place: StepCache | Scope | NoStore, owner: object) -> StepCache | None:
+    """Where a generated miss on ``owner`` stores its entry, given where its hit
+    looked (``place``): the owner's own store, a new one, the open scope's; ``None``
+    where the slow path decides (a copy's store, a closed one, a scope to join)."""
+    if place is NO_STORE:
+        return new_store(owner)
+    if place.__class__ is Scope:
+        return place.store  # type: ignore[union-attr]
+    if place.__class__ is StepCache and place.made_by(owner):  # type: ignore[union-attr]
+        return place if innermost() is NO_STORE else None  # type: ignore[return-value]
+    return None
 
 
 def scope() -> Scope:
@@ -167,4 +209,92 @@ def active_scope() -> Scope | None:
         True
     """
     inner = current()
-    return None if inner is NO_STORE else inner
+    return inner if isinstance(inner, Scope) else None
+
+
+def cache_of(owner: object) -> StepCache:
+    """Return the [`StepCache`][stepcache.StepCache] of `owner`, creating it on first use.
+
+    The store is kept in the owner (its `__dict__`, or a `_stepcache` slot: see
+    [`cache_field()`][stepcache.cache_field]), else in a side table. A `copy.copy` of
+    the owner gets a store of its own, seeded with the entries that declare
+    dependencies. Inside a [`scope()`][stepcache.scope], an owner without a store of
+    an open scope joins the innermost one: its store is the scope's until the scope
+    closes. No lock: of two stores made at once for one owner, the last stays.
+
+    Raises:
+        StaleCacheError: The owner's store was closed.
+        StepCacheError: The owner's class supports no weak references.
+
+    Examples:
+        >>> import stepcache
+        >>> class Meta: pass
+        >>> m = Meta()
+        >>> stepcache.cache_of(m) is stepcache.cache_of(m)
+        True
+    """
+    if owner is None:  # StepCache(None) would be a store without an owner
+        raise StepCacheError(
+            "the owner is None: a step-cached function's owner parameter (its first, "
+            "or the one named by owner=) must be the step's metadata object"
+        )
+    inner = current()
+    own = held(owner)
+    mine = own is not None and own.belongs_to(owner)
+    if own is not None and own.scope is not None:
+        if mine and own.scope.open:
+            return own  # joined (an owner of an enclosing scope stays in it)
+        own, mine = None, False  # a scope that is over, or a copy's: nothing to seed
+    if own is not None and mine and own.closed:
+        raise closed_error(owner)
+    if isinstance(inner, Scope):  # a scope is open here: join the innermost
+        return inner.join(owner)
+    if own is not None and mine:
+        return own
+    fresh = StepCache(owner)
+    write(owner, fresh)
+    if own is not None and not own.closed:
+        fresh.share_unbound(own)  # carried by copy.copy
+    return fresh
+
+
+def attach(owner: object, cache: StepCache) -> StepCache:
+    """Make `owner` use `cache`, shared on purpose with other objects of one step.
+
+    vLLM builds one metadata object per KV-cache group of a step; attached to one store,
+    a value one builder computed serves the others while the dependencies it declares
+    match on the caller. Entries without dependencies stay bound to the object that
+    computed them (one entry per function and key: another owner's call replaces it).
+    Attached to a scope's store, `owner` joins the scope: its own store comes back when
+    the scope closes. Returns `cache`.
+
+    Raises:
+        StepCacheError: `cache` is not a [`StepCache`][stepcache.StepCache].
+        StaleCacheError: `cache` is closed.
+
+    Examples:
+        >>> import stepcache
+        >>> class Group:
+        ...     n = 3
+        ...     @stepcache.step_cached(depends_on=("n",))
+        ...     def lens(self):
+        ...         return list(range(self.n))
+        >>> a, b = Group(), Group()
+        >>> stepcache.attach(b, stepcache.cache_of(a)) is stepcache.cache_of(b)
+        True
+        >>> b.lens() is a.lens()
+        True
+    """
+    if not isinstance(cache, StepCache):
+        raise StepCacheError(
+            f"attach() needs a StepCache (got {cache!r} that is a {type(cache)!r})"
+        )
+    if cache.closed:
+        raise StaleCacheError("attach(): that StepCache is closed (its step is over)")
+    with _attach_lock:
+        if not cache.belongs_to(owner):
+            if cache.scope is not None:
+                cache.scope.remember(owner, held(owner))
+            cache.add_member(owner, weak(owner))
+        write(owner, cache)
+    return cache

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, TypeAlias
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeAlias, cast, overload
 
 import torch
 
@@ -58,7 +58,7 @@ class Attr(_Ref):
 Dim = int | None | Arg | Attr
 #: where references are resolved: the call's arguments, their index by parameter
 #: name, and the owner
-Scope = tuple[tuple[Any, ...], Mapping[str, int], object]
+Scope = tuple[tuple[object, ...], Mapping[str, int], object]
 Spec: TypeAlias = "TensorSpec | tuple[TensorSpec | None, ...]"
 _REFS = {Arg: "argument", Attr: "owner attribute"}  # as the messages name them
 #: what references usually resolve to: answered without torch's slow isinstance()
@@ -67,6 +67,7 @@ _Tensor, _Size = torch.Tensor, torch.Size
 
 
 def _current_index(device_type: str) -> int:  # tests replace it on CPU
+    # torch's module of the device type (torch.cuda, torch.xpu, ...), if it has one
     module: Any = getattr(torch, device_type, None)
     available = getattr(module, "is_available", None)
     return int(module.current_device()) if available and available() else 0
@@ -126,7 +127,9 @@ class TensorSpec:
     ndim: int | None = None
     shape: tuple[Dim, ...] | None = None
     min_shape: tuple[Dim, ...] | None = None
-    _device: Any = dataclasses.field(init=False, repr=False, compare=False)
+    fixed_device: torch.device | Arg | Attr | None = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         # checked here, so a wrong argument fails at decoration with its field named,
@@ -140,7 +143,7 @@ class TensorSpec:
             or self.ndim < 0
         ):
             raise _bad("ndim", "an int >= 0 or None", self.ndim, "ndim=2")
-        object.__setattr__(self, "_device", _fixed_device(self.device))
+        object.__setattr__(self, "fixed_device", _fixed_device(self.device))
         if not isinstance(self.dtype, torch.dtype | None | Arg | Attr):
             raise _bad(
                 "dtype",
@@ -173,13 +176,14 @@ class TensorSpec:
             min_shape=dims(self.min_shape),
         )
 
-    def check(self, x: Any, scope: Scope, item: int | None = None) -> None:
+    def check(self, x: object, scope: Scope, item: int | None = None) -> None:
         """Raise `CacheValidationError` unless ``x`` (the result, or its item ``item``)
         is a tensor that meets this spec, its references resolved in ``scope``. Runs on
         every miss: an item left unset costs one test."""
+        want: object  # a device, then a dtype
         if x.__class__ is not _Tensor and not isinstance(x, _Tensor):
             raise _fail(item, f"must be a torch.Tensor (got {_kind(x)})")
-        if (want := self._device) is not None:
+        if (want := self.fixed_device) is not None:
             want = _want(want, scope, "device")
             # only a difference is normalised (cuda and cuda:N may be one device)
             if (
@@ -206,17 +210,20 @@ class TensorSpec:
             _sizes(x.shape, self.min_shape, "at least ", scope, item)
 
     def __repr__(self) -> str:
-        fields = vars(self).items()
-        items = (f"{k}={v!r}" for k, v in fields if v is not None and k[0] != "_")
+        fields = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        items = (
+            f"{k}={v!r}" for k, v in fields if v is not None and k != "fixed_device"
+        )
         return f"TensorSpec({', '.join(items)})"
 
 
 def _label(item: Any, note: str = "") -> str:
+    # any spec item: a reference (its class in _REFS) is named, which the lookup tells
     kind = _REFS.get(item.__class__)
     return f" (from {kind} '{item.name}'{note})" if kind else ""
 
 
-def _device_label(item: Any, scope: Scope, want: torch.device) -> str:
+def _device_label(item: object, scope: Scope, want: torch.device) -> str:
     """``item``'s label in a device mismatch; an int it resolved to is named, since
     torch reads an int as an accelerator's device index. Only on a failure: the
     reference is read again."""
@@ -233,14 +240,14 @@ def _device_label(item: Any, scope: Scope, want: torch.device) -> str:
     return _label(item)
 
 
-def _bad(field: str, expected: str, got: Any, fix: str) -> StepCacheError:
+def _bad(field: str, expected: str, got: object, fix: str) -> StepCacheError:
     return StepCacheError(
         f"TensorSpec {field} must be {expected} (got {got!r:.60} that is a "
         f"{type(got)!r}). Fix: {fix}"
     )
 
 
-def _dims(name: str, dims: Any) -> tuple[Dim, ...]:
+def _dims(name: str, dims: object) -> tuple[Dim, ...]:
     """``dims`` (the ``shape`` or ``min_shape`` argument) as a tuple, or a
     `StepCacheError` that says what is wrong with it."""
     if isinstance(dims, (str, bytes)) or not hasattr(dims, "__iter__"):
@@ -262,11 +269,11 @@ def _dims(name: str, dims: Any) -> tuple[Dim, ...]:
     return out
 
 
-def _fixed_device(device: Any) -> Any:
+def _fixed_device(device: object) -> torch.device | Arg | Attr | None:
     """``device`` as a `torch.device` if it is fixed (a reference as it is), or a
     `StepCacheError` that says what is wrong with it."""
     if device is None or device.__class__ in _REFS:
-        return device
+        return cast("Arg | Attr | None", device)  # the classes of _REFS
     if isinstance(device, torch.device):
         return device
     if not isinstance(device, str):
@@ -286,7 +293,7 @@ def _fixed_device(device: Any) -> Any:
         ) from None
 
 
-def _dtype_fix(dtype: Any) -> str:
+def _dtype_fix(dtype: object) -> str:
     if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
         return f"dtype=torch.{dtype}"
     return "a dtype such as torch.int32, or Arg('buffer') for an argument's dtype"
@@ -297,7 +304,7 @@ def _fail(item: int | None, text: str) -> CacheValidationError:
 
 
 def _sizes(
-    shape: Any, dims: tuple[Dim, ...], least: str, scope: Scope, item: Any
+    shape: torch.Size, dims: tuple[Dim, ...], least: str, scope: Scope, item: int | None
 ) -> None:
     """Check the leading sizes of ``shape`` against ``dims`` (lower bounds if ``least``)."""
     if len(shape) < len(dims):
@@ -312,17 +319,27 @@ def _sizes(
             )
 
 
-def _same_device(a: Any, b: Any) -> bool:
+def _same_device(a: torch.device, b: torch.device) -> bool:
     return normalize_device(a) == normalize_device(b)
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of {len(value)}"
     return f"{value!r:.60} that is a {type(value)!r}"
 
 
-def _want(item: Any, scope: Scope, attr: str) -> Any:
+@overload
+def _want(
+    item: torch.device | Arg | Attr, scope: Scope, attr: Literal["device"]
+) -> torch.device | None: ...
+@overload
+def _want(
+    item: torch.dtype | Arg | Attr, scope: Scope, attr: Literal["dtype"]
+) -> object: ...
+@overload
+def _want(item: Dim, scope: Scope, attr: Literal["shape"]) -> int | None: ...
+def _want(item: object, scope: Scope, attr: str) -> object:
     """A fixed item as it is; a reference resolved in ``scope`` (a tensor stands for
     its ``attr``: device, dtype, or shape, whose first dim a size stands for). A
     reference that resolves to ``None`` gives ``None``: the item is not checked."""
@@ -331,7 +348,8 @@ def _want(item: Any, scope: Scope, attr: str) -> Any:
     args, index, owner = scope
     try:
         arg = type(item) is Arg
-        want = args[index[item.name]] if arg else getattr(owner, item.name)
+        # what the argument or attribute holds, read as the item needs
+        want: Any = args[index[item.name]] if arg else getattr(owner, item.name)
         if want.__class__ not in _PLAIN and isinstance(want, _Tensor):
             want = getattr(want, attr)
         if attr == "shape" and want.__class__ is not int and want is not None:
@@ -357,7 +375,7 @@ def of_args(expect: Spec | None) -> Spec | None:
     return parts if any(p is not None for p in parts) else None
 
 
-def check(expect: Spec, value: Any, scope: Scope) -> None:
+def check(expect: Spec, value: object, scope: Scope) -> None:
     """Raise `CacheValidationError` if ``value`` breaks ``expect``, a spec or a tuple
     of them; ``scope`` resolves its references. Runs on every miss."""
     if isinstance(expect, TensorSpec):
@@ -371,3 +389,91 @@ def check(expect: Spec, value: Any, scope: Scope) -> None:
         if spec is not None:
             spec.check(x, scope, i)
     return None
+
+
+# A spec's common case as one Python expression. `check` resolves every reference and
+# normalises devices, about a microsecond a miss; `predicate` is true only where the
+# value plainly meets the spec (a tensor, the same device object, the same dtype,
+# exact sizes), and every other case goes to `check`, which alone raises. The
+# expression may raise: "not sure" too.
+def quick(
+    expect: Spec,
+    value: str,
+    ref: Callable[[Arg | Attr], str],
+    names: dict[str, object],
+) -> str:
+    """An expression true only where ``value`` (an expression) meets ``expect``;
+    ``ref`` gives the expression of a reference (an `Arg` or an `Attr`). The values
+    it names are added to ``names`` (``_sc_q_`` names: globals of the code it joins)."""
+    names.update(_sc_q_Tensor=torch.Tensor, _sc_q_int=int, _sc_q_tuple=tuple)
+
+    def const(x: object) -> str:
+        name = f"_sc_q_{len(names)}"
+        names[name] = x
+        return name
+
+    def one(spec: TensorSpec, v: str) -> str:
+        parts = [f"{v}.__class__ is _sc_q_Tensor"]
+        device = spec.fixed_device
+        if isinstance(device, torch.device):
+            # an unindexed accelerator device equals no tensor's: the full check
+            parts.append(f"{v}.device == {const(device)}")
+        elif device is not None:
+            r = ref(device)
+            parts.append(f"{r}.__class__ is _sc_q_Tensor and {v}.device == {r}.device")
+        if isinstance(spec.dtype, torch.dtype):
+            parts.append(f"{v}.dtype is {const(spec.dtype)}")
+        elif spec.dtype is not None:
+            r = ref(spec.dtype)
+            parts.append(f"{r}.__class__ is _sc_q_Tensor and {v}.dtype is {r}.dtype")
+        if spec.ndim is not None:
+            parts.append(f"{v}.dim() == {spec.ndim}")
+        for dims, op in ((spec.shape, "=="), (spec.min_shape, ">=")):
+            if dims and (spec.ndim is None or spec.ndim < len(dims)):
+                parts.append(f"{v}.dim() >= {len(dims)}")  # a skipped dim counts
+            parts += [
+                _dim(v, i, d, op, ref)
+                for i, d in enumerate(dims or ())
+                if d is not None
+            ]
+        return " and ".join(parts)
+
+    if isinstance(expect, TensorSpec):
+        text = one(expect, value)
+    else:
+        items = [one(s, f"{value}[{i}]") for i, s in enumerate(expect) if s is not None]
+        text = " and ".join(
+            [
+                f"{value}.__class__ is _sc_q_tuple",
+                f"len({value}) == {len(expect)}",
+                *items,
+            ]
+        )
+    return f"({text})"
+
+
+def _dim(
+    v: str, i: int, dim: int | Arg | Attr, op: str, ref: Callable[[Arg | Attr], str]
+) -> str:
+    if isinstance(dim, int):
+        return f"{v}.shape[{i}] {op} {dim}"
+    r = ref(dim)  # an int here; a tensor (its first dim), None, ...: the full check
+    return f"{r}.__class__ is _sc_q_int and {v}.shape[{i}] {op} {r}"
+
+
+def predicate(
+    expect: Spec, index: Mapping[str, int], owner: int
+) -> Callable[[object, tuple[object, ...]], bool]:
+    """`quick` as a function of a value and a call's arguments ``a`` (by position:
+    ``index`` maps a parameter's name to it, ``owner`` is the owner's), for the slow
+    path; it may raise, as the expression may."""
+
+    def ref(r: Arg | Attr) -> str:
+        return f"a[{index[r.name]}]" if type(r) is Arg else f"a[{owner}].{r.name}"
+
+    names: dict[str, object] = {}
+    text = quick(expect, "value", ref, names)
+    made: Callable[[object, tuple[object, ...]], bool] = eval(  # noqa: S307
+        f"lambda value, a: {text}", names
+    )
+    return made

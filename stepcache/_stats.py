@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 
-from stepcache._state import all_functions, by_name
+from stepcache._registry import all_functions, by_name
 from stepcache._store import live_caches, measure
 
 

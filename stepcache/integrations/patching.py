@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Final
 
 import stepcache
 from stepcache import first_difference
-from stepcache._source import defaults, method, passed, signature
+from stepcache.kit import defaults, method, passed, signature
 
 __all__ = [
     "Hook",

@@ -33,7 +33,8 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from stepcache._entry import tag
+from stepcache._kinds import plain_torch, tag
+from stepcache._kinds import version as counter
 
 __all__ = [
     "KIND_OBJECT",
@@ -169,7 +170,7 @@ def digest(x: Any, memo: Memo | None = None, depth: int = 0) -> Hashable | None:
         if memo is None or x.is_inference():  # no version counter: read it each time
             return _tensor_digest(x)
         hit = memo.get(id(x))
-        version = x._version
+        version = counter(x)
         if hit is not None and hit[0]() is x and hit[1] == version:
             return hit[2]
         d = _tensor_digest(x)
@@ -274,7 +275,7 @@ def _plain_eq(cls: type) -> bool:
 
 def _tensor_digest(x: torch.Tensor) -> Hashable | None:
     if type(x) is not torch.Tensor:  # a subclass (debug mode's guarded views)
-        with torch._C.DisableTorchFunctionSubclass():
+        with plain_torch():
             return _tensor_digest(x.as_subclass(torch.Tensor))
     try:
         if x.nbytes > DIGEST_MAX_BYTES:

@@ -108,7 +108,9 @@ def test_slotted_class_without_a_store_slot_gets_a_clear_error(fn: Any) -> None:
     with pytest.raises(StepCacheError) as raised:
         fn(AttrsNoField())
     text = str(raised.value)
-    assert text.startswith(f"{fn.__stepcache__.name}: its owner parameter 'self'")
+    assert text.startswith(
+        f"step_cached function '{fn.__stepcache__.name}': its owner parameter 'self'"
+    )
     assert "AttrsNoField" in text and "add '_stepcache' to __slots__" in text
 
 
@@ -137,12 +139,15 @@ def test_a_builtin_owner_gets_an_error_naming_function_parameter_and_type(
     with pytest.raises(StepCacheError) as raised:
         value(owner)
     text = str(raised.value)
-    assert text.startswith("owners.builtin: its owner parameter 'md' is a builtins.")
+    assert text.startswith(
+        "step_cached function 'owners.builtin': its owner parameter 'md' is a builtins."
+    )
     assert type(owner).__name__ in text and "__weakref__" not in text
 
 
 def test_side_table_entry_goes_with_its_owner() -> None:
-    from stepcache import _store
+    import gc
+    import weakref
 
     @stepcache.step_cached(name="owners.tensor_side")
     def total(t: torch.Tensor) -> int:
@@ -150,10 +155,12 @@ def test_side_table_entry_goes_with_its_owner() -> None:
 
     owner = torch.arange(4)  # a tensor keeps its store beside it, not in __dict__
     assert total(owner) == total(owner) == 6
-    assert id(owner) in _store._side
-    key = id(owner)
+    assert "_stepcache" not in vars(owner)
+    store = weakref.ref(stepcache.cache_of(owner))
+    assert store() is stepcache.cache_of(owner)
     del owner
-    assert key not in _store._side
+    gc.collect()
+    assert store() is None
 
 
 def test_a_class_or_a_module_can_own_entries() -> None:

@@ -202,7 +202,7 @@ def test_decorating_without_parentheses_says_so() -> None:
 
 
 def test_function_without_parameters_is_refused() -> None:
-    with pytest.raises(StepCacheError, match="needs an owner parameter"):
+    with pytest.raises(StepCacheError, match="has no owner parameter"):
         step_cached()(lambda: 1)
 
 

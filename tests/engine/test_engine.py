@@ -384,8 +384,9 @@ def test_deepseek_v4_computes_each_value_once_per_build_and_no_more_than_stock(
     engine: Runs, model: str, runner: str
 ) -> None:
     """vLLM's own computations, counted beneath the plugin (engine_run's probe):
-    the request index's kernel call and ``_get_c128_boundary`` run once in each
-    step they run in with the plugin on (one metadata build per step here), and
+    the request index (the plugin's own, on the CPU) and ``_get_c128_boundary`` are
+    computed once in each step they run in with the plugin on (one metadata build
+    per step here), and
     never more often than stock vLLM in the same steps: on V1 stock computes the
     index once per KV-cache group's copy, on V2 once per build (hand-threaded), and
     ``_get_c128_boundary`` once per compressor builder on both."""
@@ -401,8 +402,18 @@ def test_deepseek_v4_computes_each_value_once_per_build_and_no_more_than_stock(
         ("_get_c128_boundary", "vllm.dsv4._get_c128_boundary"),
     ):
         stock, plugin = off["probe"][0][probed], on["probe"][0][probed]
+        row = worker["stats"][name]
+        assert row["bypasses"] == 0, row
+        if probed == "compute_token_to_req_indices":
+            # on the CPU the plugin computes the rows with numpy from the same
+            # boundaries (vLLM's Triton kernel is its device path): its misses are
+            # its computations, and the kernel is not called
+            assert plugin["calls"] == 0, (probed, plugin)
+            computed = row["misses"]
+            assert stock["steps"] <= computed <= builds, (stock, row, builds)
+            assert computed <= stock["calls"], (probed, stock, row)
+            continue
         assert plugin["steps"] == stock["steps"] >= 1, (probed, stock, plugin)
         assert plugin["calls"] == plugin["steps"] <= builds, (probed, plugin, builds)
         assert plugin["calls"] <= stock["calls"], (probed, stock, plugin)
-        row = worker["stats"][name]
-        assert row["misses"] == plugin["calls"] and row["bypasses"] == 0, row
+        assert row["misses"] == plugin["calls"], row

@@ -39,7 +39,7 @@ import torch
 
 import stepcache
 from stepcache import Arg, Attr, CacheValidationError, TensorSpec
-from stepcache._recorder import unrecorded
+from stepcache.kit import unrecorded
 
 __all__ = [
     "INDEX_DEPENDS_ON",

@@ -208,7 +208,7 @@ class Builders:
     ) -> torch.Tensor:
         # The seed PR's cache: the first caller fills the slot, every later caller of
         # the object gets it, whatever happened to the layout since.
-        if meta._token_to_req_indices_cache is None:
+        if meta._token_to_req_indices_cache is None:  # noqa: SLF001 (vLLM's name)
             self.index_computations += 1
         return seed.handwritten_token_to_req_indices(meta, buffer)
 

@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 import torch
 
 import stepcache
-from stepcache._state import SLOW
+from stepcache.kit import production
 
 from ..dsv4.sparse_index import PAIR_SPEC
 from ..patching import (
@@ -238,7 +238,7 @@ def _sparse_index_method(
         pair: tuple[torch.Tensor, torch.Tensor] | None = None
         if key is None:  # C4A: vLLM builds, every call
             counters.count(name, "uncached")
-        elif not SLOW[0]:
+        elif production():
             # Production: the dict, now this object's own, is the cache, as in stock
             # vLLM (a stepcache entry would make each miss cost more than the dict's)
             pair = cache.get(key)

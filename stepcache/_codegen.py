@@ -1,0 +1,296 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The code generator: a decorated function's call, written for its own signature,
+owner, key and dependencies, as attrs writes an ``__init__``.
+
+Two versions are compiled per function: production's (a hit, and a miss that calls
+the real constructors) and the slow one (every call to the slow path,
+``CachedFunction.call``), which runs while caching is off or debug mode is on. A
+switch that flips swaps the wrapper's code (`Compiled.use`), so no call tests a
+switch. The values the code reads are its globals (``_sc_`` names, which no
+parameter may have): a closure's cells would be copied into each frame. Its source is
+kept in `linecache` under ``<stepcache generated NAME #ID>``, for tracebacks, pdb and
+`inspect.getsource`; `generated_source` returns it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from stepcache._bypass import BYPASS
+from stepcache._entry import Entry
+from stepcache._kinds import QUICK, match
+from stepcache._owners import new_store
+from stepcache._scope import innermost, miss_store
+from stepcache._store import NO_KEY, NO_STORE
+
+if TYPE_CHECKING:
+    from stepcache._decorator import CachedFunction
+
+_P = inspect.Parameter
+_EMPTY = _P.empty
+#: how a parameter of each kind is passed on (to the function, or its key function)
+_PASS: dict[Any, str] = {
+    _P.VAR_POSITIONAL: "*{}",
+    _P.VAR_KEYWORD: "**{}",
+    _P.KEYWORD_ONLY: "{0}={0}",
+}
+
+
+class _Default(str):
+    """A default value, written in the signature as the name of the global holding
+    it."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def signature(params: Sequence[inspect.Parameter]) -> str:
+    """``params`` as the text of a ``def``'s parameters, without annotations; a
+    default is the global ``_sc_D_{name}`` (`defaults` gives them)."""
+    plain = [
+        p.replace(
+            annotation=_EMPTY,
+            default=p.default if p.default is _EMPTY else _Default(f"_sc_D_{p.name}"),
+        )
+        for p in params
+    ]
+    return str(inspect.Signature(plain))[1:-1]
+
+
+def defaults(params: Sequence[inspect.Parameter]) -> dict[str, Any]:
+    """The globals `signature`'s defaults name."""
+    return {f"_sc_D_{p.name}": p.default for p in params if p.default is not _EMPTY}
+
+
+def passed(params: Sequence[inspect.Parameter]) -> str:
+    """The arguments of a call that passes each of ``params`` on, by its name."""
+    return ", ".join(_PASS.get(p.kind, "{}").format(p.name) for p in params)
+
+
+def compiled(label: str, text: str, namespace: dict[str, Any], name: str) -> Any:
+    """Run ``text`` in ``namespace`` and return what it named ``name``; ``label`` is
+    its file name in tracebacks (its text is kept in `linecache`)."""
+    linecache.cache[label] = (len(text), None, text.splitlines(True), label)
+    exec(compile(text, label, "exec"), namespace)
+    return namespace[name]
+
+
+def method(label: str, head: str, body: Sequence[str], names: dict[str, Any]) -> Any:
+    """The function ``def {head}:`` with the lines of ``body``, which read ``names``."""
+    name = head.split("(", 1)[0]
+    text = f"def {head}:\n" + "".join(f"    {line}\n" for line in body)
+    return compiled(label, text, dict(names), name)
+
+
+#: the versions of a call: production's, debug mode's, caching off's
+VARIANTS = ("production", "debug", "disabled")
+
+
+def source(fn: CachedFunction, name: str, variant: str) -> str:
+    """The source of ``fn``'s call, a function ``name``, in one of `VARIANTS`: debug
+    mode's finds a hit as production's does and hands it to its observer
+    (``CachedFunction.observed``); its misses take the slow path."""
+    taken = set(fn.names)
+
+    def local(base: str) -> str:  # a local name no parameter has
+        while base in taken:
+            base += "_"
+        return base
+
+    owner, head = fn.owner_name, f"def {name}({signature(fn.params)}):"
+    packed = "(" + "".join(f"{n}, " for n in fn.names) + ")"
+    s, e, w, r, h = local("s"), local("e"), local("w"), local("r"), local("hit")
+    if variant == "disabled":  # every call computes, uncached
+        body = ["_sc_counts.bypasses += 1", f"return _sc_fn({passed(fn.params)})"]
+        return "".join(f"{x}\n" for x in (head, *(f"    {b}" for b in body)))
+    out = [head]
+    key = "_sc_NO_KEY"
+    if fn.only:  # a value it leaves out is a bypass
+        skip = local("skip")
+        outside = " or ".join(f"{n} not in _sc_only_{i}" for i, n in enumerate(fn.only))
+        out += ["    try:", f"        {skip} = {outside}", "    except _sc_Exception:"]
+        out += [f"        return _sc_call({packed})", f"    if {skip}:"]
+        out += [f"        return _sc_call({packed}, _sc_BYPASS)"]
+    if fn.key_fn is not None:  # called once; what it raises is chained once
+        key, exc = local("k"), local("exc")
+        out += ["    try:", f"        {key} = _sc_key({passed(fn.params)})"]
+        out += [f"    except _sc_Exception as {exc}:"]
+        out += [f"        raise _sc_key_error({exc}) from {exc}"]
+        out += [
+            f"    if {key} is _sc_BYPASS:",
+            f"        return _sc_call({packed}, {key})",
+        ]
+    elif fn.key_names:
+        names = fn.key_names
+        key = names[0] if len(names) == 1 else "(" + ", ".join(names) + ")"
+    xs = [local(f"x{i}") for i in range(len(fn.dep_names))]
+    lookup = f".get({fn.fid}, _sc_EMPTY).get({key})" if fn.keyed else f".get({fn.fid})"
+    # An owner without a store holds the placeholder: it looks in the open scope's
+    # table (`stepcache._scope.innermost`; none open: the placeholder's, empty).
+    out += ["    try:", f"        {s} = {owner}._stepcache"]
+    out += [
+        f"        {x} = {_read(fn, d)}" for x, d in zip(xs, fn.dep_names, strict=True)
+    ]
+    out += [f"        if {s} is _sc_NO_STORE:", f"            {s} = _sc_innermost()"]
+    out += [f"        {e} = {s}.table{lookup}", f"        if {e} is not None:"]
+    tests = []
+    if xs:
+        prints = [(local(f"o{i}"), local(f"v{i}")) for i in range(len(xs))]
+        unpack = ", ".join(f"{o}, {v}" for o, v in prints) + f" = {e}.deps"
+        out.append(f"            {unpack}")
+        for x, (o, v) in zip(xs, prints, strict=True):
+            tests.append(f"({QUICK.format(x=x, o=o, v=v)} or _sc_match({x}, {o}, {v}))")
+    else:  # an entry without dependencies serves only its owner (`Entry.bound`)
+        tests.append(f"{e}.bound is {owner}.__weakref__")
+    if fn.guard:  # no tensor of the result was written since it was stored
+        tests.append(f"{e}.guard._version == {e}.gtag")
+    test = " and ".join(tests)
+    # what expect reads of the arguments: other objects are checked; a value they
+    # fail is the slow path's to report
+    same = " and ".join(f"{n} is {e}.args[{i}]" for i, n in enumerate(fn.arg_refs))
+    fits = f"({same} or _sc_args_ok({e}.value, {packed}))" if fn.arg_refs else ""
+    if variant == "debug":  # its observer checks the hit, outside the try
+        out.insert(1, f"    {h} = None")
+        out += [f"            if {test}{' and ' + fits if fits else ''}:"]
+        out += [f"                {h} = {e}"]
+    elif fits:
+        out += [f"            if {test}:", f"                if {fits}:"]
+        out += ["                    _sc_counts.hits += 1"]
+        out += [f"                    return {e}.value", f"                {s} = None"]
+    else:
+        out += [f"            if {test}:", "                _sc_counts.hits += 1"]
+        out += [f"                return {e}.value"]
+    out += ["    except _sc_Exception:", f"        {s} = None"]
+    if variant == "debug":
+        out += [f"    if {h} is not None and {s} is not None:"]
+        out += [f"        return _sc_observed({packed}, {key}, {h}, {s})"]
+        out += [f"    return _sc_call({packed}, {key})"]
+        return "".join(f"{x}\n" for x in out)
+    out += [f"    if {s} is None:", f"        return _sc_call({packed}, {key})"]
+    # the miss: into the owner's own store, a new one or the open scope's
+    out += [f"    if {s} is _sc_NO_STORE:", f"        {w} = _sc_new_store({owner})"]
+    out += ["    else:", f"        {w} = _sc_miss_store({s}, {owner})"]
+    out += [f"    if {w} is None:", f"        return _sc_call({packed}, {key})"]
+    fps = []
+    for i, x in enumerate(xs):  # a tensor with a version counter inline (`_kinds`)
+        f = local(f"f{i}")
+        fps.append(f)
+        out += [
+            f"    if {x}.__class__ is _sc_Tensor and not {x}.is_inference():",
+            f"        {f} = ({x}, {x}._version)",
+            "    else:",
+            f"        {f} = _sc_fingerprint({i}, {x}, {w})",
+        ]
+    deps = fps[0] if len(fps) == 1 else "(" + "".join(f"*{f}, " for f in fps) + ")"
+    out += [f"    {r} = _sc_fn({passed(fn.params)})"]
+    if fn.expect is not None:
+        out += [f"    _sc_validate({r}, {packed}, {key})"]
+    args = "(" + "".join(f"{n}, " for n in fn.arg_refs) + ")" if fn.arg_refs else "None"
+    entry = f"_sc_Entry({r}, {owner}, {deps}, {fn.guard}, None, {args})"
+    out += [f"    if {w}.put({fn.fid}, {key}, {entry}, {e}):"]
+    out += ["        _sc_counts.invalidations += 1"]
+    out += ["    _sc_counts.misses += 1", f"    return {r}"]
+    return "".join(f"{x}\n" for x in out)
+
+
+def _read(fn: CachedFunction, dep: str) -> str:
+    return dep if dep in fn.index else f"{fn.owner_name}.{dep}"
+
+
+def _globals(fn: CachedFunction) -> dict[str, Any]:
+    """The values the generated code reads, by name."""
+    return {
+        "_sc_call": fn.call,
+        "_sc_observed": fn.observed,
+        "_sc_fn": fn.fn,
+        "_sc_key": fn.key_fn,
+        "_sc_key_error": fn.key_error,
+        "_sc_args_ok": fn.args_ok,
+        "_sc_validate": fn.validate,
+        "_sc_fingerprint": fn.fingerprint,
+        "_sc_counts": fn.counts,
+        "_sc_NO_STORE": NO_STORE,
+        "_sc_NO_KEY": NO_KEY,
+        "_sc_EMPTY": {},  # never written: the table of a keyed function not called yet
+        "_sc_BYPASS": BYPASS,
+        "_sc_innermost": innermost,
+        "_sc_new_store": new_store,
+        "_sc_miss_store": miss_store,
+        "_sc_Entry": Entry,
+        "_sc_Tensor": torch.Tensor,
+        "_sc_match": match,
+        "_sc_int": int,  # builtins by _sc_ names: a parameter may be called `int`
+        "_sc_Exception": Exception,
+        **defaults(fn.params),
+        **{f"_sc_only_{i}": allowed for i, allowed in enumerate(fn.only.values())},
+    }
+
+
+class Compiled:
+    """A decorated function's generated call: ``wrapper``, which runs the code of
+    one of `VARIANTS` (`use`)."""
+
+    def __init__(self, fn: CachedFunction) -> None:
+        name = getattr(fn.fn, "__name__", "")
+        # its name is a global of its namespace: none of the values it reads
+        name = name if name.isidentifier() and not name.startswith("_sc_") else "call"
+        self.label = f"<stepcache generated {fn.name} #{fn.fid}>"
+        names = _globals(fn)
+        self.sources = {v: source(fn, name, v) for v in VARIANTS}
+        self._codes = {
+            v: compiled(_label(self.label, v), text, names, name).__code__
+            for v, text in self.sources.items()
+        }
+        self.wrapper: Callable[..., Any] = names[name]
+        self.source = self.sources["production"]
+
+    def use(self, variant: str) -> None:
+        """Run the code of ``variant``, one of `VARIANTS`."""
+        self.wrapper.__code__ = self._codes[variant]
+
+    @staticmethod
+    def forget(label: str) -> None:
+        """Drop the sources of a function gone from `linecache` (``label``: its)."""
+        for v in VARIANTS:
+            linecache.cache.pop(_label(label, v), None)
+
+
+def _label(label: str, variant: str) -> str:
+    return label if variant == "production" else f"{label[:-1]} {variant}>"
+
+
+def generated_source(fn: Callable[..., Any]) -> str:
+    """Return the source stepcache generated for a decorated function's call.
+
+    It is production's code: a hit, and a miss that stores a new entry; every other
+    call goes to the slow path. While caching is off or debug mode is on, every call
+    goes to the slow path.
+
+    Raises:
+        StepCacheError: ``fn`` is not a step-cached function.
+
+    Examples:
+        >>> import stepcache
+        >>> class Meta:
+        ...     n = 2
+        ...     @stepcache.step_cached(depends_on=("n",))
+        ...     def rows(self):
+        ...         return list(range(self.n))
+        >>> print(stepcache.generated_source(Meta.rows).splitlines()[0])
+        def rows(self):
+    """
+    from stepcache._decorator import CachedFunction
+    from stepcache._errors import StepCacheError
+
+    cached = getattr(fn, "__stepcache__", None)
+    if not isinstance(cached, CachedFunction):
+        raise StepCacheError(
+            f"generated_source() takes a step_cached function (got {fn!r}). Fix: pass "
+            "the function or method that @stepcache.step_cached decorated."
+        )
+    return cached.compiled.source

@@ -1,0 +1,66 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The decorated functions alive, by id, and what each has counted."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stepcache._decorator import CachedFunction
+
+lock = threading.Lock()  # held to change the registry, or to set a switch
+new_id = itertools.count(1).__next__  # a new function's id: 1, 2, ...
+_by_id: weakref.WeakValueDictionary[int, CachedFunction] = weakref.WeakValueDictionary()
+
+
+class Counts:
+    """The events of one decorated function (`stats()`), or of one function in one
+    store (`StepCache.stats()`). Counted without a lock, as ``functools.lru_cache``
+    counts: two threads counting at once may lose one."""
+
+    __slots__ = ("bypasses", "hits", "invalidations", "misses")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.hits = self.misses = self.bypasses = self.invalidations = 0
+
+
+def register(fn: CachedFunction) -> None:
+    with lock:
+        _by_id[fn.fid] = fn
+
+
+def all_functions() -> list[CachedFunction]:
+    with lock:
+        return sorted(_by_id.values(), key=lambda f: f.fid)
+
+
+def name_of(fid: int) -> str:
+    fn = _by_id.get(fid)
+    return fn.name if fn is not None else f"<function #{fid}>"
+
+
+def by_name(rows: Iterable[tuple[int, Sequence[int]]]) -> dict[str, list[int]]:
+    """Counts per function id, added up per name: functions that share a name (a
+    factory's, say) share its row."""
+    out: dict[str, list[int]] = {}
+    for fid, counts in rows:
+        row = out.setdefault(name_of(fid), [0] * len(counts))
+        row[:] = map(sum, zip(row, counts, strict=True))
+    return out
+
+
+def functions_locked() -> list[CachedFunction]:
+    """`all_functions`, for a caller that holds `lock`."""
+    return list(_by_id.values())
+
+
+def add_locked(fn: CachedFunction) -> None:
+    """`register`, for a caller that holds `lock`."""
+    _by_id[fn.fid] = fn
