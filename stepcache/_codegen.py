@@ -23,10 +23,10 @@ import torch
 
 from stepcache._bypass import BYPASS
 from stepcache._entry import Entry
-from stepcache._kinds import QUICK, match
-from stepcache._owners import new_store
+from stepcache._kinds import QUICK, VAL, VALUE_CLASSES, inference_fingerprint, match
 from stepcache._scope import innermost, miss_store
-from stepcache._store import NO_KEY, NO_STORE
+from stepcache._spec import Arg, Attr, quick
+from stepcache._store import NO_KEY, NO_STORE, StepCache
 
 if TYPE_CHECKING:
     from stepcache._decorator import CachedFunction
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 _P = inspect.Parameter
 _EMPTY = _P.empty
 #: how a parameter of each kind is passed on (to the function, or its key function)
-_PASS: dict[Any, str] = {
+_PASS: dict[object, str] = {
     _P.VAR_POSITIONAL: "*{}",
     _P.VAR_KEYWORD: "**{}",
     _P.KEYWORD_ONLY: "{0}={0}",
@@ -62,7 +62,7 @@ def signature(params: Sequence[inspect.Parameter]) -> str:
     return str(inspect.Signature(plain))[1:-1]
 
 
-def defaults(params: Sequence[inspect.Parameter]) -> dict[str, Any]:
+def defaults(params: Sequence[inspect.Parameter]) -> dict[str, object]:
     """The globals `signature`'s defaults name."""
     return {f"_sc_D_{p.name}": p.default for p in params if p.default is not _EMPTY}
 
@@ -72,7 +72,7 @@ def passed(params: Sequence[inspect.Parameter]) -> str:
     return ", ".join(_PASS.get(p.kind, "{}").format(p.name) for p in params)
 
 
-def compiled(label: str, text: str, namespace: dict[str, Any], name: str) -> Any:
+def compiled(label: str, text: str, namespace: dict[str, object], name: str) -> Any:
     """Run ``text`` in ``namespace`` and return what it named ``name``; ``label`` is
     its file name in tracebacks (its text is kept in `linecache`)."""
     linecache.cache[label] = (len(text), None, text.splitlines(True), label)
@@ -80,7 +80,7 @@ def compiled(label: str, text: str, namespace: dict[str, Any], name: str) -> Any
     return namespace[name]
 
 
-def method(label: str, head: str, body: Sequence[str], names: dict[str, Any]) -> Any:
+def method(label: str, head: str, body: Sequence[str], names: dict[str, object]) -> Any:
     """The function ``def {head}:`` with the lines of ``body``, which read ``names``."""
     name = head.split("(", 1)[0]
     text = f"def {head}:\n" + "".join(f"    {line}\n" for line in body)
@@ -91,10 +91,13 @@ def method(label: str, head: str, body: Sequence[str], names: dict[str, Any]) ->
 VARIANTS = ("production", "debug", "disabled")
 
 
-def source(fn: CachedFunction, name: str, variant: str) -> str:
+def source(
+    fn: CachedFunction, name: str, variant: str, values: dict[str, object]
+) -> str:
     """The source of ``fn``'s call, a function ``name``, in one of `VARIANTS`: debug
     mode's finds a hit as production's does and hands it to its observer
-    (``CachedFunction.observed``); its misses take the slow path."""
+    (``CachedFunction.observed``); its misses take the slow path. The values it
+    reads besides `_globals` go to ``values``."""
     taken = set(fn.names)
 
     def local(base: str) -> str:  # a local name no parameter has
@@ -153,7 +156,9 @@ def source(fn: CachedFunction, name: str, variant: str) -> str:
     # what expect reads of the arguments: other objects are checked; a value they
     # fail is the slow path's to report
     same = " and ".join(f"{n} is {e}.args[{i}]" for i, n in enumerate(fn.arg_refs))
-    fits = f"({same} or _sc_args_ok({e}.value, {packed}))" if fn.arg_refs else ""
+    plain = _args_plain(fn, f"{e}.value", values)
+    fits = f"({same} or {plain} or _sc_args_ok({e}.value, {packed}))"
+    fits = fits if fn.arg_refs else ""
     if variant == "debug":  # its observer checks the hit, outside the try
         out.insert(1, f"    {h} = None")
         out += [f"            if {test}{' and ' + fits if fits else ''}:"]
@@ -173,7 +178,11 @@ def source(fn: CachedFunction, name: str, variant: str) -> str:
         return "".join(f"{x}\n" for x in out)
     out += [f"    if {s} is None:", f"        return _sc_call({packed}, {key})"]
     # the miss: into the owner's own store, a new one or the open scope's
-    out += [f"    if {s} is _sc_NO_STORE:", f"        {w} = _sc_new_store({owner})"]
+    # an owner's first miss (its class holds the placeholder, no scope is open): a
+    # store of its own, past a frozen class's __setattr__
+    out += [f"    if {s} is _sc_NO_STORE:", f"        {w} = _sc_StepCache({owner})"]
+    out += ["        try:", f"            _sc_setattr({owner}, '_stepcache', {w})"]
+    out += ["        except _sc_Exception:", f"            {w} = None"]
     out += ["    else:", f"        {w} = _sc_miss_store({s}, {owner})"]
     out += [f"    if {w} is None:", f"        return _sc_call({packed}, {key})"]
     fps = []
@@ -183,13 +192,20 @@ def source(fn: CachedFunction, name: str, variant: str) -> str:
         out += [
             f"    if {x}.__class__ is _sc_Tensor and not {x}.is_inference():",
             f"        {f} = ({x}, {x}._version)",
+            f"    elif {x}.__class__ is _sc_Tensor:",
+            f"        {f} = _sc_inference_print({x}, {w}.scope is not None)",
+            f"    elif {x}.__class__ in _sc_VALUE_CLASSES:",
+            f"        {f} = ({x}, _sc_VAL)",
             "    else:",
             f"        {f} = _sc_fingerprint({i}, {x}, {w})",
         ]
     deps = fps[0] if len(fps) == 1 else "(" + "".join(f"*{f}, " for f in fps) + ")"
     out += [f"    {r} = _sc_fn({passed(fn.params)})"]
-    if fn.expect is not None:
-        out += [f"    _sc_validate({r}, {packed}, {key})"]
+    if fn.expect is not None:  # its plain case inline; the full check says why
+        ok = local("ok")
+        out += ["    try:", f"        {ok} = {_expect_plain(fn, r, values)}"]
+        out += ["    except _sc_Exception:", f"        {ok} = False"]
+        out += [f"    if not {ok}:", f"        _sc_validate({r}, {packed}, {key})"]
     args = "(" + "".join(f"{n}, " for n in fn.arg_refs) + ")" if fn.arg_refs else "None"
     entry = f"_sc_Entry({r}, {owner}, {deps}, {fn.guard}, None, {args})"
     out += [f"    if {w}.put({fn.fid}, {key}, {entry}, {e}):"]
@@ -198,11 +214,29 @@ def source(fn: CachedFunction, name: str, variant: str) -> str:
     return "".join(f"{x}\n" for x in out)
 
 
+def _args_plain(fn: CachedFunction, value: str, names: dict[str, object]) -> str:
+    """What `expect` reads of the arguments, its plain case inline (`_spec.quick`:
+    true only where ``value`` plainly meets it; the values it names go to
+    ``names``)."""
+    return "False" if fn.of_args is None else quick(fn.of_args, value, _ref(fn), names)
+
+
+def _expect_plain(fn: CachedFunction, value: str, names: dict[str, object]) -> str:
+    """`expect`'s plain case for a computed ``value``, as `_args_plain`."""
+    return "True" if fn.expect is None else quick(fn.expect, value, _ref(fn), names)
+
+
+def _ref(fn: CachedFunction) -> Callable[[Arg | Attr], str]:
+    """How generated code reads a reference of `expect`."""
+    owner = fn.owner_name
+    return lambda r: r.name if type(r) is Arg else f"{owner}.{r.name}"
+
+
 def _read(fn: CachedFunction, dep: str) -> str:
     return dep if dep in fn.index else f"{fn.owner_name}.{dep}"
 
 
-def _globals(fn: CachedFunction) -> dict[str, Any]:
+def _globals(fn: CachedFunction) -> dict[str, object]:
     """The values the generated code reads, by name."""
     return {
         "_sc_call": fn.call,
@@ -219,11 +253,15 @@ def _globals(fn: CachedFunction) -> dict[str, Any]:
         "_sc_EMPTY": {},  # never written: the table of a keyed function not called yet
         "_sc_BYPASS": BYPASS,
         "_sc_innermost": innermost,
-        "_sc_new_store": new_store,
+        "_sc_StepCache": StepCache,
+        "_sc_setattr": object.__setattr__,
         "_sc_miss_store": miss_store,
         "_sc_Entry": Entry,
         "_sc_Tensor": torch.Tensor,
         "_sc_match": match,
+        "_sc_inference_print": inference_fingerprint,
+        "_sc_VALUE_CLASSES": VALUE_CLASSES,
+        "_sc_VAL": VAL,
         "_sc_int": int,  # builtins by _sc_ names: a parameter may be called `int`
         "_sc_Exception": Exception,
         **defaults(fn.params),
@@ -241,12 +279,15 @@ class Compiled:
         name = name if name.isidentifier() and not name.startswith("_sc_") else "call"
         self.label = f"<stepcache generated {fn.name} #{fn.fid}>"
         names = _globals(fn)
-        self.sources = {v: source(fn, name, v) for v in VARIANTS}
+        self.sources = {v: source(fn, name, v, names) for v in VARIANTS}
         self._codes = {
             v: compiled(_label(self.label, v), text, names, name).__code__
             for v, text in self.sources.items()
         }
-        self.wrapper: Callable[..., Any] = names[name]
+        # the last compiled holds the name: production's code goes in by use()
+        self.wrapper: Callable[..., Any] = compiled(
+            self.label, self.sources["production"], names, name
+        )
         self.source = self.sources["production"]
 
     def use(self, variant: str) -> None:

@@ -12,7 +12,7 @@ import operator
 import types
 import weakref
 from collections.abc import Callable, Container, Hashable, Iterator, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Final, ParamSpec, TypeVar
 
 from stepcache import _debug, _registry
 from stepcache._bypass import BYPASS
@@ -25,7 +25,7 @@ from stepcache._errors import (
     StepCacheError,
 )
 from stepcache._kinds import Print, fingerprint, fingerprints
-from stepcache._owners import held
+from stepcache._owners import held, mark_class
 from stepcache._registry import Counts
 from stepcache._scope import Scope, cache_of, innermost
 from stepcache._spec import Arg, Spec, TensorSpec, check, of_args, predicate
@@ -36,15 +36,15 @@ P = ParamSpec("P")
 R = TypeVar("R")
 Expect = TensorSpec | tuple[TensorSpec | None, ...] | None
 KeyArg = Callable[..., Hashable] | str | Sequence[str] | None
-Args = tuple[Any, ...]  # a call's arguments: each parameter's value, in order
+Args = tuple[object, ...]  # a call's arguments: each parameter's value, in order
 #: ``call()``'s key before it is known (``NO_KEY``: the function has none)
-UNKNOWN: Any = object()
+UNKNOWN: Final = object()
 _STARS = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 def _reader(
     deps: tuple[str, ...], index: dict[str, int]
-) -> Callable[[Args, Any], Args]:
+) -> Callable[[Args, object], Args]:
     """How a call's dependencies are read (from its arguments ``a`` and owner ``o``):
     the owner's attributes in one C call, where there are some and none is a
     parameter."""
@@ -56,7 +56,7 @@ def _reader(
     return (lambda a, o: (get(o),)) if len(deps) == 1 else (lambda a, o: tuple(get(o)))
 
 
-def _names(value: Any) -> tuple[str, ...]:
+def _names(value: str | Sequence[str]) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
@@ -71,14 +71,14 @@ class CachedFunction:
 
     def __init__(
         self,
-        fn: Callable[..., Any],
+        fn: Callable[..., object],
         key: KeyArg,
         owner: str | None,
         depends_on: Sequence[str],
         expect: Expect,
         name: str | None,
         guard_result: bool = False,
-        only: Mapping[str, Container[Any]] | None = None,
+        only: Mapping[str, Container[object]] | None = None,
         ignore: Sequence[str] = (),
     ) -> None:
         self.name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
@@ -104,7 +104,7 @@ class CachedFunction:
         plain = [p.name for p in self.params if p.kind not in _STARS]
         self.owner_name = (plain or [""])[0] if owner is None else owner
         self.key_fn = key if callable(key) else None
-        names: Any = () if key is None or callable(key) else key
+        names: Sequence[str] = () if key is None or callable(key) else key
         names = (names,) if isinstance(names, str) else names
         self.dep_names = _names(depends_on)
         self.ignored = _names(ignore)
@@ -125,14 +125,14 @@ class CachedFunction:
         )
         loose = sorted({r.name for r in refs if type(r) is not Arg} - {*self.dep_names})
         #: the owner attributes only `expect` reads (debug mode checks them again)
-        self.refs_of: Callable[[Any], tuple[Any, ...]] = lambda o: tuple(
+        self.refs_of: Callable[[object], tuple[object, ...]] = lambda o: tuple(
             [getattr(o, n, None) for n in loose]
         )
-        self.only: dict[str, Container[Any]] = dict(only or {})
+        self.only: dict[str, Container[object]] = dict(only or {})
         self._deps_checked = False
         self._deps_of = _reader(self.dep_names, self.index)
         #: the user's function called with a call's arguments: the one place it runs
-        self.run: Callable[[Args], Any] = (
+        self.run: Callable[[Args], object] = (
             (lambda a: fn(*a))
             if all(p.kind < p.VAR_POSITIONAL for p in self.params)
             else functools.partial(self._bound_call, fn)
@@ -148,18 +148,22 @@ class CachedFunction:
         weakref.finalize(self, Compiled.forget, self.compiled.label).atexit = False
 
     # -- errors -------------------------------------------------------------------------
-    def where(self, key: Any = NO_KEY) -> str:
+    def where(self, key: object = NO_KEY) -> str:
         """How messages name this function (and the entry's key, when it has one)."""
         if self.keyed and key is not NO_KEY and key is not UNKNOWN:
             return f"step_cached function '{self.name}' (key={key!r})"
         return f"step_cached function '{self.name}'"
 
-    def error(self, what: str, fix: str, key: Any = NO_KEY) -> StepCacheError:
+    def error(self, what: str, fix: str, key: object = NO_KEY) -> StepCacheError:
         """The error of a misuse: what is wrong, and the fix."""
         return StepCacheError(f"{self.where(key)}: {what}. Fix: {fix}.")
 
     def _problems(
-        self, key: Any, names: Any, plain: list[str], only: Any
+        self,
+        key: KeyArg,
+        names: Sequence[str],
+        plain: list[str],
+        only: Mapping[str, Container[object]] | None,
     ) -> Iterator[tuple[str, str]]:
         """What makes the decoration unworkable, and its fix, in order (the first is
         raised; later checks may assume the earlier ones passed)."""
@@ -293,7 +297,7 @@ class CachedFunction:
         )
 
     # -- the pieces of a call -----------------------------------------------------------
-    def _bound_call(self, fn: Callable[..., Any], a: Args) -> Any:
+    def _bound_call(self, fn: Callable[..., object], a: Args) -> object:
         """``fn`` called with ``a`` as the decorated signature binds it (``*args``,
         keyword-only parameters, ``**kwargs``)."""
         bound = inspect.BoundArguments(
@@ -301,7 +305,7 @@ class CachedFunction:
         )
         return fn(*bound.args, **bound.kwargs)
 
-    def key_of(self, a: Args) -> Any:
+    def key_of(self, a: Args) -> object:
         """The call's key (`BYPASS` for a call that ``only=`` leaves out); `NO_KEY`
         for an unkeyed function."""
         try:
@@ -344,7 +348,7 @@ class CachedFunction:
             self._deps_checked = True
         return deps
 
-    def _check_kind(self, i: int, x: Any) -> None:
+    def _check_kind(self, i: int, x: object) -> None:
         if isinstance(x, types.MethodType | types.BuiltinMethodType):
             raise self.error(
                 f"depends_on names {self.dep_names[i]!r}, a method: a bound method is "
@@ -352,14 +356,14 @@ class CachedFunction:
                 "name the attributes the method reads instead",
             )
 
-    def fingerprint(self, i: int, x: Any, store: StepCache) -> Print:
+    def fingerprint(self, i: int, x: object, store: StepCache) -> Print:
         """The fingerprint of dependency ``i``, ``x``, for an entry of ``store``, as
         the generated miss takes it where ``x`` is not a tensor with a version
         counter."""
         self._check_kind(i, x)
         return fingerprint(x, scoped=store.scope is not None)
 
-    def violation(self, value: Any, a: Args) -> str | None:
+    def violation(self, value: object, a: Args) -> str | None:
         """What ``value`` breaks of ``expect`` (``": result ..."``), or ``None``."""
         if self.expect is None or self.meets is None:
             return None
@@ -374,12 +378,12 @@ class CachedFunction:
             return f": {exc}"
         return None
 
-    def validate(self, value: Any, a: Args, key: Any) -> None:
+    def validate(self, value: object, a: Args, key: object) -> None:
         """Raise `CacheValidationError` where a computed ``value`` breaks ``expect``."""
         if (wrong := self.violation(value, a)) is not None:
             raise CacheValidationError(f"{self.where(key)}{wrong}")
 
-    def args_ok(self, value: Any, a: Args) -> bool:
+    def args_ok(self, value: object, a: Args) -> bool:
         """Whether a cached ``value`` meets what `expect` reads of the caller's
         arguments ``a`` (another buffer: on its device, of its dtype, long enough);
         the rest of it held when the value was stored."""
@@ -390,7 +394,7 @@ class CachedFunction:
         return True
 
     # -- the slow path ------------------------------------------------------------------
-    def call(self, a: Args, key: Any = UNKNOWN) -> Any:
+    def call(self, a: Args, key: object = UNKNOWN) -> object:
         """Every call the generated code did not finish: the first of an owner that
         the slow path must place, a bypass, and every call while caching is off or
         debug mode is on."""
@@ -421,8 +425,8 @@ class CachedFunction:
         return value
 
     def observed(
-        self, a: Args, key: Any, entry: Entry, place: StepCache | Scope
-    ) -> Any:
+        self, a: Args, key: object, entry: Entry, place: StepCache | Scope
+    ) -> object:
         """A hit the generated code found in debug mode (in ``place``, where it
         looked): debug mode checks it and says what to hand out."""
         info = entry.info
@@ -436,18 +440,21 @@ class CachedFunction:
         return value
 
     def place_of(
-        self, owner: object, key: Any, watch: _debug.Checks | None
+        self, owner: object, key: object, watch: _debug.Checks | None
     ) -> StepCache:
         """Where a call looks and stores, as the generated code decides: the owner's
         own store, the open scope's (read, not joined), else `store_of`'s."""
         own, inner = held(owner), innermost()
         if own is None and isinstance(inner, Scope) and inner.table is not None:
+            mark_class(owner)
             return inner.store
         if own is not None and own.made_by(owner) and inner is NO_STORE:
             return own
         return self.store_of(owner, key, watch)
 
-    def store_of(self, owner: Any, key: Any, watch: _debug.Checks | None) -> StepCache:
+    def store_of(
+        self, owner: object, key: object, watch: _debug.Checks | None
+    ) -> StepCache:
         """`cache_of(owner)`: its store, made or joined to the open scope, or the
         typed error of an owner that cannot have one (``watch`` records it)."""
         try:
@@ -458,7 +465,7 @@ class CachedFunction:
             raise self.owner_error(exc) from None
 
     def find(
-        self, store: StepCache, key: Any, owner: object, deps: Args
+        self, store: StepCache, key: object, owner: object, deps: Args
     ) -> tuple[Entry | None, Entry | None]:
         """The entry that serves the call, or ``None`` and the entry found that no
         longer serves it (``None``: none found)."""
@@ -480,13 +487,13 @@ class CachedFunction:
     def miss(
         self,
         a: Args,
-        key: Any,
+        key: object,
         owner: object,
         store: StepCache,
         deps: Args,
         stale: Entry | None,
         watch: _debug.Checks | None,
-    ) -> Any:
+    ) -> object:
         """Compute, validate and store the call's value: every miss of the slow path."""
         fps = fingerprints(deps, scoped=store.scope is not None)
         record = None if watch is None else watch.before_miss(self, a, key, store, deps)
@@ -512,7 +519,7 @@ class CachedFunction:
         self.counts.misses += 1
         return value if watch is None else watch.hand_out(self, key, entry, store)
 
-    def bypass(self, a: Args) -> Any:
+    def bypass(self, a: Args) -> object:
         """A call left out of the cache (a `BYPASS` key, only=, or caching off)."""
         self.counts.bypasses += 1
         return self.run(a)
@@ -541,7 +548,7 @@ def step_cached(
     expect: Expect = None,
     name: str | None = None,
     guard_result: bool = False,
-    only: Mapping[str, Container[Any]] | None = None,
+    only: Mapping[str, Container[object]] | None = None,
     ignore: Sequence[str] = (),
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Cache a function's result in the step's metadata object that owns it.

@@ -40,7 +40,7 @@ def walk(
     return value
 
 
-def tensors(value: Any) -> list[torch.Tensor]:
+def tensors(value: object) -> list[torch.Tensor]:
     """Every tensor in ``value``, as `walk` finds them."""
     found: list[torch.Tensor] = []
     walk(value, found.append)
@@ -89,7 +89,7 @@ def no_weakref(owner: object) -> OwnerError:
     )
 
 
-def weak(owner: object) -> weakref.ref[Any]:
+def weak(owner: object) -> weakref.ref[object]:
     """A weak reference to ``owner``, or the `OwnerError` that says how to allow one."""
     try:
         return weakref.ref(owner)
@@ -109,22 +109,22 @@ class Entry:
 
     def __init__(
         self,
-        value: Any,
+        value: object,
         owner: object,
-        deps: tuple[Any, ...],
+        deps: tuple[object, ...],
         guard: bool = False,
         info: Any = None,
-        args: tuple[Any, ...] | None = None,
+        args: tuple[object, ...] | None = None,
     ) -> None:
         self.value, self.deps, self.info, self.args = value, deps, info, args
         # nothing else tells the owner's calls from another owner's of its store
-        self.bound: weakref.ref[Any] | None = None if deps else weak(owner)
+        self.bound: weakref.ref[object] | None = None if deps else weak(owner)
         self.guard: Any = None
         self.gtag: Any = None
         if guard:
             self.guard, self.gtag = result_guard(value)
 
-    def serves(self, owner: object, xs: Sequence[Any]) -> bool:
+    def serves(self, owner: object, xs: Sequence[object]) -> bool:
         """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``:
         the rule the generated hit inlines."""
         if xs:

@@ -15,13 +15,40 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from contextlib import AbstractContextManager
+    from typing import Protocol, TypeVar
+
+    _V = TypeVar("_V", covariant=True)
+    _C = TypeVar("_C")
+
+    class Counted(Protocol[_V]):
+        """What has a version counter: a tensor (an `int`), or a stand-in for
+        several (`stepcache._entry`)."""
+
+        @property
+        def _version(self) -> _V: ...
+
+
 Place = tuple[int, torch.Size, tuple[int, ...], torch.dtype, torch.device]
-Print = tuple[Any, Any]  # a fingerprint ``(o, v)``
+#: a fingerprint ``(o, v)``: what was stored, and a version counter (an ``int``) or
+#: its `Kind` (typed ``object``: only `match` reads it, by its class)
+Print = tuple[object, object]
+#: an entry's fingerprints, flat: ``o0, v0, o1, v1, ...``
+Prints = tuple[object, ...]
+#: a value with its class, as `_typed` keeps it (a tuple's items each typed in turn)
+Typed = tuple[type, object]
+#: what `snapshot` takes of a tuple, list, dict or set: its class and its items, typed
+Snapshot = tuple[type, Typed]
+#: a `Kind`'s test of a new input ``x`` against the stored ``o``: each is read as the
+#: kind knows it (``o[0]``, a tensor's `place`), so both stay `Any`
+KindTest = Callable[[Any, Any], bool]
 
 
 class Kind:
@@ -30,21 +57,23 @@ class Kind:
 
     __slots__ = ("name", "test")
 
-    def __init__(self, name: str, test: Callable[[Any, Any], bool]) -> None:
+    def __init__(self, name: str, test: KindTest) -> None:
         self.name, self.test = name, test
 
     def __repr__(self) -> str:
         return self.name
 
 
-def version(t: Any) -> int:
+def version(t: Counted[_C]) -> _C:
     """Tensor ``t``'s version counter: what every in-place torch op moves on."""
-    return t._version  # type: ignore[no-any-return]  # noqa: SLF001 (no public name)
+    return t._version  # noqa: SLF001 (no public name)
 
 
 #: a block in which torch calls skip tensor subclasses' ``__torch_function__`` (debug
 #: mode's guarded views); torch names it privately only
-plain_torch: Callable[[], Any] = torch._C.DisableTorchFunctionSubclass  # noqa: SLF001
+plain_torch: Callable[[], AbstractContextManager[None]] = (
+    torch._C.DisableTorchFunctionSubclass  # noqa: SLF001
+)
 
 
 def place(t: torch.Tensor) -> Place:
@@ -74,7 +103,7 @@ _SCALARS = (*VALUE_CLASSES, enum.Enum, np.generic, slice)
 _VALUE_TUPLES: Final = (tuple, frozenset)  # exact classes: a named tuple is an object
 
 
-def _typed(v: Any) -> Any:
+def _typed(v: object) -> Typed | None:
     """``v`` with the class of each scalar in it, so that ``(1, 2)`` and ``(1.0, 2.0)``
     differ; ``None`` if it holds anything but scalars and tuples of them."""
     if isinstance(v, _SCALARS):
@@ -85,11 +114,11 @@ def _typed(v: Any) -> Any:
     return None if None in items else (v.__class__, v.__class__(items))
 
 
-def snapshot(x: Any) -> Any:
+def snapshot(x: object) -> Snapshot | None:
     """A comparable copy of a tuple, list, dict or set of scalars, each with its class
     (``None`` if it holds anything else)."""
     if isinstance(x, (list, bytearray)) or x.__class__ is tuple:
-        items: Any = tuple(x)
+        items: tuple[object, ...] | frozenset[object] = tuple(x)
     elif isinstance(x, (dict, set, frozenset)):
         items = tuple(x.items()) if isinstance(x, dict) else frozenset(x)
     else:
@@ -98,16 +127,18 @@ def snapshot(x: Any) -> Any:
     return None if typed is None else (type(x), typed)
 
 
-def unsnapshot(snap: Any) -> Any:
+def unsnapshot(snap: Snapshot) -> object:
     """The value a :func:`snapshot` was taken of (for messages).
 
     >>> unsnapshot(snapshot({"a": (1, 2.0)}))
     {'a': (1, 2.0)}
     """
 
-    def plain(typed: Any) -> Any:  # (class, value), a tuple's items typed in turn
+    def plain(typed: Typed) -> object:  # (class, value), a tuple's items typed in turn
         cls, v = typed
-        return cls(map(plain, v)) if cls in _VALUE_TUPLES else v
+        return (
+            cls(map(plain, cast("Iterable[Typed]", v))) if cls in _VALUE_TUPLES else v
+        )
 
     return snap[0](plain(snap[1]))
 
@@ -146,12 +177,14 @@ def match(x: Any, o: Any, v: Any) -> bool:
     >>> match(1000 + 1, *fingerprint(1001)), match(1.0, *fingerprint(1))
     (True, False)
     """
+    # Any: each is read as ``v``'s class says (an int: ``x is o``, a tensor; else ``v``
+    # is a Kind), which no isinstance narrows on this hot path
     if v.__class__ is int:
         return x is o and version(x) == v
     return bool(v.test(x, o))
 
 
-def fingerprint(x: Any, scoped: bool = False) -> Print:
+def fingerprint(x: object, scoped: bool = False) -> Print:
     """The fingerprint ``(o, v)`` of input ``x``, taken before the value is computed
     (an input changed while it runs must not be recorded as its state); ``scoped``:
     for a scope's store, where an inference tensor is matched by identity.
@@ -163,11 +196,7 @@ def fingerprint(x: Any, scoped: bool = False) -> Print:
     if cls in VALUE_CLASSES:
         return x, VAL
     if isinstance(x, torch.Tensor):
-        if not x.is_inference():
-            return x, version(x)
-        if scoped or not strided(x):  # sparse or nested: no place, its identity
-            return x, ID
-        return (x, place(x)), PLACED
+        return tensor_fingerprint(x, scoped)
     if isinstance(x, _SCALARS):
         return x, VAL
     snap = snapshot(x)
@@ -176,16 +205,33 @@ def fingerprint(x: Any, scoped: bool = False) -> Print:
     return ((x, snap), TUPLE) if cls in _VALUE_TUPLES else (snap, SNAP)
 
 
-def fingerprints(deps: Sequence[Any], scoped: bool = False) -> tuple[Any, ...]:
+def tensor_fingerprint(t: torch.Tensor, scoped: bool) -> Print:
+    """`fingerprint` of a tensor."""
+    if not t.is_inference():
+        return t, version(t)
+    return inference_fingerprint(t, scoped)
+
+
+def inference_fingerprint(t: torch.Tensor, scoped: bool) -> Print:
+    """`fingerprint` of an inference tensor (the generated miss calls it)."""
+    if not scoped:
+        try:
+            return (t, place(t)), PLACED
+        except RuntimeError:  # sparse or nested: no place, its identity
+            pass
+    return t, ID
+
+
+def fingerprints(deps: Sequence[object], scoped: bool = False) -> Prints:
     """The fingerprints of ``deps``, flat (``o0, v0, o1, v1, ...``), as an entry
     keeps them."""
-    flat: list[Any] = []
+    flat: list[object] = []
     for x in deps:
         flat += fingerprint(x, scoped)
     return tuple(flat)
 
 
-def matches(xs: Sequence[Any], deps: tuple[Any, ...]) -> bool:
+def matches(xs: Sequence[object], deps: Prints) -> bool:
     """Whether every input of ``xs`` matches its fingerprint in ``deps`` (flat)."""
     return all(match(x, deps[2 * i], deps[2 * i + 1]) for i, x in enumerate(xs))
 

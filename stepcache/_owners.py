@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import types
 import weakref
-from typing import Any, Final
+from typing import Final, cast
 
 import torch
 
@@ -19,7 +19,7 @@ from stepcache._store import NO_STORE, StepCache
 #: The owner attribute (instance ``__dict__`` entry or declared slot) that holds its store.
 ATTR: Final = "_stepcache"
 #: id(owner) -> (weak reference to it, its store), for owners with no room for one.
-_side: dict[int, tuple[weakref.ref[Any], StepCache]] = {}
+_side: dict[int, tuple[weakref.ref[object], StepCache]] = {}
 
 
 def new_store(owner: object) -> StepCache | None:
@@ -59,6 +59,16 @@ def write(owner: object, store: StepCache) -> None:
     except TypeError:
         raise no_weakref(owner) from None
     _side[key] = (ref, store)
+
+
+def mark_class(owner: object) -> None:
+    """Give ``owner``'s class the placeholder `NO_STORE` (unless it has the
+    attribute), so that its instances' calls read it instead of raising: an owner
+    whose first call only read a scope's store."""
+    cls = type(owner)
+    if not isinstance(owner, torch.Tensor) and not hasattr(cls, ATTR):
+        with contextlib.suppress(Exception):  # a builtin type may refuse
+            setattr(cls, ATTR, NO_STORE)
 
 
 def forget(owner: object) -> None:
@@ -123,7 +133,7 @@ def held(owner: object) -> StepCache | None:
     return side[1] if side is not None and side[0]() is owner else None
 
 
-def cache_field() -> Any:
+def cache_field() -> StepCache | None:
     """An attrs field that holds the store, for slotted attrs classes.
 
     Declare it as `_stepcache`; it is left out of `__init__`, `repr`, comparisons and
@@ -141,10 +151,12 @@ def cache_field() -> Any:
     """
     import attrs
 
-    return attrs.field(default=None, init=False, repr=False, eq=False, hash=False)
+    # typed as the attribute it declares (as attrs.field is, where a default says)
+    field = attrs.field(default=None, init=False, repr=False, eq=False, hash=False)
+    return cast("StepCache | None", field)
 
 
-def dataclass_cache_field() -> Any:
+def dataclass_cache_field() -> StepCache | None:
     """A dataclass field that holds the store, for `@dataclass(slots=True)` classes.
 
     Declare it as `_stepcache`; it is left out of `__init__`, `repr`, comparisons and

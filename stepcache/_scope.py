@@ -8,12 +8,15 @@ from __future__ import annotations
 import threading
 import weakref
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING
 
 from stepcache._entry import weak
 from stepcache._errors import StaleCacheError, StepCacheError
 from stepcache._owners import closed_error, forget, held, new_store, write
 from stepcache._store import NO_STORE, NoStore, StepCache
+
+if TYPE_CHECKING:
+    from stepcache._store import Slot
 
 _attach_lock = threading.Lock()
 
@@ -46,10 +49,10 @@ class Scope:
         #: the scope it was opened in, or `NO_STORE`
         self.outer: Scope | NoStore = NO_STORE
         #: (weak reference to each joined owner, the store it had, or ``None``)
-        self._joined: list[tuple[weakref.ref[Any], StepCache | None]] | None = None
+        self._joined: list[tuple[weakref.ref[object], StepCache | None]] | None = None
         #: what the first calls of owners without a store read (`innermost`);
         #: ``None`` while it is nested or closed: those calls take the slow path
-        self.table: dict[int, Any] | None = NO_STORE.table
+        self.table: dict[int, Slot] | None = NO_STORE.table
 
     def __repr__(self) -> str:
         return f"<stepcache scope {'open' if self.open else 'closed'}>"

@@ -7,7 +7,7 @@ import gc
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ _live_pop = _live.pop  # a dead store's reference removes itself: no Python code
 TRACKING = [False]
 _tracking_lock = threading.Lock()
 #: a function's slot in a table: its entry, or {key: entry} for a keyed function
-Slot = Entry | dict[Any, Entry]
+Slot = Entry | dict[object, Entry]
 
 
 class NoStore:
@@ -94,12 +94,12 @@ class StepCache:
         # this id is that owner (a copy that holds it was made while it was alive)
         self._first = None if owner is None else id(owner)
         #: id -> weak reference of each attached owner; replaced, never changed
-        self._members: dict[int, weakref.ref[Any]] | None = None
+        self._members: dict[int, weakref.ref[object]] | None = None
         self._closed = False
         # function id -> misses + invalidations * INVALIDATION, made at the first
         # count (a step's stores count a few misses each)
         self._counts: dict[int, int] | None = None
-        self._kept: list[Any] | None = None  # made by keep_alive()
+        self._kept: list[object] | None = None  # made by keep_alive()
         #: the scope whose store this is (`stepcache.scope`), or ``None``
         self.scope = scope
         if TRACKING[0]:
@@ -110,7 +110,7 @@ class StepCache:
         """Whether [`close()`][stepcache.StepCache.close] was called (the step is over)."""
         return self._closed
 
-    def keep_alive(self, obj: Any) -> None:
+    def keep_alive(self, obj: object) -> None:
         """Hold a reference to ``obj`` until the step ends (close, or the owner goes):
         a pinned staging tensor that a ``non_blocking`` copy still reads, say."""
         if self._closed:
@@ -176,7 +176,7 @@ class StepCache:
             elif slot.bound is None:
                 self.table[fid] = slot
 
-    def add_member(self, owner: object, ref: weakref.ref[Any]) -> None:
+    def add_member(self, owner: object, ref: weakref.ref[object]) -> None:
         """Count ``owner`` (``ref``: a weak reference to it) among this store's."""
         self._members = {**(self._members or {}), id(owner): ref}
 
@@ -188,7 +188,7 @@ class StepCache:
             c.invalidations, c.misses = divmod(n, INVALIDATION)
         return out
 
-    def lookup(self, fid: int, key: Any) -> Entry | None:
+    def lookup(self, fid: int, key: object) -> Entry | None:
         """The entry of function ``fid`` and ``key`` (`NO_KEY`: it is not keyed), or
         ``None``; an unhashable key raises `TypeError`, whether or not the function
         has entries."""
@@ -198,7 +198,7 @@ class StepCache:
         hash(key)
         return None if slot is None else slot.get(key)  # type: ignore[union-attr]
 
-    def put(self, fid: int, key: Any, entry: Entry, stale: Entry | None) -> bool:
+    def put(self, fid: int, key: object, entry: Entry, stale: Entry | None) -> bool:
         """Store ``entry`` (``key``: `NO_KEY` for an unkeyed function) in place of
         ``stale``, the entry found that no longer served (or ``None``), and count its
         miss; return whether it was an invalidation (``stale`` was its owner's). No
@@ -214,12 +214,15 @@ class StepCache:
                 slot[key] = entry  # type: ignore[index]
         if self._closed:
             self.clear()
-        invalidation = stale is not None and (
-            stale.bound is None or stale.bound() is entry.owner()
-        )
         counts = self._counts
-        if counts is None:
-            counts = self._counts = {}
+        if stale is None:  # the common case: a first miss
+            if counts is None:
+                self._counts = {fid: 1}
+            else:
+                counts[fid] = counts.get(fid, 0) + 1
+            return False
+        invalidation = stale.bound is None or stale.bound() is entry.owner()
+        counts = self._counts = counts or {}
         counts[fid] = counts.get(fid, 0) + (1 + INVALIDATION if invalidation else 1)
         return invalidation
 
@@ -228,7 +231,7 @@ class StepCache:
         counts = self._counts = self._counts or {}
         counts[fid] = counts.get(fid, 0) + INVALIDATION
 
-    def keys(self, fid: int) -> list[Any]:
+    def keys(self, fid: int) -> list[object]:
         """The keys of a keyed function's entries."""
         return list(self.table.get(fid) or ())  # type: ignore[arg-type]
 
@@ -240,7 +243,7 @@ class StepCache:
 
 
 #: the key of an unkeyed function's entry
-NO_KEY: Final[Any] = object()
+NO_KEY: Final = object()
 
 
 def track(store: StepCache) -> None:
@@ -273,7 +276,9 @@ def measure(stores: Iterable[StepCache]) -> dict[int, tuple[int, int]]:
             if id(entry) in seen:
                 continue
             seen.add(id(entry))
-            found: list[Any] = []  # a view counts its own elements, not its storage
+            found: list[
+                torch.Tensor | np.ndarray
+            ] = []  # a view counts its own elements, not its storage
             walk(entry.value, found.append, (torch.Tensor, np.ndarray))
             entries, size = out.get(fid, (0, 0))
             size += sum(

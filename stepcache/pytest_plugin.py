@@ -26,7 +26,7 @@ plugin keeps its own copy and clears the process report when it grows past half 
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any, Final
+from typing import Final
 
 import attrs
 import pytest
@@ -200,8 +200,8 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(
-    fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
-) -> Generator[None, Any, Any]:
+    fixturedef: pytest.FixtureDef[object], request: pytest.FixtureRequest
+) -> Generator[None, object, object]:
     test = request.node.stash.get(_TEST, None)
     if test is not None and stepcache.get_debug() != test.mode:
         stepcache.set_debug(test.mode)  # an earlier fixture switched it (a reset)
@@ -363,7 +363,9 @@ def _stats_table(state: _Session) -> stepcache.StatsTable:
 
 
 # -- the end of the session -----------------------------------------------------------------
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
     state = config.stash.get(_SESSION, None)
     if state is None:
         return
@@ -375,7 +377,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(str(_stats_table(state)))
 
 
-def _print_detections(tr: Any, state: _Session) -> None:
+def _print_detections(tr: pytest.TerminalReporter, state: _Session) -> None:
     mode = f"--stepcache-debug={state.mode}" if state.mode else "marked tests"
     found = [f for f in state.found if not f.accepted]
     accepted = len(state.found) - len(found)

@@ -291,6 +291,7 @@ def test_checks_mode_reports_a_joined_owner_used_from_another_thread() -> None:
     stepcache.clear_debug_report()
     with stepcache.debug("checks"), stepcache.scope():
         g = Group(qsl, 5)
+        stepcache.cache_of(g)  # joins the scope (a call only reads its store)
         g.lens()
 
         def other() -> None:

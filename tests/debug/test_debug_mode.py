@@ -249,18 +249,24 @@ def test_a_guarded_inference_result_written_in_place_is_caught(mode: str) -> Non
         assert b.rows(buf).tolist() == [3, 4]
 
 
-def test_a_copied_owner_s_guarded_values_watch_its_own_store(checks: None) -> None:
+def test_a_copied_owner_s_guarded_values_watch_the_store_they_came_from(
+    checks: None,
+) -> None:
+    # a copy's hit reads the store it carried, as production's does: what it hands
+    # out are the original's entries, which end with the original's step
     md, buffer = make([2, 1]), torch.zeros(8, dtype=torch.int32)
     md.index(buffer)
     twin = copy.copy(md)
-    served = twin.index(buffer)  # md's entry, through the copy's own store
-    assert stepcache.cache_of(twin) is not stepcache.cache_of(md)
+    served = twin.index(buffer)  # md's entry, from the store the copy carried
     assert stepcache.stats()["Meta.index"].misses == 1
-    stepcache.cache_of(md).close()  # the original's step ends, the copy's does not
     assert (served + 1).tolist() == [1, 1, 2]
-    stepcache.cache_of(twin).close()
+    original = stepcache.cache_of(md)
+    original.close()  # the original's step ends
     with pytest.raises(StaleCacheError, match="closed"):
         served + 1
+    again = twin.index(buffer)  # the copy's own store now: computed again
+    assert stepcache.cache_of(twin) is not original
+    assert (again + 1).tolist() == [1, 1, 2]
 
 
 def test_a_bypassed_call_on_a_closed_store_is_caught(checks: None) -> None:
