@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from numpy.typing import NDArray
 
+    from stepcache._decorator import Args
     from stepcache._decorator import CachedFunction as Cached
 
     #: the memory of a small CPU tensor or numpy array, read through numpy (`_view`)
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
     #: a cached tensor, its `_tag` and its address (`_versioned`)
     _Versioned: TypeAlias = tuple[torch.Tensor, _Tag, int | None]
 
-Args = tuple[object, ...]
 _MAX_REPORT = 10_000
 _MISSING = object()
 _NO_VIEWS = (None, None)

@@ -13,7 +13,7 @@ import torch
 from stepcache._entry import walk
 from stepcache._kinds import plain_torch, strided
 
-Args = tuple[object, ...]
+OpArgs = tuple[object, ...]
 
 
 class GuardedTensor(torch.Tensor):
@@ -51,7 +51,7 @@ class GuardedTensor(torch.Tensor):
         cls,
         func: Callable[..., object],
         types: Iterable[type],
-        args: Args = (),
+        args: OpArgs = (),
         kwargs: Mapping[str, object] | None = None,
     ) -> object:
         kwargs = kwargs or {}

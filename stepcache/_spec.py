@@ -58,7 +58,7 @@ class Attr(_Ref):
 Dim = int | None | Arg | Attr
 #: where references are resolved: the call's arguments, their index by parameter
 #: name, and the owner
-Scope = tuple[tuple[object, ...], Mapping[str, int], object]
+Refs = tuple[tuple[object, ...], Mapping[str, int], object]
 Spec: TypeAlias = "TensorSpec | tuple[TensorSpec | None, ...]"
 _REFS = {Arg: "argument", Attr: "owner attribute"}  # as the messages name them
 #: what references usually resolve to: answered without torch's slow isinstance()
@@ -176,7 +176,7 @@ class TensorSpec:
             min_shape=dims(self.min_shape),
         )
 
-    def check(self, x: object, scope: Scope, item: int | None = None) -> None:
+    def check(self, x: object, scope: Refs, item: int | None = None) -> None:
         """Raise `CacheValidationError` unless ``x`` (the result, or its item ``item``)
         is a tensor that meets this spec, its references resolved in ``scope``. Runs on
         every miss: an item left unset costs one test."""
@@ -223,7 +223,7 @@ def _label(item: Any, note: str = "") -> str:
     return f" (from {kind} '{item.name}'{note})" if kind else ""
 
 
-def _device_label(item: object, scope: Scope, want: torch.device) -> str:
+def _device_label(item: object, scope: Refs, want: torch.device) -> str:
     """``item``'s label in a device mismatch; an int it resolved to is named, since
     torch reads an int as an accelerator's device index. Only on a failure: the
     reference is read again."""
@@ -304,7 +304,7 @@ def _fail(item: int | None, text: str) -> CacheValidationError:
 
 
 def _sizes(
-    shape: torch.Size, dims: tuple[Dim, ...], least: str, scope: Scope, item: int | None
+    shape: torch.Size, dims: tuple[Dim, ...], least: str, scope: Refs, item: int | None
 ) -> None:
     """Check the leading sizes of ``shape`` against ``dims`` (lower bounds if ``least``)."""
     if len(shape) < len(dims):
@@ -331,15 +331,15 @@ def _kind(value: object) -> str:
 
 @overload
 def _want(
-    item: torch.device | Arg | Attr, scope: Scope, attr: Literal["device"]
+    item: torch.device | Arg | Attr, scope: Refs, attr: Literal["device"]
 ) -> torch.device | None: ...
 @overload
 def _want(
-    item: torch.dtype | Arg | Attr, scope: Scope, attr: Literal["dtype"]
+    item: torch.dtype | Arg | Attr, scope: Refs, attr: Literal["dtype"]
 ) -> object: ...
 @overload
-def _want(item: Dim, scope: Scope, attr: Literal["shape"]) -> int | None: ...
-def _want(item: object, scope: Scope, attr: str) -> object:
+def _want(item: Dim, scope: Refs, attr: Literal["shape"]) -> int | None: ...
+def _want(item: object, scope: Refs, attr: str) -> object:
     """A fixed item as it is; a reference resolved in ``scope`` (a tensor stands for
     its ``attr``: device, dtype, or shape, whose first dim a size stands for). A
     reference that resolves to ``None`` gives ``None``: the item is not checked."""
@@ -375,7 +375,7 @@ def of_args(expect: Spec | None) -> Spec | None:
     return parts if any(p is not None for p in parts) else None
 
 
-def check(expect: Spec, value: object, scope: Scope) -> None:
+def check(expect: Spec, value: object, scope: Refs) -> None:
     """Raise `CacheValidationError` if ``value`` breaks ``expect``, a spec or a tuple
     of them; ``scope`` resolves its references. Runs on every miss."""
     if isinstance(expect, TensorSpec):

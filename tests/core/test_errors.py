@@ -124,3 +124,75 @@ def test_an_only_test_that_raises_is_named_as_such_beside_a_key_function() -> No
 
     with pytest.raises(StepCacheError, match="its only= test raised TypeError"):
         rows(Meta(), ["a"])
+
+
+@pytest.mark.parametrize("mode", ["off", "checks", "verify"])
+def test_a_key_function_that_raises_is_called_once_and_chained_once(mode: str) -> None:
+    calls: list[int] = []
+
+    def key(md: object, k: int) -> int:
+        calls.append(k)
+        raise ValueError("no key")
+
+    @step_cached(key=key, name="errors.key_once")
+    def value(md: object, k: int) -> int:
+        return k
+
+    with stepcache.debug(mode), pytest.raises(StepCacheError) as raised:
+        value(Meta(), 3)
+    assert calls == [3]
+    error = raised.value
+    assert isinstance(error.__cause__, ValueError)
+    assert error.__cause__.__context__ is None  # its own error, once
+    assert error.__context__ is error.__cause__
+
+
+def test_every_message_starts_the_same_way_and_carries_a_fix() -> None:
+    def problems() -> list[StepCacheError]:
+        found = []
+        for bad in (
+            lambda: step_cached(key="nope")(lambda self, k: k),
+            lambda: step_cached(owner="nope")(lambda self: 1),
+            lambda: step_cached(depends_on=("self",))(lambda self: 1),
+            lambda: step_cached(ignore=("x",))(lambda self: 1),
+            lambda: step_cached()(lambda self, k: k),
+            lambda: step_cached(only={"k": "ab"}, key="k")(lambda self, k: k),
+            lambda: Meta().needs_missing(),
+            lambda: Meta().keyed([1]),
+            lambda: Meta().key_raises(0),
+        ):
+            with pytest.raises(StepCacheError) as raised:
+                bad()
+            found.append(raised.value)
+        return found
+
+    for error in problems():
+        text = str(error)
+        assert text.startswith("step_cached function '"), text
+        assert ". Fix: " in text, text
+
+
+def test_a_missing_dependency_names_the_closest_attributes() -> None:
+    class Layout:
+        def __init__(self) -> None:
+            self.query_start_loc = torch.tensor([0, 2])
+
+        @step_cached(depends_on=("query_start_lco",))
+        def lens(self) -> int:
+            return 1
+
+    with pytest.raises(StepCacheError, match="did you mean 'query_start_loc'"):
+        Layout().lens()
+
+
+def test_an_unhashable_key_named_by_parameter_gets_a_parameter_s_fix() -> None:
+    @step_cached(key="lens", name="errors.param_key")
+    def total(md: object, lens: Any) -> int:
+        return 1
+
+    with pytest.raises(StepCacheError) as raised:
+        total(Meta(), [1, 2])
+    text = str(raised.value)
+    assert "parameter 'lens'" in text and "key function" not in text
+    with pytest.raises(StepCacheError, match="from the key function"):
+        Meta().keyed([1])
