@@ -346,8 +346,8 @@ ROWS = [
         + ": stepcache / `functools.cached_property`'s first access",
         "cold/stepcache",
         "cold/cached_property",
-        2.0,
-        "issue 43",
+        1.7,
+        "issue 56",
     ),
     Row(
         _COLD.format("inference tensor")
@@ -355,7 +355,7 @@ ROWS = [
         "cold inference/stepcache",
         "cold inference/cached_property",
         2.0,
-        "issue 43",
+        "issue 56",
     ),
     Row(
         _COLD.format("version-counted tensor")
@@ -363,7 +363,7 @@ ROWS = [
         "cold 1000 alive/stepcache",
         "cold 1000 alive/cached_property",
         2.0,
-        "issue 43",
+        "issue 56",
     ),
     Row(
         "make an owner, ask a function keyed by layer kind for two kinds, twice each, "
@@ -371,6 +371,8 @@ ROWS = [
         "shape): stepcache / a dict in the owner (the seed's cache)",
         "two kinds/stepcache",
         "two kinds/dict in the owner",
+        2.0,
+        "issue 56",
     ),
     Row(
         "six owners of one layout (inference tensor), three calls each: stepcache "
@@ -378,16 +380,16 @@ ROWS = [
         "handed its value)",
         "scope 6x3/stepcache",
         "scope 6x3/hand-threaded",
-        2.0,
-        "issue 43",
+        3.0,
+        "issue 56",
     ),
     Row(
         "request index per step, three consumers of one fresh metadata object: "
         "stepcache / the seed's hand-written method (PR 47474)",
         "request index 3 consumers/stepcache",
         "request index 3 consumers/hand-written",
-        1.10,
-        "issue 43",
+        1.0,
+        "issue 56",
     ),
     Row(
         "request index per step, three consumers: uncached (vLLM before PR 47474: "

@@ -263,8 +263,8 @@ def _row(
 GOALS = [
     _row(RIX, RIX_SEED, 0.25, "issue 5"),
     _row(RIX_SCOPE, RIX, 1.2, "issue 38"),
-    _row(KEY, LRU, 2.0, "issues 2, 5"),
-    _row(RIX_CHECKS, RIX, 5.0, "issues 3, 5"),
+    _row(KEY, LRU, 1.6, "issue 56"),
+    _row(RIX_CHECKS, RIX, 4.0, "issue 56"),
     _row(KEY_CHECKS, KEY, 5.0, "issues 3, 5"),
     _row(KEY, CT, 0.2, "issue 2"),
     _row(GETTER, CPROP, 1.5, "issue 2"),
