@@ -20,7 +20,10 @@ echo "== mypy --strict"
 $PY -m mypy stepcache stepcache_pytest.py demo benchmarks tests/typing_example.py
 if [ -f mkdocs.yml ]; then
   echo "== mkdocs build --strict"
-  NO_MKDOCS_2_WARNING=1 $PY -m mkdocs build --strict --quiet --site-dir .venv/site
+  # every warning fails it (--strict), and is printed: no --quiet
+  NO_MKDOCS_2_WARNING=1 $PY -m mkdocs build --strict --site-dir .venv/site 2>&1 |
+    { grep -v '^INFO' || true; }
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "mkdocs build failed" >&2; exit 1; }
 fi
 echo "== pytest"
 # -rs: the reason of every skip
