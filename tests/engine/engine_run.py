@@ -103,7 +103,7 @@ def needs_triton(name: str, runner: str | None) -> bool:
 
 def triton_interpreted() -> None:
     """vLLM's Triton kernels (``token_to_req_indices`` among them) in Triton's
-    interpreter (../shared/VLLM_ON_CPU.md): before vLLM is imported."""
+    interpreter: before vLLM is imported."""
     os.environ["TRITON_INTERPRET"] = "1"
     from triton.backends import backends
 

@@ -3,8 +3,7 @@
 against.
 
 Two ways vLLM fills a DSv4 consumer's request-index buffer, as vLLM PR 47474
-describes them (the report is in the repository's ``shared/seeds``), written here
-from that description and calling none of stepcache's helpers, so that a benchmark
+describes them, written here from that description and calling none of stepcache's helpers, so that a benchmark
 that compares stepcache with them measures stepcache, not its own helpers twice:
 
 * :func:`uncached_token_to_req_indices` is vLLM before the PR: every consumer (the
