@@ -232,7 +232,7 @@ def _sparse_index_method(
         if (
             cache.__class__ is not OwnedIndexCache
             and cache.__class__ is not TokenedIndexCache
-        ) or cache._owner() is not swa_metadata:
+        ) or cache.owner() is not swa_metadata:
             cache = owned_index_cache(swa_metadata)
         key = key_of(self, swa_only, num_rows)
         pair: tuple[torch.Tensor, torch.Tensor] | None = None
