@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import types
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -271,7 +272,7 @@ def _globals(fn: CachedFunction) -> dict[str, object]:
 
 class Compiled:
     """A decorated function's generated call: ``wrapper``, which runs the code of
-    one of `VARIANTS` (`use`)."""
+    one of `VARIANTS` (`use`). The variants are one text, one `linecache` entry."""
 
     def __init__(self, fn: CachedFunction) -> None:
         name = getattr(fn.fn, "__name__", "")
@@ -279,16 +280,21 @@ class Compiled:
         name = name if name.isidentifier() and not name.startswith("_sc_") else "call"
         self.label = f"<stepcache generated {fn.name} #{fn.fid}>"
         names = _globals(fn)
-        self.sources = {v: source(fn, name, v, names) for v in VARIANTS}
-        self._codes = {
-            v: compiled(_label(self.label, v), text, names, name).__code__
-            for v, text in self.sources.items()
-        }
-        # the last compiled holds the name: production's code goes in by use()
-        self.wrapper: Callable[..., Any] = compiled(
-            self.label, self.sources["production"], names, name
+        sources = [source(fn, name, v, names) for v in VARIANTS]
+        self.source = sources[0]
+        text = "\n".join(sources)
+        linecache.cache[self.label] = (
+            len(text),
+            None,
+            text.splitlines(True),
+            self.label,
         )
-        self.source = self.sources["production"]
+        module = compile(text, self.label, "exec")
+        # each def's code, in order; the name ends bound to the last def
+        codes = [c for c in module.co_consts if isinstance(c, types.CodeType)]
+        self._codes = dict(zip(VARIANTS, codes, strict=True))
+        exec(module, names)
+        self.wrapper: Callable[..., Any] = names[name]  # type: ignore[assignment]
 
     def use(self, variant: str) -> None:
         """Run the code of ``variant``, one of `VARIANTS`."""
@@ -296,13 +302,8 @@ class Compiled:
 
     @staticmethod
     def forget(label: str) -> None:
-        """Drop the sources of a function gone from `linecache` (``label``: its)."""
-        for v in VARIANTS:
-            linecache.cache.pop(_label(label, v), None)
-
-
-def _label(label: str, variant: str) -> str:
-    return label if variant == "production" else f"{label[:-1]} {variant}>"
+        """Drop the source of a function gone from `linecache` (``label``: its)."""
+        linecache.cache.pop(label, None)
 
 
 def generated_source(fn: Callable[..., Any]) -> str:
