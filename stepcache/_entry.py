@@ -133,11 +133,6 @@ class Entry:
             ok = self.bound is not None and self.bound() is owner
         return ok and (self.guard is None or version(self.guard) == self.gtag)
 
-    def owned_by(self, owner: object) -> bool:
-        """Whether a failed test of this entry on ``owner`` is an invalidation (not an
-        entry another owner of a shared store made)."""
-        return self.bound is None or self.bound() is owner
-
     def owner(self) -> object:
         """The owner a bound entry serves (``None``: any, or it is gone)."""
         return None if self.bound is None else self.bound()

@@ -78,12 +78,6 @@ def forget(owner: object) -> None:
         object.__delattr__(owner, ATTR)
 
 
-def in_side_table(owner: object) -> bool:
-    """Whether ``owner``'s store is kept beside it (it has no room for one)."""
-    side = _side.get(id(owner))
-    return side is not None and side[0]() is owner
-
-
 def _slotted(owner: object) -> bool:
     """Whether ``owner`` is an instance of a class of its user's with ``__slots__``
     and no room for a store, or of a builtin type that takes no attributes."""

@@ -31,11 +31,6 @@ class Counts:
         self.hits = self.misses = self.bypasses = self.invalidations = 0
 
 
-def register(fn: CachedFunction) -> None:
-    with lock:
-        _by_id[fn.fid] = fn
-
-
 def all_functions() -> list[CachedFunction]:
     with lock:
         return sorted(_by_id.values(), key=lambda f: f.fid)

@@ -226,11 +226,6 @@ class StepCache:
         counts[fid] = counts.get(fid, 0) + (1 + INVALIDATION if invalidation else 1)
         return invalidation
 
-    def invalidated(self, fid: int) -> None:
-        """Count an invalidation of function ``fid`` that no miss here follows."""
-        counts = self._counts = self._counts or {}
-        counts[fid] = counts.get(fid, 0) + INVALIDATION
-
     def keys(self, fid: int) -> list[object]:
         """The keys of a keyed function's entries."""
         return list(self.table.get(fid) or ())  # type: ignore[arg-type]

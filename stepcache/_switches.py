@@ -44,11 +44,6 @@ class Switches:
             return "disabled"
         return "production" if cls.mode == "off" else "debug"
 
-    @classmethod
-    def slow(cls) -> bool:
-        """Whether every call takes the slow path (a switch is on)."""
-        return cls.variant() != "production"
-
 
 def _set(disabled: bool | None = None, mode: str | None = None) -> tuple[bool, str]:
     """Set a switch; return both as they were."""
