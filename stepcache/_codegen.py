@@ -182,7 +182,15 @@ def source(
     # an owner's first miss (its class holds the placeholder, no scope is open): a
     # store of its own, past a frozen class's __setattr__
     out += [f"    if {s} is _sc_NO_STORE:", f"        {w} = _sc_StepCache({owner})"]
-    out += ["        try:", f"            _sc_setattr({owner}, '_stepcache', {w})"]
+    out += [
+        "        try:",
+        f"            if {owner}.__class__.__setattr__ is _sc_setattr:",
+    ]
+    out += [f"                {owner}._stepcache = {w}"]  # a plain class: no call
+    out += [
+        "            else:",
+        f"                _sc_setattr({owner}, '_stepcache', {w})",
+    ]
     out += ["        except _sc_Exception:", f"            {w} = None"]
     out += ["    else:", f"        {w} = _sc_miss_store({s}, {owner})"]
     out += [f"    if {w} is None:", f"        return _sc_call({packed}, {key})"]
