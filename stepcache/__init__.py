@@ -59,21 +59,12 @@ Examples:
     True
 """
 
-# grouped by what they are for (the API reference's pages)
-__all__ = [
-    "step_cached",
-    "generated_source",
-    "BYPASS",
-    "TensorSpec",
-    "Arg",
-    "Attr",
-    "normalize_device",
-]
-__all__ += ["StepCache", "attach", "cache_of", "cache_field", "dataclass_cache_field"]
-__all__ += ["scope", "active_scope", "Scope"]
-__all__ += ["StepCacheError", "CacheValidationError", "StaleCacheError"]
-__all__ += ["debug", "set_debug", "get_debug", "disabled", "set_disabled"]
-__all__ += ["get_disabled", "debug_report", "clear_debug_report", "DebugReport"]
-__all__ += ["Detection", "GuardedTensor", "first_difference", "stats", "reset_stats"]
-__all__ += ["FunctionStats"]
-__all__ += ["StatsTable", "profile", "__version__"]
+# in the order of the API reference's pages
+__all__ = ["step_cached", "generated_source", "BYPASS", "TensorSpec", "Arg", "Attr"]
+__all__ += ["normalize_device", "StepCache", "attach", "cache_of", "cache_field"]
+__all__ += ["dataclass_cache_field", "scope", "active_scope", "Scope", "StepCacheError"]
+__all__ += ["CacheValidationError", "StaleCacheError", "debug", "set_debug"]
+__all__ += ["get_debug", "disabled", "set_disabled", "get_disabled", "debug_report"]
+__all__ += ["clear_debug_report", "DebugReport", "Detection", "GuardedTensor"]
+__all__ += ["first_difference", "stats", "reset_stats", "FunctionStats", "StatsTable"]
+__all__ += ["profile", "__version__"]

@@ -73,19 +73,20 @@ def passed(params: Sequence[inspect.Parameter]) -> str:
     return ", ".join(_PASS.get(p.kind, "{}").format(p.name) for p in params)
 
 
-def compiled(label: str, text: str, namespace: dict[str, object], name: str) -> Any:
-    """Run ``text`` in ``namespace`` and return what it named ``name``; ``label`` is
-    its file name in tracebacks (its text is kept in `linecache`)."""
+def _code(label: str, text: str) -> types.CodeType:
+    """``text`` compiled as the file ``label`` of tracebacks, its text kept in
+    `linecache`."""
     linecache.cache[label] = (len(text), None, text.splitlines(True), label)
-    exec(compile(text, label, "exec"), namespace)
-    return namespace[name]
+    return compile(text, label, "exec")
 
 
 def method(label: str, head: str, body: Sequence[str], names: dict[str, object]) -> Any:
     """The function ``def {head}:`` with the lines of ``body``, which read ``names``."""
     name = head.split("(", 1)[0]
     text = f"def {head}:\n" + "".join(f"    {line}\n" for line in body)
-    return compiled(label, text, dict(names), name)
+    namespace = dict(names)
+    exec(_code(label, text), namespace)
+    return namespace[name]
 
 
 #: the versions of a call: production's, debug mode's, caching off's
@@ -106,6 +107,9 @@ def source(
             base += "_"
         return base
 
+    def ref(r: Arg | Attr) -> str:  # how it reads a reference of `expect`
+        return r.name if type(r) is Arg else f"{owner}.{r.name}"
+
     owner, head = fn.owner_name, f"def {name}({signature(fn.params)}):"
     packed = "(" + "".join(f"{n}, " for n in fn.names) + ")"
     s, e, w, r, h = local("s"), local("e"), local("w"), local("r"), local("hit")
@@ -125,10 +129,8 @@ def source(
         out += ["    try:", f"        {key} = _sc_key({passed(fn.params)})"]
         out += [f"    except _sc_Exception as {exc}:"]
         out += [f"        raise _sc_key_error({exc}) from {exc}"]
-        out += [
-            f"    if {key} is _sc_BYPASS:",
-            f"        return _sc_call({packed}, {key})",
-        ]
+        out += [f"    if {key} is _sc_BYPASS:"]
+        out += [f"        return _sc_call({packed}, {key})"]
     elif fn.key_names:
         names = fn.key_names
         key = names[0] if len(names) == 1 else "(" + ", ".join(names) + ")"
@@ -137,9 +139,8 @@ def source(
     # An owner without a store holds the placeholder: it looks in the open scope's
     # table (`stepcache._scope.innermost`; none open: the placeholder's, empty).
     out += ["    try:", f"        {s} = {owner}._stepcache"]
-    out += [
-        f"        {x} = {_read(fn, d)}" for x, d in zip(xs, fn.dep_names, strict=True)
-    ]
+    for x, d in zip(xs, fn.dep_names, strict=True):  # a parameter, or the owner's
+        out.append(f"        {x} = {d if d in fn.index else f'{owner}.{d}'}")
     out += [f"        if {s} is _sc_NO_STORE:", f"            {s} = _sc_innermost()"]
     out += [f"        {e} = {s}.table{lookup}", f"        if {e} is not None:"]
     tests = []
@@ -154,12 +155,15 @@ def source(
     if fn.guard:  # no tensor of the result was written since it was stored
         tests.append(f"{e}.guard._version == {e}.gtag")
     test = " and ".join(tests)
-    # what expect reads of the arguments: other objects are checked; a value they
-    # fail is the slow path's to report
-    same = " and ".join(f"{n} is {e}.args[{i}]" for i, n in enumerate(fn.arg_refs))
-    plain = _args_plain(fn, f"{e}.value", values)
-    fits = f"({same} or {plain} or _sc_args_ok({e}.value, {packed}))"
-    fits = fits if fn.arg_refs else ""
+    fits = ""
+    if fn.arg_refs:  # what expect reads of the arguments (`_spec.quick`: its plain
+        # case inline): other objects are checked; a value they fail is the slow
+        # path's to report
+        same = " and ".join(f"{n} is {e}.args[{i}]" for i, n in enumerate(fn.arg_refs))
+        plain = "False"
+        if fn.of_args is not None:
+            plain = quick(fn.of_args, f"{e}.value", ref, values)
+        fits = f"({same} or {plain} or _sc_args_ok({e}.value, {packed}))"
     if variant == "debug":  # its observer checks the hit, outside the try
         out.insert(1, f"    {h} = None")
         out += [f"            if {test}{' and ' + fits if fits else ''}:"]
@@ -182,15 +186,11 @@ def source(
     # an owner's first miss (its class holds the placeholder, no scope is open): a
     # store of its own, past a frozen class's __setattr__
     out += [f"    if {s} is _sc_NO_STORE:", f"        {w} = _sc_StepCache({owner})"]
-    out += [
-        "        try:",
-        f"            if {owner}.__class__.__setattr__ is _sc_setattr:",
-    ]
+    out += ["        try:"]
+    out += [f"            if {owner}.__class__.__setattr__ is _sc_setattr:"]
     out += [f"                {owner}._stepcache = {w}"]  # a plain class: no call
-    out += [
-        "            else:",
-        f"                _sc_setattr({owner}, '_stepcache', {w})",
-    ]
+    out += ["            else:"]
+    out += [f"                _sc_setattr({owner}, '_stepcache', {w})"]
     out += ["        except _sc_Exception:", f"            {w} = None"]
     out += ["    else:", f"        {w} = _sc_miss_store({s}, {owner})"]
     out += [f"    if {w} is None:", f"        return _sc_call({packed}, {key})"]
@@ -212,7 +212,7 @@ def source(
     out += [f"    {r} = _sc_fn({passed(fn.params)})"]
     if fn.expect is not None:  # its plain case inline; the full check says why
         ok = local("ok")
-        out += ["    try:", f"        {ok} = {_expect_plain(fn, r, values)}"]
+        out += ["    try:", f"        {ok} = {quick(fn.expect, r, ref, values)}"]
         out += ["    except _sc_Exception:", f"        {ok} = False"]
         out += [f"    if not {ok}:", f"        _sc_validate({r}, {packed}, {key})"]
     args = "(" + "".join(f"{n}, " for n in fn.arg_refs) + ")" if fn.arg_refs else "None"
@@ -221,28 +221,6 @@ def source(
     out += ["        _sc_counts.invalidations += 1"]
     out += ["    _sc_counts.misses += 1", f"    return {r}"]
     return "".join(f"{x}\n" for x in out)
-
-
-def _args_plain(fn: CachedFunction, value: str, names: dict[str, object]) -> str:
-    """What `expect` reads of the arguments, its plain case inline (`_spec.quick`:
-    true only where ``value`` plainly meets it; the values it names go to
-    ``names``)."""
-    return "False" if fn.of_args is None else quick(fn.of_args, value, _ref(fn), names)
-
-
-def _expect_plain(fn: CachedFunction, value: str, names: dict[str, object]) -> str:
-    """`expect`'s plain case for a computed ``value``, as `_args_plain`."""
-    return "True" if fn.expect is None else quick(fn.expect, value, _ref(fn), names)
-
-
-def _ref(fn: CachedFunction) -> Callable[[Arg | Attr], str]:
-    """How generated code reads a reference of `expect`."""
-    owner = fn.owner_name
-    return lambda r: r.name if type(r) is Arg else f"{owner}.{r.name}"
-
-
-def _read(fn: CachedFunction, dep: str) -> str:
-    return dep if dep in fn.index else f"{fn.owner_name}.{dep}"
 
 
 def _globals(fn: CachedFunction) -> dict[str, object]:
@@ -290,14 +268,7 @@ class Compiled:
         names = _globals(fn)
         sources = [source(fn, name, v, names) for v in VARIANTS]
         self.source = sources[0]
-        text = "\n".join(sources)
-        linecache.cache[self.label] = (
-            len(text),
-            None,
-            text.splitlines(True),
-            self.label,
-        )
-        module = compile(text, self.label, "exec")
+        module = _code(self.label, "\n".join(sources))
         # each def's code, in order; the name ends bound to the last def
         codes = [c for c in module.co_consts if isinstance(c, types.CodeType)]
         self._codes = dict(zip(VARIANTS, codes, strict=True))
@@ -307,11 +278,6 @@ class Compiled:
     def use(self, variant: str) -> None:
         """Run the code of ``variant``, one of `VARIANTS`."""
         self.wrapper.__code__ = self._codes[variant]
-
-    @staticmethod
-    def forget(label: str) -> None:
-        """Drop the source of a function gone from `linecache` (``label``: its)."""
-        linecache.cache.pop(label, None)
 
 
 def generated_source(fn: Callable[..., Any]) -> str:

@@ -57,7 +57,6 @@ if TYPE_CHECKING:
 
 _MAX_REPORT = 10_000
 _MISSING = object()
-_NO_VIEWS = (None, None)
 #: CPU tensors and numpy arrays up to this many elements have their contents compared
 DEEP_CONTENT_LIMIT = 4096
 #: the integer dtype of each size, to read a tensor's bits through numpy
@@ -442,20 +441,6 @@ def _canonical(key: object) -> object:
     return key
 
 
-class _Miss:
-    """What `Checks.before_miss` records of a miss while the function runs."""
-
-    def __init__(
-        self, owner: object, names: Sequence[str], deps: Args, store: StepCache
-    ) -> None:
-        self.owner, self.store = owner, store
-        self.recorded = _record(names, deps)
-        self.reads = Recording(owner)
-
-    def stop(self) -> None:
-        self.reads.stop()
-
-
 def _names(names: Iterable[str]) -> str:
     return ", ".join(f"'{n}'" for n in names)
 
@@ -472,31 +457,12 @@ class Checks:
         if store is not None and store.closed and store.belongs_to(owner):
             raise detect("use-after-close", fn, BYPASS, str(closed_error(owner)))
 
-    def closed(
-        self, fn: Cached, key: object, error: StaleCacheError
-    ) -> StaleCacheError | CacheValidationError:
-        """The detection of a call through an owner whose store was closed."""
-        return detect("use-after-close", fn, key, str(error))
-
-    def invalid(
-        self, fn: Cached, key: object, wrong: str
-    ) -> StaleCacheError | CacheValidationError:
-        """The detection of a value that breaks ``expect`` (``wrong``) when stored."""
-        return detect("validation", fn, key, wrong[2:])
-
     def hit(
-        self,
-        fn: Cached,
-        a: Args,
-        key: object,
-        owner: object,
-        store: StepCache,
-        deps: Args,
-        entry: Entry,
+        self, fn: Cached, a: Args, key: object, store: StepCache, entry: Entry
     ) -> object:
         """Check a hit; what it hands out. The common case (each input as it was
         recorded) is tested inline; a difference goes to the check that explains it."""
-        scope = store.scope
+        owner, scope = a[fn.owner_index], store.scope
         if scope is not None and scope.open and not open_here(scope):
             raise detect("scope-thread", fn, key)  # another thread's scope
         info: _Info | None = entry.info  # None if stored in production
@@ -516,67 +482,57 @@ class Checks:
             if info.watched:
                 read = lambda n: getattr(owner, n, _MISSING)  # noqa: E731
                 _recheck("undeclared-input", fn, a, key, entry, info.watched, read)
-        # validated when stored: again where it may fail now (a reference holds another
-        # object, the value's storage was swapped behind its version: `.data =`)
+        # an ignored argument that is another object (a buffer on another device)
+        ignored = () if info is None else info.ignored
+        moved = bool(ignored) and any(not fp.match(a[i], o, v) for i, o, v in ignored)
+        # validated when stored: again where it may fail now (a reference or an ignored
+        # argument holds another object, the value's storage was swapped behind its
+        # version: `.data =`)
         recheck = fn.expect is not None and (
             info is None
             or swapped
+            or moved
             or (info.refs and any(map(operator.is_not, fn.refs_of(owner), info.refs)))
         )
         if recheck and (wrong := fn.violation(entry.value, a)):
             raise detect("validation", fn, key, error=wrong)
-        if info is not None and info.ignored:
-            for i, o, v in info.ignored:
-                x = a[i]
-                if not fp.match(x, o, v):
-                    # another argument (a buffer on another device): expect first
-                    if fn.expect is not None and (
-                        wrong := fn.violation(entry.value, a)
-                    ):
-                        raise detect("validation", fn, key, error=wrong)
-                    prints = {fn.names[j]: (p, q) for j, p, q in info.ignored}
-                    read = lambda n: a[fn.index[n]]  # noqa: E731
-                    _recheck("ignored-argument", fn, a, key, entry, prints, read)
-                    # what it remembered, for the next hit
-                    info.ignored = tuple((fn.index[n], *f) for n, f in prints.items())
-                    break
+        if moved and info is not None:
+            prints = {fn.names[j]: (p, q) for j, p, q in ignored}
+            read = lambda n: a[fn.index[n]]  # noqa: E731
+            _recheck("ignored-argument", fn, a, key, entry, prints, read)
+            # what it remembered, for the next hit
+            info.ignored = tuple((fn.index[n], *f) for n, f in prints.items())
         if Switches.mode == "verify" and (diff := _recompute(fn, a, entry)):
             fix = _fix(fn, info) + ("" if scope is None else _IN_SCOPE)
             raise detect("key-too-coarse", fn, key, diff=diff, fix=fix)
-        if not info or not info.versions or not STEPCACHE_DEBUG_GUARD:
-            return entry.value
-        ref, handed = info.handed.get(id(store), _NO_VIEWS)
-        return (
-            handed
-            if ref is not None and ref() is store
-            else self.hand_out(fn, key, entry, store)
-        )
+        return self.hand_out(fn, key, entry, store)
 
-    def before_miss(
+    def compute(
         self, fn: Cached, a: Args, key: object, store: StepCache, deps: Args
-    ) -> _Miss:
-        """Check a miss before it computes, and start recording what it reads."""
+    ) -> tuple[object, _Info]:
+        """Compute a miss's value, checked before and after, and recording what it
+        reads; what the entry's ``info`` keeps for later hits."""
         canonical = _canonical(key)
         for cached in store.keys(fn.fid) if fn.keyed else ():
             if cached != key and _canonical(cached) == canonical:
                 raise detect("device-alias", fn, key, cached=cached)
-        return _Miss(a[fn.owner_index], fn.dep_names, deps, store)
-
-    def after_miss(
-        self, fn: Cached, miss: _Miss, a: Args, key: object, value: object
-    ) -> _Info:
-        """Check a computed value; what the entry's ``info`` keeps for later hits."""
-        owner = miss.owner
+        owner, skip = a[fn.owner_index], {*fn.dep_names, "_stepcache"}
+        recorded = _record(fn.dep_names, deps)
+        reads = Recording(owner)
+        try:
+            value = fn.run(a)
+        finally:
+            reads.stop()
         if fn.key_fn is not None and fn.dep_names:
-            reads = Recording(owner)
+            key_reads = Recording(owner)
             try:
                 fn.key_of(a)
             finally:
-                names = data_read(owner, reads.stop(), {*fn.dep_names, "_stepcache"})
+                names = data_read(owner, key_reads.stop(), skip)
             if names:
                 raise detect("key-reads-undeclared", fn, key, names=names)
-        _check_deps("builder-mutates-dependency", fn, key, miss.recorded)
-        read = data_read(owner, miss.reads.names, {*fn.dep_names, "_stepcache"})
+        _check_deps("builder-mutates-dependency", fn, key, recorded)
+        read = data_read(owner, reads.names, skip)
         watched = {name: fp.fingerprint(getattr(owner, name)) for name in read}
         ignored = tuple(
             (fn.index[n], *fp.fingerprint(a[fn.index[n]])) for n in fn.ignored
@@ -586,10 +542,10 @@ class Checks:
         # a hit matches tensors and arrays by identity: they are checked on hits; a list
         # or dict is matched by its contents in every mode
         arrays = (torch.Tensor, np.ndarray)
-        deps = [record for record in miss.recorded if isinstance(record[1], arrays)]
-        quiet = not (deps or versions or watched or ignored or refs)
-        quiet = quiet and miss.store.scope is None
-        return _Info(deps, versions, watched, ignored, refs, quiet, value)
+        kept = [record for record in recorded if isinstance(record[1], arrays)]
+        quiet = not (kept or versions or watched or ignored or refs)
+        quiet = quiet and store.scope is None
+        return value, _Info(kept, versions, watched, ignored, refs, quiet, value)
 
     def hand_out(
         self, fn: Cached, key: object, entry: Entry, store: StepCache

@@ -8,7 +8,7 @@ import difflib
 import functools
 import inspect
 import keyword
-import operator
+import linecache
 import types
 import weakref
 from collections.abc import Callable, Container, Hashable, Iterator, Mapping, Sequence
@@ -37,23 +37,10 @@ R = TypeVar("R")
 Expect = TensorSpec | tuple[TensorSpec | None, ...] | None
 KeyArg = Callable[..., Hashable] | str | Sequence[str] | None
 Args = tuple[object, ...]  # a call's arguments: each parameter's value, in order
+Problem = tuple[str, str]  # what is wrong with a decoration, and its fix
 #: ``call()``'s key before it is known (``NO_KEY``: the function has none)
 UNKNOWN: Final = object()
 _STARS = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-
-
-def _reader(
-    deps: tuple[str, ...], index: dict[str, int]
-) -> Callable[[Args, object], Args]:
-    """How a call's dependencies are read (from its arguments ``a`` and owner ``o``):
-    the owner's attributes in one C call, where there are some and none is a
-    parameter."""
-    if not deps or any(d in index for d in deps):
-        return lambda a, o: tuple(
-            a[index[d]] if d in index else getattr(o, d) for d in deps
-        )
-    get = operator.attrgetter(*deps)
-    return (lambda a, o: (get(o),)) if len(deps) == 1 else (lambda a, o: tuple(get(o)))
 
 
 def _names(value: str | Sequence[str]) -> tuple[str, ...]:
@@ -130,7 +117,6 @@ class CachedFunction:
         )
         self.only: dict[str, Container[object]] = dict(only or {})
         self._deps_checked = False
-        self._deps_of = _reader(self.dep_names, self.index)
         #: the user's function called with a call's arguments: the one place it runs
         self.run: Callable[[Args], object] = (
             (lambda a: fn(*a))
@@ -142,10 +128,11 @@ class CachedFunction:
         functools.update_wrapper(self.wrapper, fn)
         setattr(self.wrapper, "__stepcache__", self)  # noqa: B010
         with _registry.lock:  # what a switch flipped meanwhile finds it
-            _registry.add_locked(self)
+            _registry.by_id[self.fid] = self
             self.compiled.use(Switches.variant())
         # a factory's functions come and go: their sources go with them
-        weakref.finalize(self, Compiled.forget, self.compiled.label).atexit = False
+        forget = weakref.finalize(self, linecache.cache.pop, self.compiled.label, None)
+        forget.atexit = False
 
     # -- errors -------------------------------------------------------------------------
     def where(self, key: object = NO_KEY) -> str:
@@ -164,10 +151,18 @@ class CachedFunction:
         names: Sequence[str],
         plain: list[str],
         only: Mapping[str, Container[object]] | None,
-    ) -> Iterator[tuple[str, str]]:
+    ) -> Iterator[Problem]:
         """What makes the decoration unworkable, and its fix, in order (the first is
         raised; later checks may assume the earlier ones passed)."""
         listing = f"(parameters: {', '.join(self.names)})"
+
+        def unknown(said: str, name: str, where: str, owner: bool = True) -> Problem:
+            """``said``: it names ``name``, which is no parameter (besides the owner,
+            unless ``owner``)."""
+            besides = "" if owner else " besides the owner"
+            what = f"{said}, which is not a parameter{besides} {listing}"
+            return what, _did_you_mean(name, self.names[0 if owner else 1 :], where)
+
         if any(n.startswith("_sc_") for n in self.names):
             yield "parameter names starting with '_sc_' are reserved", "rename them"
         if inspect.isgeneratorfunction(self.fn) or inspect.isasyncgenfunction(self.fn):
@@ -204,10 +199,7 @@ class CachedFunction:
             yield "key=() names no parameter", "leave key out for one entry per owner"
         for k in names:
             if k not in self.index:
-                yield (
-                    f"key names {k!r}, which is not a parameter {listing}",
-                    _did_you_mean(k, self.names, "key"),
-                )
+                yield unknown(f"key names {k!r}", k, "key")
         for d in self.dep_names:
             if not isinstance(d, str) or not d.isidentifier() or keyword.iskeyword(d):
                 yield (
@@ -221,11 +213,7 @@ class CachedFunction:
                 )
         for n in self.ignored:
             if n not in self.index or n == self.owner_name:
-                yield (
-                    f"ignore= names {n!r}, which is not a parameter besides the owner "
-                    f"{listing}",
-                    _did_you_mean(n, self.names[1:], "ignore="),
-                )
+                yield unknown(f"ignore= names {n!r}", n, "ignore=", owner=False)
             elif n in names or n in self.dep_names:
                 yield (
                     f"ignore= names {n!r}, which key= or depends_on names too",
@@ -241,11 +229,7 @@ class CachedFunction:
             )
         for ref in (r for s in specs or () if s is not None for r in s.refs()):
             if isinstance(ref, Arg) and ref.name not in self.index:
-                yield (
-                    f"expect refers to Arg({ref.name!r}), which is not a parameter "
-                    f"{listing}",
-                    _did_you_mean(ref.name, self.names, "Arg()"),
-                )
+                yield unknown(f"expect refers to Arg({ref.name!r})", ref.name, "Arg()")
         if not isinstance(self.guard, bool):
             yield (
                 f"guard_result must be True or False (got {self.guard!r})",
@@ -259,11 +243,7 @@ class CachedFunction:
             )
         for n, allowed in (only or {}).items():
             if n not in self.index or n == self.owner_name:
-                yield (
-                    f"only= names {n!r}, which is not a parameter besides the owner "
-                    f"{listing}",
-                    _did_you_mean(n, self.names[1:], "only="),
-                )
+                yield unknown(f"only= names {n!r}", n, "only=", owner=False)
             if isinstance(allowed, (str, bytes)) or not hasattr(
                 allowed, "__contains__"
             ):
@@ -329,14 +309,13 @@ class CachedFunction:
 
     def deps_of(self, a: Args, owner: object) -> Args:
         """The call's dependencies, in `depends_on` order."""
-        if not self.dep_names:
-            return ()
+        names, index = self.dep_names, self.index
         try:
-            deps = self._deps_of(a, owner)
-        except AttributeError as exc:
-            missing = next(
-                (d for d in self.dep_names if not hasattr(owner, d)), str(exc)
+            deps = tuple(
+                a[index[d]] if d in index else getattr(owner, d) for d in names
             )
+        except AttributeError as exc:
+            missing = next((d for d in names if not hasattr(owner, d)), str(exc))
             raise self.error(
                 f"depends_on names {missing!r}, an attribute the owner "
                 f"{type(owner).__qualname__} does not have",
@@ -381,6 +360,8 @@ class CachedFunction:
     def validate(self, value: object, a: Args, key: object) -> None:
         """Raise `CacheValidationError` where a computed ``value`` breaks ``expect``."""
         if (wrong := self.violation(value, a)) is not None:
+            if Switches.mode != "off":  # a detection of debug mode
+                raise _debug.detect("validation", self, key, wrong[2:])
             raise CacheValidationError(f"{self.where(key)}{wrong}")
 
     def args_ok(self, value: object, a: Args) -> bool:
@@ -415,7 +396,7 @@ class CachedFunction:
             return self.miss(a, key, owner, store, deps, stale, watch)
         value = entry.value
         if watch is not None:
-            value = watch.hit(self, a, key, owner, store, deps, entry)
+            value = watch.hit(self, a, key, store, entry)
         elif self.arg_refs and (wrong := self.violation(value, a)) is not None:
             raise CacheValidationError(
                 f"{self.where(key)}: on a hit, the cached value does not meet expect "
@@ -429,13 +410,11 @@ class CachedFunction:
     ) -> object:
         """A hit the generated code found in debug mode (in ``place``, where it
         looked): debug mode checks it and says what to hand out."""
-        info = entry.info
-        if info is not None and info.quiet and Switches.mode == "checks":
-            self.counts.hits += 1  # stored in checks mode with nothing to recheck
-            return entry.value
-        owner = a[self.owner_index]
-        store = place.store if isinstance(place, Scope) else place
-        value = _debug.checks.hit(self, a, key, owner, store, (), entry)
+        value, info = entry.value, entry.info
+        # served as it is where stored in checks mode with nothing to recheck
+        if info is None or not info.quiet or Switches.mode != "checks":
+            store = place.store if isinstance(place, Scope) else place
+            value = _debug.checks.hit(self, a, key, store, entry)
         self.counts.hits += 1
         return value
 
@@ -443,24 +422,20 @@ class CachedFunction:
         self, owner: object, key: object, watch: _debug.Checks | None
     ) -> StepCache:
         """Where a call looks and stores, as the generated code decides: the owner's
-        own store, the open scope's (read, not joined), else `store_of`'s."""
+        own store, the open scope's (read, not joined), else `cache_of`'s; the typed
+        error of an owner that cannot have one (``watch`` records it)."""
         own, inner = held(owner), innermost()
         if own is None and isinstance(inner, Scope) and inner.table is not None:
             mark_class(owner)
             return inner.store
         if own is not None and own.made_by(owner) and inner is NO_STORE:
             return own
-        return self.store_of(owner, key, watch)
-
-    def store_of(
-        self, owner: object, key: object, watch: _debug.Checks | None
-    ) -> StepCache:
-        """`cache_of(owner)`: its store, made or joined to the open scope, or the
-        typed error of an owner that cannot have one (``watch`` records it)."""
-        try:
+        try:  # its store, made or joined to the open scope (`cache_of`)
             return cache_of(owner)
         except StaleCacheError as exc:
-            raise exc if watch is None else watch.closed(self, key, exc) from None
+            if watch is None:
+                raise exc from None
+            raise _debug.detect("use-after-close", self, key, str(exc)) from None
         except OwnerError as exc:
             raise self.owner_error(exc) from None
 
@@ -496,19 +471,13 @@ class CachedFunction:
     ) -> object:
         """Compute, validate and store the call's value: every miss of the slow path."""
         fps = fingerprints(deps, scoped=store.scope is not None)
-        record = None if watch is None else watch.before_miss(self, a, key, store, deps)
-        try:
-            value = self.run(a)
-        finally:
-            if record is not None:
-                record.stop()
         info = None
-        if watch is not None and record is not None:
-            info = watch.after_miss(self, record, a, key, value)
-        if self.expect is not None and (wrong := self.violation(value, a)) is not None:
-            if watch is not None:
-                raise watch.invalid(self, key, wrong)
-            raise CacheValidationError(f"{self.where(key)}{wrong}")
+        if watch is None:
+            value = self.run(a)
+        else:
+            value, info = watch.compute(self, a, key, store, deps)
+        if self.expect is not None:
+            self.validate(value, a, key)
         args = tuple([a[self.index[n]] for n in self.arg_refs]) or None
         try:
             entry = Entry(value, owner, fps, self.guard, info, args)

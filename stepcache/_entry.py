@@ -75,7 +75,7 @@ def result_guard(value: Any) -> tuple[Any, Any]:
     if len(found) == 1 and not found[0].is_inference():
         return found[0], version(found[0])
     several = _Tags(found)
-    return several, version(several)
+    return several, several._version  # noqa: SLF001 (what a hit reads)
 
 
 def no_weakref(owner: object) -> OwnerError:

@@ -14,6 +14,7 @@ where it fails; the slow path and debug mode call `match`. docs/concepts.md
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -23,18 +24,6 @@ import torch
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from contextlib import AbstractContextManager
-    from typing import Protocol, TypeVar
-
-    _V = TypeVar("_V", covariant=True)
-    _C = TypeVar("_C")
-
-    class Counted(Protocol[_V]):
-        """What has a version counter: a tensor (an `int`), or a stand-in for
-        several (`stepcache._entry`)."""
-
-        @property
-        def _version(self) -> _V: ...
-
 
 Place = tuple[int, torch.Size, tuple[int, ...], torch.dtype, torch.device]
 #: a fingerprint ``(o, v)``: what was stored, and a version counter (an ``int``) or
@@ -64,9 +53,9 @@ class Kind:
         return self.name
 
 
-def version(t: Counted[_C]) -> _C:
-    """Tensor ``t``'s version counter: what every in-place torch op moves on."""
-    return t._version  # noqa: SLF001 (no public name)
+#: tensor ``t``'s version counter, ``version(t)``: what every in-place torch op moves
+#: on (torch names it privately only, and types it nowhere)
+version: Callable[[torch.Tensor], int] = operator.attrgetter("_version")
 
 
 #: a block in which torch calls skip tensor subclasses' ``__torch_function__`` (debug
@@ -196,20 +185,15 @@ def fingerprint(x: object, scoped: bool = False) -> Print:
     if cls in VALUE_CLASSES:
         return x, VAL
     if isinstance(x, torch.Tensor):
-        return tensor_fingerprint(x, scoped)
+        if not x.is_inference():
+            return x, version(x)
+        return inference_fingerprint(x, scoped)
     if isinstance(x, _SCALARS):
         return x, VAL
     snap = snapshot(x)
     if snap is None:
         return x, ID
     return ((x, snap), TUPLE) if cls in _VALUE_TUPLES else (snap, SNAP)
-
-
-def tensor_fingerprint(t: torch.Tensor, scoped: bool) -> Print:
-    """`fingerprint` of a tensor."""
-    if not t.is_inference():
-        return t, version(t)
-    return inference_fingerprint(t, scoped)
 
 
 def inference_fingerprint(t: torch.Tensor, scoped: bool) -> Print:

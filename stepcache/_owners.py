@@ -22,17 +22,6 @@ ATTR: Final = "_stepcache"
 _side: dict[int, tuple[weakref.ref[object], StepCache]] = {}
 
 
-def new_store(owner: object) -> StepCache | None:
-    """A new store kept in ``owner``, whose class holds `NO_STORE` (``None``: this
-    owner has no room for it): an owner's first miss of a step."""
-    store = StepCache(owner)
-    try:
-        object.__setattr__(owner, ATTR, store)  # past a frozen class's __setattr__
-    except (AttributeError, TypeError):
-        return None
-    return store
-
-
 def write(owner: object, store: StepCache) -> None:
     """Keep ``store`` in ``owner`` (an attribute or declared slot; a tensor's in the
     side table); the owner's class gets `NO_STORE` as its attribute, unless it has one.
@@ -45,12 +34,14 @@ def write(owner: object, store: StepCache) -> None:
         try:
             object.__setattr__(owner, ATTR, store)  # past a frozen class's __setattr__
         except (AttributeError, TypeError):
-            if _slotted(owner):  # its hits would all take the slow path
+            cls = type(owner)
+            slotted = cls.__module__ == "builtins" or hasattr(cls, "__slots__")
+            # an instance of a slotted class, or of a builtin type: its hits would
+            # all take the slow path (a class or module is kept beside it)
+            if slotted and not isinstance(owner, (type, types.ModuleType)):
                 raise _no_room(owner) from None
         else:
-            if not hasattr(type(owner), ATTR):
-                with contextlib.suppress(Exception):  # a builtin type may refuse
-                    setattr(type(owner), ATTR, NO_STORE)
+            mark_class(owner)
             return
     # a tensor, a class, a module: kept beside it (its hits take the slow path)
     key = id(owner)  # the callback runs as the owner dies, before its id is reused
@@ -76,15 +67,6 @@ def forget(owner: object) -> None:
     _side.pop(id(owner), None)
     with contextlib.suppress(AttributeError, TypeError):
         object.__delattr__(owner, ATTR)
-
-
-def _slotted(owner: object) -> bool:
-    """Whether ``owner`` is an instance of a class of its user's with ``__slots__``
-    and no room for a store, or of a builtin type that takes no attributes."""
-    cls = type(owner)
-    if isinstance(owner, (type, types.ModuleType)):
-        return False
-    return cls.__module__ == "builtins" or hasattr(cls, "__slots__")
 
 
 def _no_room(owner: object) -> OwnerError:

@@ -13,6 +13,7 @@ code that patches the same class.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any, cast
@@ -23,24 +24,18 @@ __all__ = ["Recording", "Watch", "data_read", "unrecorded", "watch"]
 _GetAttribute = Callable[[object, str], object]
 
 
+@dataclasses.dataclass(slots=True)
 class _Patch:
     """One class with the recording ``__getattribute__`` in place."""
 
-    __slots__ = ("cls", "original", "own", "users", "watchers", "wrapper")
-
-    def __init__(
-        self, cls: type, own: _GetAttribute | None, original: _GetAttribute
-    ) -> None:
-        self.cls = cls
-        #: the class's own ``__getattribute__`` (``None``: it inherited one)
-        self.own = own
-        #: the ``__getattribute__`` the recording one calls
-        self.original = original
-        #: the watches now on this class
-        self.users = 0
-        #: id(object) -> the name set of each watch on it
-        self.watchers: dict[int, list[set[str]]] = {}
-        self.wrapper: _GetAttribute | None = None
+    cls: type
+    #: the class's own ``__getattribute__`` (``None``: it inherited one)
+    own: _GetAttribute | None
+    #: the ``__getattribute__`` the recording one calls
+    original: _GetAttribute
+    #: id(object) -> the name set of each watch on it: the watches on this class
+    watchers: dict[int, list[set[str]]] = dataclasses.field(default_factory=dict)
+    wrapper: _GetAttribute | None = None
 
 
 _patched: dict[type, _Patch] = {}
@@ -121,8 +116,7 @@ class Watch:
                         break
                 if not sets:
                     patch.watchers.pop(id(self.obj), None)
-                patch.users -= 1
-                if patch.users == 0:
+                if not patch.watchers:  # the last watch on its class
                     _unpatch(patch)
         return self.names
 
@@ -137,7 +131,6 @@ def watch(obj: object) -> Watch | None:
             return None
         w = Watch(obj, patch)
         patch.watchers.setdefault(id(obj), []).append(w.names)
-        patch.users += 1
         return w
 
 
@@ -146,7 +139,6 @@ class Recording:
     mode's use of `watch`."""
 
     def __init__(self, owner: object) -> None:
-        self.owner = owner
         self._watch = watch(owner)
         self.names: set[str] = set() if self._watch is None else self._watch.names
 

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 lock = threading.Lock()  # held to change the registry, or to set a switch
 new_id = itertools.count(1).__next__  # a new function's id: 1, 2, ...
-_by_id: weakref.WeakValueDictionary[int, CachedFunction] = weakref.WeakValueDictionary()
+#: the decorated functions alive, by id: changed, and listed for a switch, under `lock`
+by_id: weakref.WeakValueDictionary[int, CachedFunction] = weakref.WeakValueDictionary()
 
 
 class Counts:
@@ -33,12 +34,7 @@ class Counts:
 
 def all_functions() -> list[CachedFunction]:
     with lock:
-        return sorted(_by_id.values(), key=lambda f: f.fid)
-
-
-def name_of(fid: int) -> str:
-    fn = _by_id.get(fid)
-    return fn.name if fn is not None else f"<function #{fid}>"
+        return sorted(by_id.values(), key=lambda f: f.fid)
 
 
 def by_name(rows: Iterable[tuple[int, Sequence[int]]]) -> dict[str, list[int]]:
@@ -46,16 +42,8 @@ def by_name(rows: Iterable[tuple[int, Sequence[int]]]) -> dict[str, list[int]]:
     factory's, say) share its row."""
     out: dict[str, list[int]] = {}
     for fid, counts in rows:
-        row = out.setdefault(name_of(fid), [0] * len(counts))
+        fn = by_id.get(fid)
+        name = fn.name if fn is not None else f"<function #{fid}>"
+        row = out.setdefault(name, [0] * len(counts))
         row[:] = map(sum, zip(row, counts, strict=True))
     return out
-
-
-def functions_locked() -> list[CachedFunction]:
-    """`all_functions`, for a caller that holds `lock`."""
-    return list(_by_id.values())
-
-
-def add_locked(fn: CachedFunction) -> None:
-    """`register`, for a caller that holds `lock`."""
-    _by_id[fn.fid] = fn

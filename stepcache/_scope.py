@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from stepcache._entry import weak
 from stepcache._errors import StaleCacheError, StepCacheError
-from stepcache._owners import closed_error, forget, held, new_store, write
+from stepcache._owners import closed_error, forget, held, write
 from stepcache._store import NO_STORE, NoStore, StepCache
 
 if TYPE_CHECKING:
@@ -67,10 +67,6 @@ class Scope:
             if self.table is not None:
                 self.table = self._store.table
         return self._store
-
-    def join(self, owner: object) -> StepCache:
-        """Make ``owner`` use this scope's store until it closes; returns the store."""
-        return attach(owner, self.store)
 
     def remember(self, owner: object, before: StepCache | None) -> None:
         if self._joined is None:
@@ -142,12 +138,11 @@ def open_here(scope: Scope) -> bool:
     return False
 
 
-def miss_store(place: StepCache | Scope | NoStore, owner: object) -> StepCache | None:
+def miss_store(place: StepCache | Scope, owner: object) -> StepCache | None:
     """Where a generated miss on ``owner`` stores its entry, given where its hit
-    looked (``place``): the owner's own store, a new one, the open scope's; ``None``
-    where the slow path decides (a copy's store, a closed one, a scope to join)."""
-    if place is NO_STORE:
-        return new_store(owner)
+    looked (``place``; the generated miss stores a new store itself): the owner's own
+    store, the open scope's; ``None`` where the slow path decides (a copy's store, a
+    closed one, a scope to join)."""
     if place.__class__ is Scope:
         return place.store  # type: ignore[union-attr]
     if place.__class__ is StepCache and place.made_by(owner):  # type: ignore[union-attr]
@@ -251,7 +246,7 @@ def cache_of(owner: object) -> StepCache:
     if own is not None and mine and own.closed:
         raise closed_error(owner)
     if isinstance(inner, Scope):  # a scope is open here: join the innermost
-        return inner.join(owner)
+        return attach(owner, inner.store)
     if own is not None and mine:
         return own
     fresh = StepCache(owner)

@@ -157,25 +157,6 @@ class TensorSpec:
         items = (self.device, self.dtype, *(self.shape or ()), *(self.min_shape or ()))
         return [r for r in items if isinstance(r, (Arg, Attr))]
 
-    def of_args(self) -> TensorSpec | None:
-        """The part of this spec that reads the call's arguments (`Arg`), which can
-        differ between calls that share a value (``None``: no part does)."""
-        if not any(type(r) is Arg for r in self.refs()):
-            return None
-
-        def dims(d: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
-            if d is None or not any(type(x) is Arg for x in d):
-                return None
-            return tuple(x if type(x) is Arg else None for x in d)
-
-        device, dtype = self.device, self.dtype
-        return TensorSpec(
-            device=device if type(device) is Arg else None,
-            dtype=dtype if type(dtype) is Arg else None,
-            shape=dims(self.shape),
-            min_shape=dims(self.min_shape),
-        )
-
     def check(self, x: object, scope: Refs, item: int | None = None) -> None:
         """Raise `CacheValidationError` unless ``x`` (the result, or its item ``item``)
         is a tensor that meets this spec, its references resolved in ``scope``. Runs on
@@ -189,7 +170,7 @@ class TensorSpec:
             if (
                 want is not None
                 and x.device != want
-                and not _same_device(x.device, want)
+                and normalize_device(x.device) != normalize_device(want)
             ):
                 label = _device_label(self.device, scope, want)
                 want = normalize_device(want)
@@ -319,10 +300,6 @@ def _sizes(
             )
 
 
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    return normalize_device(a) == normalize_device(b)
-
-
 def _kind(value: object) -> str:
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of {len(value)}"
@@ -363,16 +340,30 @@ def _want(item: object, scope: Refs, attr: str) -> object:
 
 
 def of_args(expect: Spec | None) -> Spec | None:
-    """What of ``expect`` reads the call's arguments (`TensorSpec.of_args`), checked
-    again on a hit: ``None`` where nothing does.
+    """What of ``expect`` reads the call's arguments (`Arg`), which can differ between
+    calls that share a value, checked again on a hit: ``None`` where nothing does.
 
     >>> of_args(TensorSpec(device=Arg("buf"), dtype=torch.int32, ndim=1))
     TensorSpec(device=Arg('buf'))
     """
-    if expect is None or isinstance(expect, TensorSpec):
-        return None if expect is None else expect.of_args()
-    parts = tuple(None if s is None else s.of_args() for s in expect)
-    return parts if any(p is not None for p in parts) else None
+    if isinstance(expect, tuple):
+        parts = tuple(_of_args(s) for s in expect)
+        return parts if any(p is not None for p in parts) else None
+    return _of_args(expect)
+
+
+def _of_args(spec: TensorSpec | None) -> TensorSpec | None:
+    if spec is None or not any(type(r) is Arg for r in spec.refs()):
+        return None
+
+    def arg(x: object) -> Arg | None:  # an Arg as it is; other items unchecked
+        return x if type(x) is Arg else None
+
+    def dims(d: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
+        return tuple(map(arg, d)) if d and any(type(x) is Arg for x in d) else None
+
+    shape, least = dims(spec.shape), dims(spec.min_shape)
+    return TensorSpec(arg(spec.device), arg(spec.dtype), None, shape, least)
 
 
 def check(expect: Spec, value: object, scope: Refs) -> None:

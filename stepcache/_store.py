@@ -15,7 +15,7 @@ import torch
 from stepcache._entry import Entry, walk
 from stepcache._errors import StaleCacheError
 from stepcache._kinds import strided
-from stepcache._registry import Counts, by_name
+from stepcache._registry import by_name
 
 if TYPE_CHECKING:
     from stepcache._scope import Scope
@@ -133,11 +133,10 @@ class StepCache:
     def stats(self) -> dict[str, dict[str, int]]:
         """Per-function entries, bytes, misses and invalidations in this store (hits and
         bypasses skip the store: [`stats()`][stepcache.stats] counts them)."""
-        sizes, counts = measure((self,)), self.counts()
-        rows = []
+        sizes, counts, rows = measure((self,)), self._counts or {}, []
         for f in {**counts, **sizes}:
-            c = counts.get(f) or Counts()
-            rows.append((f, (*sizes.get(f, (0, 0)), c.misses, c.invalidations)))
+            invalidations, misses = divmod(counts.get(f, 0), INVALIDATION)
+            rows.append((f, (*sizes.get(f, (0, 0)), misses, invalidations)))
         names = ("entries", "bytes", "misses", "invalidations")
         return {n: dict(zip(names, c, strict=True)) for n, c in by_name(rows).items()}
 
@@ -180,14 +179,6 @@ class StepCache:
         """Count ``owner`` (``ref``: a weak reference to it) among this store's."""
         self._members = {**(self._members or {}), id(owner): ref}
 
-    def counts(self) -> dict[int, Counts]:
-        """The misses and invalidations of each function that missed here."""
-        out: dict[int, Counts] = {}
-        for fid, n in (self._counts or {}).items():
-            c = out[fid] = Counts()
-            c.invalidations, c.misses = divmod(n, INVALIDATION)
-        return out
-
     def lookup(self, fid: int, key: object) -> Entry | None:
         """The entry of function ``fid`` and ``key`` (`NO_KEY`: it is not keyed), or
         ``None``; an unhashable key raises `TypeError`, whether or not the function
@@ -214,16 +205,14 @@ class StepCache:
                 slot[key] = entry  # type: ignore[index]
         if self._closed:
             self.clear()
-        counts = self._counts
-        if stale is None:  # the common case: a first miss
-            if counts is None:
-                self._counts = {fid: 1}
-            else:
-                counts[fid] = counts.get(fid, 0) + 1
-            return False
-        invalidation = stale.bound is None or stale.bound() is entry.owner()
-        counts = self._counts = counts or {}
-        counts[fid] = counts.get(fid, 0) + (1 + INVALIDATION if invalidation else 1)
+        invalidation = stale is not None and (
+            stale.bound is None or stale.bound() is entry.owner()
+        )
+        n, counts = (1 + INVALIDATION if invalidation else 1), self._counts
+        if counts is None:  # a step's first miss here
+            self._counts = {fid: n}
+        else:
+            counts[fid] = counts.get(fid, 0) + n
         return invalidation
 
     def keys(self, fid: int) -> list[object]:
@@ -271,9 +260,8 @@ def measure(stores: Iterable[StepCache]) -> dict[int, tuple[int, int]]:
             if id(entry) in seen:
                 continue
             seen.add(id(entry))
-            found: list[
-                torch.Tensor | np.ndarray
-            ] = []  # a view counts its own elements, not its storage
+            # a view counts its own elements, not its storage
+            found: list[torch.Tensor | np.ndarray] = []
             walk(entry.value, found.append, (torch.Tensor, np.ndarray))
             entries, size = out.get(fid, (0, 0))
             size += sum(

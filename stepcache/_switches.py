@@ -58,7 +58,7 @@ def _set(disabled: bool | None = None, mode: str | None = None) -> tuple[bool, s
         if mode is not None:
             Switches.mode = mode
         variant = Switches.variant()
-        for fn in _registry.functions_locked():
+        for fn in list(_registry.by_id.values()):
             fn.compiled.use(variant)
     return before
 
