@@ -58,6 +58,7 @@ __all__ = [
     "expect_dataclass_fields",
     "expect_function",
     "expect_parameters",
+    "absent",
     "install",
     "marked",
     "pending",
@@ -555,6 +556,33 @@ def when_imported(name: str, hook: Hook) -> Callable[[], None]:
                 sys.meta_path.remove(_finder)
 
     return cancel
+
+
+def absent(name: str) -> bool:
+    """Whether module ``name`` is known not to exist: its top package is installed
+    as files and the module is not among them. Imports nothing (a plugin registers
+    before the engine imports its modules). Anything it cannot tell (a module made at
+    run time, a package some other finder serves) counts as present, so a patch of it
+    keeps waiting for its import.
+
+    >>> absent("json.decoder"), absent("json.no_such_module"), absent("no_such_pkg.x")
+    (False, True, False)
+    """
+    if name in sys.modules:
+        return False
+    top, *rest = name.split(".")
+    try:
+        spec = importlib.machinery.PathFinder.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    for part in rest:
+        if spec is None or spec.submodule_search_locations is None:
+            return False  # not files, or a module where a package was expected
+        path = list(spec.submodule_search_locations)
+        spec = importlib.machinery.PathFinder.find_spec(part, path)
+        if spec is None:
+            return True
+    return False
 
 
 def pending() -> list[str]:

@@ -67,6 +67,7 @@ from .patching import (
     SkipPatch,
     StockCheck,
     Undo,
+    absent,
     counters,
     install,
     replace_attribute,
@@ -348,9 +349,18 @@ class EnginePlugin:
                     f"({self.tested()}); {self.env}=force applies it anyway"
                 )
                 return
+            # a patch of a module this release does not have would wait forever
+            gone = frozenset(
+                p.name
+                for p in self.patches
+                if p.name not in skip | off and absent(p.module)
+            )
             state.registered = True
             state.mode = mode
-            state.left_out = skip | off
+            state.left_out = skip | off | gone
+            for name in gone:
+                module = next(p.module for p in self.patches if p.name == name)
+                state.skipped[name] = f"{distribution} {version} has no {module}"
             for name in skip:
                 state.skipped[name] = f"left out by {self.skip_env}"
             for name in off:
@@ -366,7 +376,7 @@ class EnginePlugin:
             state.quiet = True
             try:
                 for patch in self.patches:
-                    if not self._deferred(patch):
+                    if patch.name not in state.left_out and not self._deferred(patch):
                         state.cancel.append(
                             _when_imported(patch.module, self._applier(patch))
                         )
@@ -378,7 +388,7 @@ class EnginePlugin:
                         state.cancel.append(_when_imported(sharer.module, watch))
             finally:
                 state.quiet = False
-            self._log_summary(f"{distribution} {version}", mode, skip, off)
+            self._log_summary(f"{distribution} {version}", mode, skip, off, gone)
 
     def unregister(self) -> None:
         """Undo every patch and forget the registration (for tests, and to switch the
@@ -538,11 +548,13 @@ class EnginePlugin:
             if not state.registered:
                 return
             for patch in self.patches:
-                if patch.name in new:
+                if patch.name in new - state.left_out:
                     state.cancel.append(
                         _when_imported(patch.module, self._applier(patch))
                     )
                 if not isinstance(patch.wrap, Scope) or scoped:
+                    continue
+                if patch.name in state.left_out:
                     continue
                 if not first:  # applied already: again, if it shut decode builds
                     undo = state.undo.get(patch.name)
@@ -614,7 +626,12 @@ class EnginePlugin:
         return apply
 
     def _log_summary(
-        self, version: str, mode: str, skip: frozenset[str], off: frozenset[str]
+        self,
+        version: str,
+        mode: str,
+        skip: frozenset[str],
+        off: frozenset[str],
+        gone: frozenset[str],
     ) -> None:
         state = self._state
         applied = [p.name for p in self.patches if p.name in state.undo]
@@ -635,6 +652,7 @@ class EnginePlugin:
                 for why, names in (
                     (f"left out ({self.skip_env})", skip),
                     (f"off by default ({self.add_env} applies)", off),
+                    ("not in this release (their module is gone)", gone),
                 )
                 if names
             )

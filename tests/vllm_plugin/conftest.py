@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from releases import GONE
 from require_vllm import skip_fails, vllm_or_skip, vllm_problem
 
 #: why vLLM's Triton kernels cannot run in this process (None: they can)
@@ -69,20 +70,16 @@ def stock_kernel(vllm_mod: ModuleType) -> None:
 
 
 def import_patched_modules() -> None:
-    """Import every module the plugin patches, so that each patch applies at once."""
-    import vllm.models.deepseek_v4.compressor
-    import vllm.models.deepseek_v4.nvidia.flashinfer_sparse
-    import vllm.models.deepseek_v41.nvidia.flashinfer_sparse
-    import vllm.v1.attention.backend
-    import vllm.v1.attention.backends.gdn_attn
-    import vllm.v1.attention.backends.mamba2_attn
-    import vllm.v1.attention.backends.mla.sparse_swa
-    import vllm.v1.spec_decode.gemma4
-    import vllm.v1.spec_decode.llm_base_proposer
-    import vllm.v1.spec_decode.step3p5
-    import vllm.v1.worker.gpu.attn_utils
-    import vllm.v1.worker.gpu.spec_decode.speculator
-    import vllm.v1.worker.gpu_model_runner  # noqa: F401
+    """Import every module the plugin patches that this release has, so that each
+    patch applies at once."""
+    import importlib
+
+    from stepcache.integrations import vllm as plugin_module
+    from stepcache.integrations.patching import absent
+
+    for patch in plugin_module.PATCHES:
+        if not absent(patch.module):
+            importlib.import_module(patch.module)
 
 
 def registered(
@@ -100,7 +97,9 @@ def registered(
     # these tests drive vLLM's builds with builders of their own: the scopes apply
     # as they do once the engine makes a builder that calls a cached function
     plugin_module.PLUGIN.want_scopes()
-    assert set(plugin_module.status().values()) == {"applied"}, plugin_module.status()
+    status = plugin_module.status()
+    gone = {name for name, state in status.items() if state != "applied"}
+    assert gone == set(GONE), status
     yield plugin_module
     plugin_module.unregister()
 

@@ -22,6 +22,7 @@ import real_builders
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from releases import needs_v1
 
 import stepcache
 from stepcache.integrations.vllm import computed_tokens as _computed
@@ -214,7 +215,7 @@ def _gdn_fields(md: Any) -> dict[str, Any]:
     return fields
 
 
-@pytest.mark.parametrize("runner", ["v1", "v2"])
+@pytest.mark.parametrize("runner", [pytest.param("v1", marks=needs_v1), "v2"])
 @pytest.mark.parametrize("mode", ["stock", "1", "verify"])
 @pytest.mark.parametrize(
     ("step", "computations"),
@@ -264,7 +265,7 @@ class _no_scope:
         return None
 
 
-@pytest.mark.parametrize("runner", ["v1", "v2"])
+@pytest.mark.parametrize("runner", [pytest.param("v1", marks=needs_v1), "v2"])
 @pytest.mark.parametrize("mode", ["stock", "1"])
 def test_the_mamba2_builder_computes_its_prefill_rows_once(
     counted: dict[str, int], register_plugin: Any, runner: str, mode: str
@@ -285,7 +286,7 @@ def test_the_mamba2_builder_computes_its_prefill_rows_once(
     assert counted["prefill"] == (2 if mode == "stock" else 1)
 
 
-@pytest.mark.parametrize("runner", ["v1", "v2"])
+@pytest.mark.parametrize("runner", [pytest.param("v1", marks=needs_v1), "v2"])
 def test_debug_checks_find_nothing_in_a_build(
     counted: dict[str, int], register_plugin: Any, runner: str
 ) -> None:
@@ -527,6 +528,7 @@ def _record_scopes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return seen
 
 
+@needs_v1
 def test_a_build_of_decodes_opens_no_scope_while_only_mamba_builders_are_made(
     cpu: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -561,6 +563,7 @@ def test_a_build_of_decodes_opens_no_scope_while_only_mamba_builders_are_made(
         fresh.unregister()
 
 
+@needs_v1
 def test_by_default_mamba_builders_open_no_scope_and_apply_no_layout_cache(
     cpu: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -597,6 +600,7 @@ def test_by_default_mamba_builders_open_no_scope_and_apply_no_layout_cache(
         fresh.unregister()
 
 
+@needs_v1
 @pytest.mark.parametrize("skip", [False, True])
 def test_the_split_off_or_left_out_is_vllms_own_and_gdn_decodes_open_no_scope(
     cpu: None, monkeypatch: pytest.MonkeyPatch, skip: bool

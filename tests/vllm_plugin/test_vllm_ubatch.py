@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Micro-batches (dual-batch overlap) on vLLM 0.33: the metadata objects of one
+"""Micro-batches (dual-batch overlap) on vLLM 0.33 and 0.34: the metadata objects of one
 step's ubatches, alive at once, share no value they should not.
 
 vLLM #48659 is the shape of the bug looked for: a micro-batching cache whose key
@@ -10,7 +10,9 @@ ubatch_utils.py``) and builds every slice inside the one scope the plugin opens
 around that method; the slices here come from vLLM's own ``maybe_create_ubatch_slices``
 and ``split_attn_metadata``, and each slice's request index and computed-token
 counts are compared with stock vLLM's for that slice alone, in the order
-slice 0, slice 1, slice 0.
+slice 0, slice 1, slice 0. vLLM 0.34 has no V1 runner: its Model Runner V2 slices the
+step's input batch with ``_slice_query_start_loc`` and ``_slice_seq_lens`` (into each
+ubatch's own buffers), which the tests call there instead.
 """
 
 from __future__ import annotations
@@ -74,17 +76,15 @@ STEPS = {
 
 def ubatches(step: Step) -> list[Any]:
     """The step's ``CommonAttentionMetadata`` (inference tensors, as a step makes
-    them), split into its two ubatches by vLLM's own functions, as V1's runner does
-    (its padded slices: the last one runs to the padded token count)."""
-    from vllm.v1.worker.ubatch_utils import (
-        maybe_create_ubatch_slices,
-        split_attn_metadata,
-    )
+    them), split into its two ubatches by vLLM's own functions: V1's runner's
+    ``split_attn_metadata`` (its padded slices: the last one runs to the padded token
+    count) where the release has it, else Model Runner V2's (vLLM 0.34)."""
+    from vllm.v1.worker import ubatch_utils
 
     layout = real_builders.step_layout(step.query_lens, step.context)
     layout["num_actual_tokens"] = step.padded_tokens
     cm = real_builders.common_metadata(layout)
-    _, padded = maybe_create_ubatch_slices(
+    _, padded = ubatch_utils.maybe_create_ubatch_slices(
         True,
         np.array(step.query_lens, dtype=np.int32),
         step.padded_tokens,
@@ -93,7 +93,51 @@ def ubatches(step: Step) -> list[Any]:
     )
     assert padded is not None and len(padded) == 2
     with torch.inference_mode():
-        return split_attn_metadata(padded, cm)
+        if hasattr(ubatch_utils, "split_attn_metadata"):
+            return list(ubatch_utils.split_attn_metadata(padded, cm))
+        return [_v2_slice(cm, s, len(step.query_lens)) for s in padded]
+
+
+def _v2_slice(cm: Any, ubatch: Any, num_reqs: int) -> Any:
+    """One ubatch's metadata as Model Runner V2 (vLLM 0.34) makes it: its request
+    range clamped as ``create_ubatch_slices`` does, ``query_start_loc`` and
+    ``seq_lens`` written by ``_slice_query_start_loc`` and ``_slice_seq_lens`` into
+    buffers of the ubatch's own (``gpu/ubatch_utils.py``, ``_slice_input_batch``)."""
+    from vllm.v1.worker.gpu import ubatch_utils as v2
+
+    req_start = min(ubatch.request_slice.start, num_reqs - 1)
+    req_stop = min(ubatch.request_slice.stop, num_reqs)
+    tok_start, tok_stop = ubatch.token_slice.start, ubatch.token_slice.stop
+    tokens = tok_stop - tok_start
+    qsl = v2._slice_query_start_loc(
+        cm.query_start_loc,
+        torch.empty(req_stop - req_start + 1, dtype=torch.int32),
+        req_start,
+        req_stop,
+        tok_start,
+        tokens,
+    )
+    seq_lens = v2._slice_seq_lens(
+        cm.seq_lens,
+        torch.empty(req_stop - req_start, dtype=torch.int32),
+        cm.query_start_loc,
+        req_start,
+        req_stop,
+        tok_stop,
+    )
+    return cm.replace(
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl.clone(),
+        seq_lens=seq_lens,
+        seq_lens_cpu_upper_bound=seq_lens.clone(),
+        is_prefilling=cm.is_prefilling[req_start:req_stop],
+        num_reqs=req_stop - req_start,
+        num_actual_tokens=tokens,
+        max_query_len=int(qsl.diff().max()),
+        max_seq_len=int(seq_lens.max()),
+        block_table_tensor=cm.block_table_tensor[req_start:req_stop],
+        slot_mapping=cm.slot_mapping[tok_start:tok_stop],
+    )
 
 
 def value(cm: Any, what: str, buffer: torch.Tensor) -> list[int]:
@@ -134,7 +178,7 @@ def stock_values(
 def test_stock_vllm_gives_each_ubatch_the_values_worked_out_by_hand(
     step: Step, stock_values: list[dict[str, list[int]]]
 ) -> None:
-    """Documents stock vLLM 0.33 (the plugin off): the slices and their values."""
+    """Documents stock vLLM (the plugin off): the slices and their values."""
     slices = ubatches(step)
     assert [s.num_actual_tokens for s in slices] == [
         step.padded_tokens // 2,
@@ -146,7 +190,7 @@ def test_stock_vllm_gives_each_ubatch_the_values_worked_out_by_hand(
 def test_stock_vllm_interleaved_ubatches_with_a_buffer_each(
     step: Step, stock_values: list[dict[str, list[int]]]
 ) -> None:
-    """Documents stock vLLM 0.33: each slice keeps its values in its own fields, and
+    """Documents stock vLLM: each slice keeps its values in its own fields, and
     each ubatch's builder has its own buffer (V1 makes one builder per ubatch)."""
     slices = ubatches(step)
     buffers = [index_buffer(), index_buffer()]

