@@ -131,10 +131,16 @@ def request_index_array(query_start_loc: torch.Tensor | np.ndarray) -> np.ndarra
     return np.repeat(np.arange(lens.shape[0], dtype=np.int32), lens)
 
 
-def check_layout(metadata: StepBatch) -> None:
-    """Raise `ValueError` unless the host layout starts at 0, never decreases and
-    agrees with the device's (same boundaries): what debug mode checks before the
-    index is computed. Reads the device ``query_start_loc`` (a synchronisation).
+def check_layout(metadata: StepBatch, *, source: str = "host") -> None:
+    """Raise `ValueError` unless the layout the index is computed from starts at 0
+    and never decreases: what debug mode checks before the index is computed.
+
+    ``source="host"`` (the seed's path, which reads ``query_start_loc_cpu``): the
+    device copy must also describe the same batch. ``source="device"`` (vLLM's
+    kernel, which reads the device ``query_start_loc``): the device boundaries are
+    checked, and the host copy may differ from them, as vLLM allows (adaptive
+    verification trims drafts on the device: ``supports_device_cpu_query_lens_
+    mismatch``). Reads the device ``query_start_loc`` (a synchronisation).
 
     >>> import dataclasses
     >>> @dataclasses.dataclass
@@ -146,25 +152,34 @@ def check_layout(metadata: StepBatch) -> None:
     Traceback (most recent call last):
     ...
     ValueError: query_start_loc_cpu must never decrease; it goes from 3 to 1 at request 1
+    >>> check_layout(Batch(torch.tensor([0, 2, 4]), torch.tensor([0, 3, 4])), source="device")
     """
-    host = _host_boundaries(metadata.query_start_loc_cpu, "query_start_loc_cpu")
-    if host[0] != 0:
-        raise ValueError(f"query_start_loc_cpu must start at 0 (got {int(host[0])})")
-    bad = np.flatnonzero(np.diff(host) < 0)
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(
-            "query_start_loc_cpu must never decrease; it goes from "
-            f"{int(host[i])} to {int(host[i + 1])} at request {i}"
-        )
-    # checked, no input of the index: a read debug mode does not watch on hits
+    # checked, no input of the index where it is the host's: a read debug mode does
+    # not watch on hits
     device = _host_boundaries(unrecorded(metadata, "query_start_loc"))
+    if source == "device":
+        _check_boundaries(device, "query_start_loc")
+        return
+    host = _host_boundaries(metadata.query_start_loc_cpu, "query_start_loc_cpu")
+    _check_boundaries(host, "query_start_loc_cpu")
     if device.shape != host.shape or (device != host).any():
         raise ValueError(
             f"query_start_loc {device.tolist()} and query_start_loc_cpu "
             f"{host.tolist()} describe different batches: the index is computed from "
             "the host copy. Fix: keep the two copies of the layout in step (or compute "
             "the index on the device from query_start_loc)."
+        )
+
+
+def _check_boundaries(boundaries: np.ndarray, name: str) -> None:
+    if boundaries[0] != 0:
+        raise ValueError(f"{name} must start at 0 (got {int(boundaries[0])})")
+    bad = np.flatnonzero(np.diff(boundaries) < 0)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"{name} must never decrease; it goes from {int(boundaries[i])} to "
+            f"{int(boundaries[i + 1])} at request {i}"
         )
 
 

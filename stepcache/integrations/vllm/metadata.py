@@ -20,6 +20,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 
 import stepcache
@@ -42,6 +43,7 @@ from ..patching import (
 __all__ = [
     "INDEX_NAME",
     "find_token_to_req_indices",
+    "kernel_rows",
     "stock_token_to_req_indices",
     "token_to_req_indices",
     "uses_kernel",
@@ -84,17 +86,42 @@ def token_to_req_indices(self: Any, buffer: torch.Tensor) -> torch.Tensor:
     if not isinstance(buffer, torch.Tensor):
         check_index_buffer(buffer, num_tokens, INDEX_NAME)  # its typed error
     if stepcache.get_debug() != "off":
-        check_layout(self)  # the layout's values: debug mode's job
+        # the layout's values: debug mode's job. vLLM computes from the device
+        # boundaries, which may differ from the host copy's (adaptive verification)
+        check_layout(self, source="device")
     if uses_kernel(buffer.device):
         # Only the caching changes: vLLM's method computes with its kernel from the
         # device query_start_loc (it fills its field, emptied first so it computes).
         self._token_to_req_indices_cache = None
         result: torch.Tensor = _original["token_to_req_indices"](self, buffer)
         return result
-    # boundaries from the device query_start_loc (on the CPU, the same memory), as
-    # vLLM's kernel reads them
-    index = request_index_array(self.query_start_loc)
+    index = kernel_rows(self.query_start_loc, int(self.query_start_loc_cpu[-1]))
     return write_request_index(index, buffer, num_tokens)[:num_tokens]
+
+
+def kernel_rows(query_start_loc: torch.Tensor, mapped: int) -> np.ndarray:
+    """The rows vLLM's kernel (``compute_token_to_req_indices``) writes for the
+    first ``mapped`` tokens (the host copy's total), in numpy: each token's request
+    by the device boundaries (on the CPU, the same memory), a token past the
+    device's last boundary the last request's. With adaptive verification the device
+    boundaries differ from the host copy's (drafts trimmed on the device).
+
+    >>> kernel_rows(torch.tensor([0, 2, 2, 5]), 5).tolist()
+    [0, 0, 2, 2, 2]
+    >>> kernel_rows(torch.tensor([0, 1, 3]), 5).tolist()  # trimmed on the device
+    [0, 1, 1, 1, 1]
+    >>> kernel_rows(torch.tensor([0, 2, 6]), 4).tolist()
+    [0, 0, 1, 1]
+    """
+    index = request_index_array(query_start_loc)
+    if index.shape[0] == mapped:  # the device and the host agree on the total
+        return index
+    if index.shape[0] > mapped:
+        return index[:mapped]
+    last = max(int(query_start_loc.shape[0]) - 2, 0)
+    return np.concatenate(
+        (index, np.full(mapped - index.shape[0], last, dtype=np.int32))
+    )
 
 
 def stock_token_to_req_indices(self: Any, buffer: torch.Tensor) -> torch.Tensor:
