@@ -223,18 +223,17 @@ def source(
     return "".join(f"{x}\n" for x in out)
 
 
+#: the slow path's methods the generated code calls, each as ``_sc_{name}``
+_SLOW = ("call", "observed", "key_error", "args_ok", "validate", "fingerprint")
+
+
 def _globals(fn: CachedFunction) -> dict[str, object]:
     """The values the generated code reads, by name."""
     return {
-        "_sc_call": fn.call,
-        "_sc_observed": fn.observed,
+        **{f"_sc_{name}": getattr(fn, name) for name in _SLOW},
         "_sc_fn": fn.fn,
-        "_sc_key": fn.key_fn,
-        "_sc_key_error": fn.key_error,
-        "_sc_args_ok": fn.args_ok,
-        "_sc_validate": fn.validate,
-        "_sc_fingerprint": fn.fingerprint,
         "_sc_counts": fn.counts,
+        "_sc_key": fn.key_fn,
         "_sc_NO_STORE": NO_STORE,
         "_sc_NO_KEY": NO_KEY,
         "_sc_EMPTY": {},  # never written: the table of a keyed function not called yet

@@ -351,29 +351,24 @@ def _tag(t: torch.Tensor) -> _Tag:
     return fp.tag(t), None if view is None else view.tobytes()
 
 
-def _address(t: torch.Tensor) -> int | None:
-    return t.data_ptr() if fp.strided(t) else None
-
-
 def _versioned(t: torch.Tensor) -> _Versioned:
     """A cached tensor, its `_tag` and its address, as a debug hit checks them."""
-    return t, _tag(t), _address(t)
+    return t, _tag(t), t.data_ptr() if fp.strided(t) else None
 
 
-def _check_tags(fn: Cached, key: object, tagged: Iterable[_Versioned]) -> None:
-    """Raise buffer-overwritten for the first tensor whose `_tag` is not the one paired."""
-    old: Any  # each `_Tag`, a version or a pair: told apart by its class below
-    new: Any
-    for t, old, _ in tagged:
-        if (new := _tag(t)) != old:
-            if old.__class__ is int:
-                change = f"version {old} -> {new}"
-            elif old[0] != new[0]:
-                change = f"an inference tensor, moved: {old[0]} -> {new[0]}"
-            else:
-                change = "an inference tensor, its contents written in place"
-            tensor = describe(t)
-            raise detect("buffer-overwritten", fn, key, tensor=tensor, change=change)
+def _check_tag(fn: Cached, key: object, t: torch.Tensor, old: Any) -> None:
+    """Raise buffer-overwritten where tensor ``t``'s `_tag` is no longer ``old`` (a
+    version or a pair, told apart by its class: `Any`)."""
+    new: Any = _tag(t)
+    if new != old:
+        if old.__class__ is int:
+            change = f"version {old} -> {new}"
+        elif old[0] != new[0]:
+            change = f"an inference tensor, moved: {old[0]} -> {new[0]}"
+        else:
+            change = "an inference tensor, its contents written in place"
+        tensor = describe(t)
+        raise detect("buffer-overwritten", fn, key, tensor=tensor, change=change)
 
 
 #: what else a difference inside a scope may mean
@@ -477,7 +472,7 @@ class Checks:
             for t, tag, address in info.versions:
                 # guard_result: the hit tested a version counter already
                 if tag.__class__ is not int or (not fn.guard and fp.version(t) != tag):
-                    _check_tags(fn, key, [(t, tag, address)])
+                    _check_tag(fn, key, t, tag)
                 swapped = swapped or (address is not None and t.data_ptr() != address)
             if info.watched:
                 read = lambda n: getattr(owner, n, _MISSING)  # noqa: E731
@@ -568,7 +563,7 @@ class Checks:
             def guard(view: torch.Tensor) -> None:
                 if (held := ref()) is not None and held.closed:
                     raise detect("use-after-close", fn, key)
-                _check_tags(fn, key, [(view, *info.versions[i][1:])])
+                _check_tag(fn, key, view, info.versions[i][1])
 
             return guard
 

@@ -28,7 +28,7 @@ from stepcache._kinds import Print, fingerprint, fingerprints
 from stepcache._owners import held, mark_class
 from stepcache._registry import Counts
 from stepcache._scope import Scope, cache_of, innermost
-from stepcache._spec import Arg, Spec, TensorSpec, check, of_args, predicate
+from stepcache._spec import Arg, Spec, TensorSpec, check, of_args
 from stepcache._store import NO_KEY, NO_STORE, StepCache
 from stepcache._switches import Switches
 
@@ -106,10 +106,6 @@ class CachedFunction:
         #: the caller's, as the value was checked against the computing call's
         self.arg_refs = tuple(dict.fromkeys(r.name for r in refs if type(r) is Arg))
         self.of_args: Spec | None = of_args(expect) if self.arg_refs else None
-        #: `expect`'s plain case, tested before its full check
-        self.meets = (
-            None if expect is None else predicate(expect, self.index, self.owner_index)
-        )
         loose = sorted({r.name for r in refs if type(r) is not Arg} - {*self.dep_names})
         #: the owner attributes only `expect` reads (debug mode checks them again)
         self.refs_of: Callable[[object], tuple[object, ...]] = lambda o: tuple(
@@ -344,13 +340,8 @@ class CachedFunction:
 
     def violation(self, value: object, a: Args) -> str | None:
         """What ``value`` breaks of ``expect`` (``": result ..."``), or ``None``."""
-        if self.expect is None or self.meets is None:
+        if self.expect is None:
             return None
-        try:
-            if self.meets(value, a):  # the plain case
-                return None
-        except Exception:  # noqa: S110
-            pass  # the full check says what is wrong
         try:
             check(self.expect, value, (a, self.index, a[self.owner_index]))
         except CacheValidationError as exc:
@@ -393,7 +384,7 @@ class CachedFunction:
         deps = self.deps_of(a, owner)
         entry, stale = self.find(store, key, owner, deps)
         if entry is None:
-            return self.miss(a, key, owner, store, deps, stale, watch)
+            return self.miss(a, key, store, deps, stale)
         value = entry.value
         if watch is not None:
             value = watch.hit(self, a, key, store, entry)
@@ -460,17 +451,12 @@ class CachedFunction:
         return None, entry
 
     def miss(
-        self,
-        a: Args,
-        key: object,
-        owner: object,
-        store: StepCache,
-        deps: Args,
-        stale: Entry | None,
-        watch: _debug.Checks | None,
+        self, a: Args, key: object, store: StepCache, deps: Args, stale: Entry | None
     ) -> object:
-        """Compute, validate and store the call's value: every miss of the slow path."""
+        """Compute, validate and store the call's value: every miss of the slow path
+        (``stale``: the entry found that no longer serves it)."""
         fps = fingerprints(deps, scoped=store.scope is not None)
+        watch = None if Switches.mode == "off" else _debug.checks
         info = None
         if watch is None:
             value = self.run(a)
@@ -480,7 +466,7 @@ class CachedFunction:
             self.validate(value, a, key)
         args = tuple([a[self.index[n]] for n in self.arg_refs]) or None
         try:
-            entry = Entry(value, owner, fps, self.guard, info, args)
+            entry = Entry(value, a[self.owner_index], fps, self.guard, info, args)
         except OwnerError as exc:
             raise self.owner_error(exc) from None
         if store.put(self.fid, key, entry, stale):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeAlias, cast, overload
+from typing import Any, TypeAlias, TypeVar, cast
 
 import torch
 
@@ -64,6 +64,7 @@ _REFS = {Arg: "argument", Attr: "owner attribute"}  # as the messages name them
 #: what references usually resolve to: answered without torch's slow isinstance()
 _PLAIN = frozenset({int, torch.device, torch.dtype, str})
 _Tensor, _Size = torch.Tensor, torch.Size
+_T = TypeVar("_T")
 
 
 def _current_index(device_type: str) -> int:  # tests replace it on CPU
@@ -145,12 +146,8 @@ class TensorSpec:
             raise _bad("ndim", "an int >= 0 or None", self.ndim, "ndim=2")
         object.__setattr__(self, "fixed_device", _fixed_device(self.device))
         if not isinstance(self.dtype, torch.dtype | None | Arg | Attr):
-            raise _bad(
-                "dtype",
-                "a torch.dtype, Arg, Attr or None",
-                self.dtype,
-                _dtype_fix(self.dtype),
-            )
+            fix = _dtype_fix(self.dtype)
+            raise _bad("dtype", "a torch.dtype, Arg, Attr or None", self.dtype, fix)
 
     def refs(self) -> list[Arg | Attr]:
         """Every reference this spec resolves at call time."""
@@ -161,11 +158,10 @@ class TensorSpec:
         """Raise `CacheValidationError` unless ``x`` (the result, or its item ``item``)
         is a tensor that meets this spec, its references resolved in ``scope``. Runs on
         every miss: an item left unset costs one test."""
-        want: object  # a device, then a dtype
         if x.__class__ is not _Tensor and not isinstance(x, _Tensor):
             raise _fail(item, f"must be a torch.Tensor (got {_kind(x)})")
-        if (want := self.fixed_device) is not None:
-            want = _want(want, scope, "device")
+        if self.fixed_device is not None:
+            want = _want(self.fixed_device, scope, "device")
             # only a difference is normalised (cuda and cuda:N may be one device)
             if (
                 want is not None
@@ -177,10 +173,10 @@ class TensorSpec:
                 text = f"expected {want}{label}, actual {x.device}. Fix: "
                 text += f"compute into a buffer on {want}, or key the cache by device."
                 raise _fail(item, f"device mismatch. {text}")
-        if (want := self.dtype) is not None:
-            want = _want(want, scope, "dtype")
-            if want is not None and x.dtype != want:
-                text = f"expected {want}{_label(self.dtype)}, actual {x.dtype}"
+        if self.dtype is not None:
+            dtype = _want(self.dtype, scope, "dtype")
+            if dtype is not None and x.dtype != dtype:
+                text = f"expected {dtype}{_label(self.dtype)}, actual {x.dtype}"
                 raise _fail(item, f"dtype mismatch. {text}")
         if self.ndim is not None and x.ndim != self.ndim:
             text = f"expected {self.ndim}, actual {x.ndim} (shape {list(x.shape)})"
@@ -306,26 +302,18 @@ def _kind(value: object) -> str:
     return f"{value!r:.60} that is a {type(value)!r}"
 
 
-@overload
-def _want(
-    item: torch.device | Arg | Attr, scope: Refs, attr: Literal["device"]
-) -> torch.device | None: ...
-@overload
-def _want(
-    item: torch.dtype | Arg | Attr, scope: Refs, attr: Literal["dtype"]
-) -> object: ...
-@overload
-def _want(item: Dim, scope: Refs, attr: Literal["shape"]) -> int | None: ...
-def _want(item: object, scope: Refs, attr: str) -> object:
+def _want(item: _T | Arg | Attr, scope: Refs, attr: str) -> _T | None:
     """A fixed item as it is; a reference resolved in ``scope`` (a tensor stands for
-    its ``attr``: device, dtype, or shape, whose first dim a size stands for). A
-    reference that resolves to ``None`` gives ``None``: the item is not checked."""
-    if item.__class__ not in _REFS:
+    its ``attr``: device, dtype, or shape, whose first dim a size stands for), of the
+    fixed items' type. A reference that resolves to ``None`` gives ``None``: the item
+    is not checked."""
+    if not isinstance(item, (Arg, Attr)):
         return item
     args, index, owner = scope
     try:
         arg = type(item) is Arg
-        # what the argument or attribute holds, read as the item needs
+        # what the argument or attribute holds, read as the item needs (`Any`: it
+        # is made of the fixed items' type below)
         want: Any = args[index[item.name]] if arg else getattr(owner, item.name)
         if want.__class__ not in _PLAIN and isinstance(want, _Tensor):
             want = getattr(want, attr)
@@ -336,7 +324,7 @@ def _want(item: object, scope: Refs, attr: str) -> object:
     except Exception as exc:
         why = f"{type(exc).__name__}: {exc}"
         raise CacheValidationError(f"expect's {item!r}: no {attr} ({why})") from None
-    return want
+    return cast("_T | None", want)
 
 
 def of_args(expect: Spec | None) -> Spec | None:
@@ -382,11 +370,12 @@ def check(expect: Spec, value: object, scope: Refs) -> None:
     return None
 
 
-# A spec's common case as one Python expression. `check` resolves every reference and
-# normalises devices, about a microsecond a miss; `predicate` is true only where the
-# value plainly meets the spec (a tensor, the same device object, the same dtype,
-# exact sizes), and every other case goes to `check`, which alone raises. The
-# expression may raise: "not sure" too.
+# A spec's common case as one Python expression, which the generated call inlines.
+# `check` resolves every reference and normalises devices, about a microsecond a miss;
+# the expression is true only where the value plainly meets the spec (a tensor, the
+# same device object, the same dtype, exact sizes), and every other case goes to
+# `check`, which alone raises (the slow path calls it alone). The expression may
+# raise: "not sure" too.
 def quick(
     expect: Spec,
     value: str,
@@ -450,21 +439,3 @@ def _dim(
         return f"{v}.shape[{i}] {op} {dim}"
     r = ref(dim)  # an int here; a tensor (its first dim), None, ...: the full check
     return f"{r}.__class__ is _sc_q_int and {v}.shape[{i}] {op} {r}"
-
-
-def predicate(
-    expect: Spec, index: Mapping[str, int], owner: int
-) -> Callable[[object, tuple[object, ...]], bool]:
-    """`quick` as a function of a value and a call's arguments ``a`` (by position:
-    ``index`` maps a parameter's name to it, ``owner`` is the owner's), for the slow
-    path; it may raise, as the expression may."""
-
-    def ref(r: Arg | Attr) -> str:
-        return f"a[{index[r.name]}]" if type(r) is Arg else f"a[{owner}].{r.name}"
-
-    names: dict[str, object] = {}
-    text = quick(expect, "value", ref, names)
-    made: Callable[[object, tuple[object, ...]], bool] = eval(  # noqa: S307
-        f"lambda value, a: {text}", names
-    )
-    return made
