@@ -24,9 +24,11 @@ The workload and the layer pattern are plain functions, reused by ``benchmarks/`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
+import logging
 import os
 import platform
 import random
@@ -34,7 +36,7 @@ import statistics
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
@@ -310,6 +312,49 @@ def planted_bug(steps: int = 6, seed: int = 0) -> dict[str, Any]:
 
 
 # -- vLLM's real CommonAttentionMetadata --------------------------------------------------
+#: What importing vLLM 0.33 on a CPU makes torch log, which a user of the demo can do
+#: nothing about: torch 2.14's deprecations of the APIs vLLM calls, and that a CPU-only
+#: machine has no CUDA runtime. Each is left out by its logger and the start of its
+#: message; every other record, and every warning, still shows.
+_IMPORT_NOISE: Final[dict[str, tuple[str, ...]]] = {
+    "torch._opaque_base": (
+        "torch._opaque_base is deprecated, use torch._custom_class_base instead",
+    ),
+    "torch._library.opaque_object": (
+        "register_opaque_type is deprecated, use register_custom_class instead",
+        "typ='value' is deprecated, use typ='constant' instead",
+    ),
+    "torch.utils.cpp_extension": ("No CUDA runtime is found, using CUDA_HOME=",),
+}
+
+
+class _LeaveOut(logging.Filter):
+    """Drops the records whose message starts with one of ``starts``."""
+
+    def __init__(self, starts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.starts)
+
+
+@contextlib.contextmanager
+def _quiet_vllm_import() -> Iterator[None]:
+    """:data:`_IMPORT_NOISE` left out while vLLM is imported."""
+    filters = [
+        (logging.getLogger(name), _LeaveOut(starts))
+        for name, starts in _IMPORT_NOISE.items()
+    ]
+    for logger, leave_out in filters:
+        logger.addFilter(leave_out)
+    try:
+        yield
+    finally:
+        for logger, leave_out in filters:
+            logger.removeFilter(leave_out)
+
+
 def _vllm_metadata(cls: Any, plan: StepPlan) -> Any:
     qsl = torch.zeros(len(plan.query_lens) + 1, dtype=torch.int32)
     qsl[1:] = torch.from_numpy(np.cumsum(plan.query_lens, dtype=np.int64)).to(
@@ -350,16 +395,16 @@ def vllm_section(plans: Sequence[StepPlan], out: TextIO = sys.stderr) -> dict[st
         }
     out.write("  importing vLLM (takes a while) ...\n")
     out.flush()
-    import logging
+    with _quiet_vllm_import():
+        from stepcache.integrations import vllm as plugin
 
-    from stepcache.integrations import vllm as plugin
-
-    logging.getLogger("vllm.stepcache").setLevel(logging.WARNING)
-    try:
-        import vllm.v1.attention.backend as backend
-        import vllm.v1.attention.backends.mla.sparse_swa  # noqa: F401  (the trigger)
-    except Exception as exc:  # vLLM installed but broken on this machine
-        return {"skipped": f"vLLM does not import here: {type(exc).__name__}: {exc}"}
+        logging.getLogger("vllm.stepcache").setLevel(logging.WARNING)
+        try:
+            import vllm.v1.attention.backend as backend
+            import vllm.v1.attention.backends.mla.sparse_swa  # noqa: F401  (the trigger)
+        except Exception as exc:  # vLLM installed but broken on this machine
+            why = f"{type(exc).__name__}: {exc}"
+            return {"skipped": f"vLLM does not import here: {why}"}
     from stepcache.integrations.vllm.metadata import INDEX_NAME
 
     registered_here = plugin.status().get(INDEX_NAME) != "applied"
@@ -612,15 +657,18 @@ def _in_short(res: dict[str, Any]) -> list[str]:
     if "skipped" in en:
         out.append(f"Real engine: skipped ({en['skipped']}).")
     else:
-        cached = [r for r in en["computations"] if r["cached_as"]]
-        change = ", ".join(
-            f"{real_engine.last_name(r['function'])} {r['off']:.2f} -> {r['on']:.2f}"
-            for r in cached
+        steps = en["steps"]
+        change = "; ".join(
+            f"{real_engine.last_name(r['function'])} computed "
+            f"{r['off'] * steps['off']:.0f} times in stock vLLM, "
+            f"{r['on'] * steps['on']:.0f} with the plugin"
+            for r in en["computations"]
+            if r["cached_as"]
         )
         out.append(
-            "Real engine, computations per step off -> on: "
-            f"{change or 'the plugin caches nothing this model calls'}; same tokens: "
-            f"{'yes' if en['same_tokens'] else 'NO'}."
+            f"Real engine, {steps['on']} steps: "
+            f"{change or 'the plugin caches nothing this model calls'}; "
+            f"{real_engine.tokens_text(en)}."
         )
     return out
 

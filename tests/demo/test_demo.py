@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +129,71 @@ def test_the_vllm_section_on_real_metadata() -> None:
     assert plugin.status() == before  # the demo leaves the plugin as it found it
 
 
+def test_the_import_noise_is_left_out_and_nothing_else() -> None:
+    """What importing vLLM on a CPU makes torch log (three deprecations of APIs vLLM
+    calls, and no CUDA runtime) is left out while vLLM is imported; another record of
+    the same loggers, and the same records after the import, still show."""
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    noise = {
+        "torch._opaque_base": [
+            "torch._opaque_base is deprecated, use torch._custom_class_base instead"
+        ],
+        "torch._library.opaque_object": [
+            "register_opaque_type is deprecated, use register_custom_class instead",
+            "typ='value' is deprecated, use typ='constant' instead",
+        ],
+        "torch.utils.cpp_extension": [
+            "No CUDA runtime is found, using CUDA_HOME='/usr/local/cuda'"
+        ],
+    }
+    loggers = [logging.getLogger(name) for name in noise]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        with demo._quiet_vllm_import():
+            for logger, messages in zip(loggers, noise.values(), strict=True):
+                for message in messages:
+                    logger.warning(message)
+                logger.warning("something else from %s", logger.name)
+        assert seen == [f"something else from {name}" for name in noise]
+        seen.clear()
+        logging.getLogger("torch.utils.cpp_extension").warning(
+            noise["torch.utils.cpp_extension"][0]
+        )
+        assert seen == noise["torch.utils.cpp_extension"]
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+@pytest.mark.vllm
+def test_the_vllm_section_prints_no_warning_a_user_cannot_act_on() -> None:
+    """``python -m demo --quick`` imports vLLM in a fresh process: its stderr has the
+    demo's progress lines, and no warning (issue 58: torch's deprecations and "No
+    CUDA runtime is found" at vLLM's import)."""
+    pytest.importorskip("vllm")
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPCACHE_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "demo", "--quick", "--steps", "3", "--layers", "3"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "steps with different rows: 0" in done.stdout  # the vLLM section ran
+    noisy = [
+        line
+        for line in done.stderr.splitlines()
+        if "deprecated" in line or "CUDA" in line or "warn" in line.lower()
+    ]
+    assert noisy == [], done.stderr
+
+
 # -- the real-engine section --------------------------------------------------------------
 def _worker(
     steps: int,
@@ -207,11 +276,28 @@ def test_the_engine_section_reads_what_the_plugin_cached() -> None:
     assert rows["compute_num_computed_tokens"]["cached_as"] is None
     text = "\n".join(engine.lines(res))
     words = " ".join(text.split())
-    assert "split_decodes_and_prefills 3.00 (72) 1.00 (24) yes" in words
-    assert "_stage_decode 3.00 (72)+ 1.33 (32) yes" in words
-    assert "+ not probed" in text
+    # in words: how many times stock vLLM and the plugin computed each
+    assert (
+        "split_decodes_and_prefills: computed 72 times (3.00 per step) in stock vLLM, "
+        "24 times (1.00 per step) with the plugin, whose cache "
+        "vllm.split_decodes_and_prefills answered the other 48 calls"
+    ) in words
+    assert (
+        "_stage_decode: computed 72 times (3.00 per step: the calls of the plugin's "
+        "run, each of which stock vLLM computes; not probed) in stock vLLM, 32 times "
+        "(1.33 per step) with the plugin, whose cache vllm.gdn._stage_decode answered "
+        "the other 40 calls (12 computed outside a step scope)"
+    ) in words
+    assert (
+        "compute_num_computed_tokens: computed 3 times (0.12 per step) with the plugin "
+        "off and on: the plugin does not cache it"
+    ) in words
     assert "* some repeats returned other bytes" in text
-    assert "scopes 1.00 per step" in text and "same tokens: yes" in text
+    assert "vllm.v1.build: 24 calls (1.00 per step) opened a step scope" in words
+    assert (
+        "tokens identical with the plugin off and on (1 prompt, 2 greedy tokens each)"
+    ) in words
+    assert "(72)" not in words and "scopes 1.00" not in words  # no bare numbers
     # counts are not time: where time is measured, and how to leave a cache out
     assert "docs/integrations.md#measurements" in words
     assert "STEPCACHE_VLLM_SKIP leaves out" in words
@@ -233,10 +319,12 @@ def test_the_engine_section_names_a_cache_off_by_default() -> None:
     assert res["off_by_default"] == [split, other]
     text = "\n".join(engine.lines(res))
     words = " ".join(text.split())
-    assert "split_decodes_and_prefills 3.00 (72) 3.00 (72) no*" in words
-    assert f"* off by default: {split}," in words
-    assert f"(STEPCACHE_VLLM_ADD={split} applies it)" in words
-    assert words.count("no*") == 1  # only the split's row
+    assert (
+        "split_decodes_and_prefills: computed 72 times (3.00 per step) with the plugin "
+        f"off and on: its cache {split} is off by default, as it made the build slower "
+        f"than stock vLLM's (STEPCACHE_VLLM_ADD={split} applies it)"
+    ) in words
+    assert words.count("is off by default") == 1  # only the split's row
     assert other not in words
     assert max(map(len, text.splitlines())) <= 88
 
@@ -246,7 +334,23 @@ def test_the_engine_section_says_when_nothing_is_cached() -> None:
     assert res["same_tokens"] is False
     assert all(r["off"] == r["on"] for r in res["computations"])
     text = "\n".join(engine.lines(res))
-    assert "stepcache.stats() is empty" in text and "same tokens: NO" in text
+    assert "stepcache.stats() is empty" in text
+    assert "tokens NOT identical with the plugin off and on" in " ".join(text.split())
+
+
+def test_the_summary_says_what_the_plugin_did_in_words() -> None:
+    res = demo.run(steps=2, layers=3, seed=0, with_vllm=False, progress=io.StringIO())
+    stats = {
+        "vllm.split_decodes_and_prefills": {
+            "hits": 48, "misses": 24, "bypasses": 0, "invalidations": 0},
+    }  # fmt: skip
+    res["engine"] = engine.summarize(*_runs(stats, [[1, 2]]))
+    (line,) = [s for s in demo._in_short(res) if s.startswith("Real engine")]
+    assert line == (
+        "Real engine, 24 steps: split_decodes_and_prefills computed 72 times in stock "
+        "vLLM, 24 with the plugin; tokens identical with the plugin off and on (1 "
+        "prompt, 2 greedy tokens each)."
+    )
 
 
 def test_the_engine_section_skips_without_the_engine_venv(
@@ -266,6 +370,15 @@ def test_the_engine_section_on_the_real_engine() -> None:
     res = engine.engine_section(io.StringIO())
     assert "skipped" not in res, res
     assert res["same_tokens"] is True and res["generated_tokens"] == 6 * 24
+    assert res["prompts"] == 6 and res["tokens_per_prompt"] == 24
+    words = " ".join("\n".join(engine.lines(res)).split())
+    assert (
+        "split_decodes_and_prefills: computed 72 times (3.00 per step) with the plugin "
+        "off and on: its cache vllm.gdn.split_decodes_and_prefills is off by default"
+    ) in words
+    assert (
+        "tokens identical with the plugin off and on (6 prompts, 24 greedy tokens each)"
+    ) in words
     assert res["steps"] == {"profile": 24, "off": 24, "on": 24}
     assert res["kv_cache_groups"] == 4 and res["mode"] == {"off": "off", "on": "on"}
     split = next(
