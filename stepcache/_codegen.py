@@ -53,14 +53,12 @@ class _Default(str):
 def signature(params: Sequence[inspect.Parameter]) -> str:
     """``params`` as the text of a ``def``'s parameters, without annotations; a
     default is the global ``_sc_D_{name}`` (`defaults` gives them)."""
-    plain = [
-        p.replace(
-            annotation=_EMPTY,
-            default=p.default if p.default is _EMPTY else _Default(f"_sc_D_{p.name}"),
-        )
-        for p in params
-    ]
-    return str(inspect.Signature(plain))[1:-1]
+
+    def plain(p: inspect.Parameter) -> inspect.Parameter:
+        default = p.default if p.default is _EMPTY else _Default(f"_sc_D_{p.name}")
+        return p.replace(annotation=_EMPTY, default=default)
+
+    return str(inspect.Signature([plain(p) for p in params]))[1:-1]
 
 
 def defaults(params: Sequence[inspect.Parameter]) -> dict[str, object]:

@@ -258,9 +258,7 @@ class _Info:
     value: object
     #: what calls through each store hand out (by the store's id: its weak reference
     #: and the value, its tensors guarded)
-    handed: dict[int, tuple[weakref.ref[StepCache], object]] = dataclasses.field(
-        default_factory=dict
-    )
+    handed: dict[int, tuple[weakref.ref[StepCache], object]]
 
 
 def _view(x: object) -> _View | None:
@@ -540,7 +538,8 @@ class Checks:
         kept = [record for record in recorded if isinstance(record[1], arrays)]
         quiet = not (kept or versions or watched or ignored or refs)
         quiet = quiet and store.scope is None
-        return value, _Info(kept, versions, watched, ignored, refs, quiet, value)
+        # nothing handed out yet
+        return value, _Info(kept, versions, watched, ignored, refs, quiet, value, {})
 
     def hand_out(
         self, fn: Cached, key: object, entry: Entry, store: StepCache

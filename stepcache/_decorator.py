@@ -36,6 +36,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 Expect = TensorSpec | tuple[TensorSpec | None, ...] | None
 KeyArg = Callable[..., Hashable] | str | Sequence[str] | None
+Only = Mapping[str, Container[object]]  # only=: the values of each parameter to cache
 Args = tuple[object, ...]  # a call's arguments: each parameter's value, in order
 Problem = tuple[str, str]  # what is wrong with a decoration, and its fix
 #: ``call()``'s key before it is known (``NO_KEY``: the function has none)
@@ -142,11 +143,7 @@ class CachedFunction:
         return StepCacheError(f"{self.where(key)}: {what}. Fix: {fix}.")
 
     def _problems(
-        self,
-        key: KeyArg,
-        names: Sequence[str],
-        plain: list[str],
-        only: Mapping[str, Container[object]] | None,
+        self, key: KeyArg, names: Sequence[str], plain: list[str], only: Only | None
     ) -> Iterator[Problem]:
         """What makes the decoration unworkable, and its fix, in order (the first is
         raised; later checks may assume the earlier ones passed)."""

@@ -218,6 +218,3 @@ def fingerprints(deps: Sequence[object], scoped: bool = False) -> Prints:
 def matches(xs: Sequence[object], deps: Prints) -> bool:
     """Whether every input of ``xs`` matches its fingerprint in ``deps`` (flat)."""
     return all(match(x, deps[2 * i], deps[2 * i + 1]) for i, x in enumerate(xs))
-
-
-__all__ = ["KINDS", "QUICK", "Kind", "fingerprint", "fingerprints", "match", "matches"]

@@ -18,8 +18,6 @@ import threading
 from collections.abc import Callable
 from typing import Any, cast
 
-__all__ = ["Recording", "Watch", "data_read", "unrecorded", "watch"]
-
 #: a class's ``__getattribute__``, as its instances' attribute reads call it
 _GetAttribute = Callable[[object, str], object]
 
@@ -110,10 +108,7 @@ class Watch:
         if patch is not None:
             with _lock:
                 sets = patch.watchers.get(id(self.obj), [])
-                for i, names in enumerate(sets):
-                    if names is self.names:
-                        del sets[i]
-                        break
+                sets[:] = [names for names in sets if names is not self.names]
                 if not sets:
                     patch.watchers.pop(id(self.obj), None)
                 if not patch.watchers:  # the last watch on its class

@@ -60,6 +60,8 @@ Dim = int | None | Arg | Attr
 #: name, and the owner
 Refs = tuple[tuple[object, ...], Mapping[str, int], object]
 Spec: TypeAlias = "TensorSpec | tuple[TensorSpec | None, ...]"
+#: how generated code reads a reference (`quick`)
+RefText = Callable[[Arg | Attr], str]
 _REFS = {Arg: "argument", Attr: "owner attribute"}  # as the messages name them
 #: what references usually resolve to: answered without torch's slow isinstance()
 _PLAIN = frozenset({int, torch.device, torch.dtype, str})
@@ -376,12 +378,7 @@ def check(expect: Spec, value: object, scope: Refs) -> None:
 # same device object, the same dtype, exact sizes), and every other case goes to
 # `check`, which alone raises (the slow path calls it alone). The expression may
 # raise: "not sure" too.
-def quick(
-    expect: Spec,
-    value: str,
-    ref: Callable[[Arg | Attr], str],
-    names: dict[str, object],
-) -> str:
+def quick(expect: Spec, value: str, ref: RefText, names: dict[str, object]) -> str:
     """An expression true only where ``value`` (an expression) meets ``expect``;
     ``ref`` gives the expression of a reference (an `Arg` or an `Attr`). The values
     it names are added to ``names`` (``_sc_q_`` names: globals of the code it joins)."""
@@ -391,6 +388,12 @@ def quick(
         name = f"_sc_q_{len(names)}"
         names[name] = x
         return name
+
+    def dim(v: str, i: int, d: int | Arg | Attr, op: str) -> str:
+        if isinstance(d, int):
+            return f"{v}.shape[{i}] {op} {d}"
+        r = ref(d)  # an int here; a tensor (its first dim), None, ...: the full check
+        return f"{r}.__class__ is _sc_q_int and {v}.shape[{i}] {op} {r}"
 
     def one(spec: TensorSpec, v: str) -> str:
         parts = [f"{v}.__class__ is _sc_q_Tensor"]
@@ -408,34 +411,16 @@ def quick(
             parts.append(f"{r}.__class__ is _sc_q_Tensor and {v}.dtype is {r}.dtype")
         if spec.ndim is not None:
             parts.append(f"{v}.dim() == {spec.ndim}")
-        for dims, op in ((spec.shape, "=="), (spec.min_shape, ">=")):
+        for dims, op in ((spec.shape or (), "=="), (spec.min_shape or (), ">=")):
             if dims and (spec.ndim is None or spec.ndim < len(dims)):
                 parts.append(f"{v}.dim() >= {len(dims)}")  # a skipped dim counts
-            parts += [
-                _dim(v, i, d, op, ref)
-                for i, d in enumerate(dims or ())
-                if d is not None
-            ]
+            parts += [dim(v, i, d, op) for i, d in enumerate(dims) if d is not None]
         return " and ".join(parts)
 
     if isinstance(expect, TensorSpec):
         text = one(expect, value)
     else:
         items = [one(s, f"{value}[{i}]") for i, s in enumerate(expect) if s is not None]
-        text = " and ".join(
-            [
-                f"{value}.__class__ is _sc_q_tuple",
-                f"len({value}) == {len(expect)}",
-                *items,
-            ]
-        )
+        head = [f"{value}.__class__ is _sc_q_tuple", f"len({value}) == {len(expect)}"]
+        text = " and ".join(head + items)
     return f"({text})"
-
-
-def _dim(
-    v: str, i: int, dim: int | Arg | Attr, op: str, ref: Callable[[Arg | Attr], str]
-) -> str:
-    if isinstance(dim, int):
-        return f"{v}.shape[{i}] {op} {dim}"
-    r = ref(dim)  # an int here; a tensor (its first dim), None, ...: the full check
-    return f"{r}.__class__ is _sc_q_int and {v}.shape[{i}] {op} {r}"
