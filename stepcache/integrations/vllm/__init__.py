@@ -46,6 +46,11 @@ from typing import Final
 
 from ..patching import Patch, Scope, Verify
 from ..plugin import MODES, EnginePlugin, Sharer
+from .chunk_plan import (
+    PLAN_NAME,
+    find_prefill_chunk_plan,
+    stock_prefill_chunk_plan,
+)
 from .computed_tokens import (
     COMPUTED_NAME,
     computes,
@@ -187,6 +192,12 @@ PATCHES: tuple[Patch, ...] = (
         "vllm.models.deepseek_v41.nvidia.flashinfer_sparse",
         find_sparse_index_v41,
         Verify(stock=stock_sparse_index_v41),
+    ),
+    Patch(
+        PLAN_NAME,
+        _SPARSE_SWA,
+        find_prefill_chunk_plan,
+        Verify(stock=stock_prefill_chunk_plan),
     ),
     Patch(
         C128_BOUNDARY_NAME,
