@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Debug mode: its report of what it found, and the checks it makes as an observer of
-the slow path (`Checks`), which find stale caches at the line that causes them.
+the slow path (its hooks `bypassed`, `hit`, `compute`, `hand_out`), which find stale
+caches at the line that causes them.
 
 docs/debug.md describes each check of ``checks`` and ``verify``. Not thread-safe:
 recording the attributes a function reads patches the owner's class for the call.
@@ -438,137 +439,130 @@ def _names(names: Iterable[str]) -> str:
     return ", ".join(f"'{n}'" for n in names)
 
 
-class Checks:
-    """Debug mode's hooks, called by the slow path (every call takes it in debug
-    mode): each checks what it can see of the call and raises a recorded detection."""
+# Debug mode's hooks, called by the slow path (every call takes it in debug mode):
+# each checks what it can see of the call and raises a recorded detection.
 
-    def bypassed(self, fn: Cached, a: Args) -> None:
-        """A bypassed call: use-after-close, if its owner's store was closed (as in
-        production, a bypass makes no store)."""
-        owner = a[fn.owner_index]
-        store = held(owner)
-        if store is not None and store.closed and store.belongs_to(owner):
-            raise detect("use-after-close", fn, BYPASS, str(closed_error(owner)))
 
-    def hit(
-        self, fn: Cached, a: Args, key: object, store: StepCache, entry: Entry
-    ) -> object:
-        """Check a hit; what it hands out. The common case (each input as it was
-        recorded) is tested inline; a difference goes to the check that explains it."""
-        owner, scope = a[fn.owner_index], store.scope
-        if scope is not None and scope.open and not open_here(scope):
-            raise detect("scope-thread", fn, key)  # another thread's scope
-        info: _Info | None = entry.info  # None if stored in production
-        swapped = False  # a value's storage swapped behind its version (`.data =`)
-        if info is not None:
-            for _, x, view, address, before in info.deps:  # `_check_deps`, inline
-                if (
-                    address is not None
-                    and cast("torch.Tensor", x).data_ptr() != address
-                ) or (view is not None and view.tobytes() != before[3]):
-                    _check_deps("dependency-changed", fn, key, info.deps)
-            for t, tag, address in info.versions:
-                # guard_result: the hit tested a version counter already
-                if tag.__class__ is not int or (not fn.guard and fp.version(t) != tag):
-                    _check_tag(fn, key, t, tag)
-                swapped = swapped or (address is not None and t.data_ptr() != address)
-            if info.watched:
-                read = lambda n: getattr(owner, n, _MISSING)  # noqa: E731
-                _recheck("undeclared-input", fn, a, key, entry, info.watched, read)
-        # an ignored argument that is another object (a buffer on another device)
-        ignored = () if info is None else info.ignored
-        moved = bool(ignored) and any(not fp.match(a[i], o, v) for i, o, v in ignored)
-        # validated when stored: again where it may fail now (a reference or an ignored
-        # argument holds another object, the value's storage was swapped behind its
-        # version: `.data =`)
-        recheck = fn.expect is not None and (
-            info is None
-            or swapped
-            or moved
-            or (info.refs and any(map(operator.is_not, fn.refs_of(owner), info.refs)))
-        )
-        if recheck and (wrong := fn.violation(entry.value, a)):
-            raise detect("validation", fn, key, error=wrong)
-        if moved and info is not None:
-            prints = {fn.names[j]: (p, q) for j, p, q in ignored}
-            read = lambda n: a[fn.index[n]]  # noqa: E731
-            _recheck("ignored-argument", fn, a, key, entry, prints, read)
-            # what it remembered, for the next hit
-            info.ignored = tuple((fn.index[n], *f) for n, f in prints.items())
-        if Switches.mode == "verify" and (diff := _recompute(fn, a, entry)):
-            fix = _fix(fn, info) + ("" if scope is None else _IN_SCOPE)
-            raise detect("key-too-coarse", fn, key, diff=diff, fix=fix)
-        return self.hand_out(fn, key, entry, store)
+def bypassed(fn: Cached, a: Args) -> None:
+    """A bypassed call: use-after-close, if its owner's store was closed (as in
+    production, a bypass makes no store)."""
+    owner = a[fn.owner_index]
+    store = held(owner)
+    if store is not None and store.closed and store.belongs_to(owner):
+        raise detect("use-after-close", fn, BYPASS, str(closed_error(owner)))
 
-    def compute(
-        self, fn: Cached, a: Args, key: object, store: StepCache, deps: Args
-    ) -> tuple[object, _Info]:
-        """Compute a miss's value, checked before and after, and recording what it
-        reads; what the entry's ``info`` keeps for later hits."""
-        canonical = _canonical(key)
-        for cached in store.keys(fn.fid) if fn.keyed else ():
-            if cached != key and _canonical(cached) == canonical:
-                raise detect("device-alias", fn, key, cached=cached)
-        owner, skip = a[fn.owner_index], {*fn.dep_names, "_stepcache"}
-        recorded = _record(fn.dep_names, deps)
-        reads = Recording(owner)
+
+def hit(fn: Cached, a: Args, key: object, store: StepCache, entry: Entry) -> object:
+    """Check a hit; what it hands out. The common case (each input as it was
+    recorded) is tested inline; a difference goes to the check that explains it."""
+    owner, scope = a[fn.owner_index], store.scope
+    if scope is not None and scope.open and not open_here(scope):
+        raise detect("scope-thread", fn, key)  # another thread's scope
+    info: _Info | None = entry.info  # None if stored in production
+    swapped = False  # a value's storage swapped behind its version (`.data =`)
+    if info is not None:
+        for _, x, view, address, before in info.deps:  # `_check_deps`, inline
+            if (
+                address is not None and cast("torch.Tensor", x).data_ptr() != address
+            ) or (view is not None and view.tobytes() != before[3]):
+                _check_deps("dependency-changed", fn, key, info.deps)
+        for t, tag, address in info.versions:
+            # guard_result: the hit tested a version counter already
+            if tag.__class__ is not int or (not fn.guard and fp.version(t) != tag):
+                _check_tag(fn, key, t, tag)
+            swapped = swapped or (address is not None and t.data_ptr() != address)
+        if info.watched:
+            read = lambda n: getattr(owner, n, _MISSING)  # noqa: E731
+            _recheck("undeclared-input", fn, a, key, entry, info.watched, read)
+    # an ignored argument that is another object (a buffer on another device)
+    ignored = () if info is None else info.ignored
+    moved = bool(ignored) and any(not fp.match(a[i], o, v) for i, o, v in ignored)
+    # validated when stored: again where it may fail now (a reference or an ignored
+    # argument holds another object, the value's storage was swapped behind its
+    # version: `.data =`)
+    recheck = fn.expect is not None and (
+        info is None
+        or swapped
+        or moved
+        or (info.refs and any(map(operator.is_not, fn.refs_of(owner), info.refs)))
+    )
+    if recheck and (wrong := fn.violation(entry.value, a)):
+        raise detect("validation", fn, key, error=wrong)
+    if moved and info is not None:
+        prints = {fn.names[j]: (p, q) for j, p, q in ignored}
+        read = lambda n: a[fn.index[n]]  # noqa: E731
+        _recheck("ignored-argument", fn, a, key, entry, prints, read)
+        # what it remembered, for the next hit
+        info.ignored = tuple((fn.index[n], *f) for n, f in prints.items())
+    if Switches.mode == "verify" and (diff := _recompute(fn, a, entry)):
+        fix = _fix(fn, info) + ("" if scope is None else _IN_SCOPE)
+        raise detect("key-too-coarse", fn, key, diff=diff, fix=fix)
+    return hand_out(fn, key, entry, store)
+
+
+def compute(
+    fn: Cached, a: Args, key: object, store: StepCache, deps: Args
+) -> tuple[object, _Info]:
+    """Compute a miss's value, checked before and after, and recording what it
+    reads; what the entry's ``info`` keeps for later hits."""
+    canonical = _canonical(key)
+    for cached in store.keys(fn.fid) if fn.keyed else ():
+        if cached != key and _canonical(cached) == canonical:
+            raise detect("device-alias", fn, key, cached=cached)
+    owner, skip = a[fn.owner_index], {*fn.dep_names, "_stepcache"}
+    recorded = _record(fn.dep_names, deps)
+    reads = Recording(owner)
+    try:
+        value = fn.run(a)
+    finally:
+        reads.stop()
+    if fn.key_fn is not None and fn.dep_names:
+        key_reads = Recording(owner)
         try:
-            value = fn.run(a)
+            fn.key_of(a)
         finally:
-            reads.stop()
-        if fn.key_fn is not None and fn.dep_names:
-            key_reads = Recording(owner)
-            try:
-                fn.key_of(a)
-            finally:
-                names = data_read(owner, key_reads.stop(), skip)
-            if names:
-                raise detect("key-reads-undeclared", fn, key, names=names)
-        _check_deps("builder-mutates-dependency", fn, key, recorded)
-        read = data_read(owner, reads.names, skip)
-        watched = {name: fp.fingerprint(getattr(owner, name)) for name in read}
-        ignored = tuple(
-            (fn.index[n], *fp.fingerprint(a[fn.index[n]])) for n in fn.ignored
-        )
-        versions = [_versioned(t) for t in tensors(value)]
-        refs = fn.refs_of(owner) if fn.expect is not None else ()
-        # a hit matches tensors and arrays by identity: they are checked on hits; a list
-        # or dict is matched by its contents in every mode
-        arrays = (torch.Tensor, np.ndarray)
-        kept = [record for record in recorded if isinstance(record[1], arrays)]
-        quiet = not (kept or versions or watched or ignored or refs)
-        quiet = quiet and store.scope is None
-        # nothing handed out yet
-        return value, _Info(kept, versions, watched, ignored, refs, quiet, value, {})
+            names = data_read(owner, key_reads.stop(), skip)
+        if names:
+            raise detect("key-reads-undeclared", fn, key, names=names)
+    _check_deps("builder-mutates-dependency", fn, key, recorded)
+    read = data_read(owner, reads.names, skip)
+    watched = {name: fp.fingerprint(getattr(owner, name)) for name in read}
+    ignored = tuple((fn.index[n], *fp.fingerprint(a[fn.index[n]])) for n in fn.ignored)
+    versions = [_versioned(t) for t in tensors(value)]
+    refs = fn.refs_of(owner) if fn.expect is not None else ()
+    # a hit matches tensors and arrays by identity: they are checked on hits; a list
+    # or dict is matched by its contents in every mode
+    arrays = (torch.Tensor, np.ndarray)
+    kept = [record for record in recorded if isinstance(record[1], arrays)]
+    quiet = not (kept or versions or watched or ignored or refs)
+    quiet = quiet and store.scope is None
+    # nothing handed out yet
+    return value, _Info(kept, versions, watched, ignored, refs, quiet, value, {})
 
-    def hand_out(
-        self, fn: Cached, key: object, entry: Entry, store: StepCache
-    ) -> object:
-        """What a call through ``store`` hands out: the value, its tensors as guarded
-        views that check ``store`` (a copied owner's store serves the original's
-        entries), made once per store."""
-        info: _Info | None = entry.info
-        if info is None or not info.versions or not STEPCACHE_DEBUG_GUARD:
-            return entry.value
-        ref, handed = info.handed.get(id(store), (None, None))
-        if ref is not None and ref() is store:
-            return handed
-        index = {id(t): i for i, (t, _, _) in enumerate(info.versions)}
-        ref = weakref.ref(store)
 
-        def guard_of(t: torch.Tensor) -> Callable[[torch.Tensor], None]:
-            i = index[id(t)]
-
-            def guard(view: torch.Tensor) -> None:
-                if (held := ref()) is not None and held.closed:
-                    raise detect("use-after-close", fn, key)
-                _check_tag(fn, key, view, info.versions[i][1])
-
-            return guard
-
-        handed = guarded(info.value, guard_of)
-        info.handed[id(store)] = (ref, handed)
+def hand_out(fn: Cached, key: object, entry: Entry, store: StepCache) -> object:
+    """What a call through ``store`` hands out: the value, its tensors as guarded
+    views that check ``store`` (a copied owner's store serves the original's
+    entries), made once per store."""
+    info: _Info | None = entry.info
+    if info is None or not info.versions or not STEPCACHE_DEBUG_GUARD:
+        return entry.value
+    ref, handed = info.handed.get(id(store), (None, None))
+    if ref is not None and ref() is store:
         return handed
+    index = {id(t): i for i, (t, _, _) in enumerate(info.versions)}
+    ref = weakref.ref(store)
 
+    def guard_of(t: torch.Tensor) -> Callable[[torch.Tensor], None]:
+        i = index[id(t)]
 
-checks = Checks()
+        def guard(view: torch.Tensor) -> None:
+            if (held := ref()) is not None and held.closed:
+                raise detect("use-after-close", fn, key)
+            _check_tag(fn, key, view, info.versions[i][1])
+
+        return guard
+
+    handed = guarded(info.value, guard_of)
+    info.handed[id(store)] = (ref, handed)
+    return handed

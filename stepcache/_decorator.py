@@ -54,7 +54,7 @@ class CachedFunction:
     Its call is generated (`stepcache._codegen`); every call that code does not
     finish lands in :meth:`call`, which finds a hit or a miss once. A call's
     arguments travel as ``a``, the parameters' values in order. Debug modes watch
-    this path through the hooks of `stepcache._debug.Checks`.
+    this path through the hooks of `stepcache._debug` (`hit`, `compute`, ...).
     """
 
     def __init__(
@@ -369,22 +369,22 @@ class CachedFunction:
         debug mode is on."""
         if Switches.disabled:
             return self.bypass(a)
-        watch = None if Switches.mode == "off" else _debug.checks
+        debugging = Switches.mode != "off"
         if key is UNKNOWN:
             key = self.key_of(a)
         if key is BYPASS:
-            if watch is not None:
-                watch.bypassed(self, a)
+            if debugging:
+                _debug.bypassed(self, a)
             return self.bypass(a)
         owner = a[self.owner_index]
-        store = self.place_of(owner, key, watch)
+        store = self.place_of(owner, key, debugging)
         deps = self.deps_of(a, owner)
         entry, stale = self.find(store, key, owner, deps)
         if entry is None:
             return self.miss(a, key, store, deps, stale)
         value = entry.value
-        if watch is not None:
-            value = watch.hit(self, a, key, store, entry)
+        if debugging:
+            value = _debug.hit(self, a, key, store, entry)
         elif self.arg_refs and (wrong := self.violation(value, a)) is not None:
             raise CacheValidationError(
                 f"{self.where(key)}: on a hit, the cached value does not meet expect "
@@ -402,16 +402,14 @@ class CachedFunction:
         # served as it is where stored in checks mode with nothing to recheck
         if info is None or not info.quiet or Switches.mode != "checks":
             store = place.store if isinstance(place, Scope) else place
-            value = _debug.checks.hit(self, a, key, store, entry)
+            value = _debug.hit(self, a, key, store, entry)
         self.counts.hits += 1
         return value
 
-    def place_of(
-        self, owner: object, key: object, watch: _debug.Checks | None
-    ) -> StepCache:
+    def place_of(self, owner: object, key: object, debugging: bool) -> StepCache:
         """Where a call looks and stores, as the generated code decides: the owner's
         own store, the open scope's (read, not joined), else `cache_of`'s; the typed
-        error of an owner that cannot have one (``watch`` records it)."""
+        error of an owner that cannot have one (debug mode records it)."""
         own, inner = held(owner), innermost()
         if own is None and isinstance(inner, Scope) and inner.table is not None:
             mark_class(owner)
@@ -421,7 +419,7 @@ class CachedFunction:
         try:  # its store, made or joined to the open scope (`cache_of`)
             return cache_of(owner)
         except StaleCacheError as exc:
-            if watch is None:
+            if not debugging:
                 raise exc from None
             raise _debug.detect("use-after-close", self, key, str(exc)) from None
         except OwnerError as exc:
@@ -453,12 +451,12 @@ class CachedFunction:
         """Compute, validate and store the call's value: every miss of the slow path
         (``stale``: the entry found that no longer serves it)."""
         fps = fingerprints(deps, scoped=store.scope is not None)
-        watch = None if Switches.mode == "off" else _debug.checks
+        debugging = Switches.mode != "off"
         info = None
-        if watch is None:
-            value = self.run(a)
+        if debugging:
+            value, info = _debug.compute(self, a, key, store, deps)
         else:
-            value, info = watch.compute(self, a, key, store, deps)
+            value = self.run(a)
         if self.expect is not None:
             self.validate(value, a, key)
         args = tuple([a[self.index[n]] for n in self.arg_refs]) or None
@@ -469,7 +467,7 @@ class CachedFunction:
         if store.put(self.fid, key, entry, stale):
             self.counts.invalidations += 1
         self.counts.misses += 1
-        return value if watch is None else watch.hand_out(self, key, entry, store)
+        return _debug.hand_out(self, key, entry, store) if debugging else value
 
     def bypass(self, a: Args) -> object:
         """A call left out of the cache (a `BYPASS` key, only=, or caching off)."""
