@@ -199,10 +199,9 @@ _MESSAGES: dict[str, str] = {
     "closed (the step is over), and it was used again. Fix: finish using step values "
     "within the step, or keep a copy with .clone().",
     "buffer-overwritten": "the cached tensor {tensor} was overwritten after it was "
-    "stored ({change}): another step's build wrote the same persistent "
-    "buffer, or a consumer mutated the cached value in place. Fix: one step at a time "
-    "per buffer (close the old step first), or clone() values that must outlive the "
-    "step.",
+    "stored ({change}): another step's build wrote the same persistent buffer, or a "
+    "consumer mutated the cached value in place. Fix: one step at a time per buffer "
+    "(close the old step first), or clone() values that must outlive the step.",
     "dependency-changed": "dependency '{dep}' changed without the cache noticing: "
     "{diff} (now {now}). {why}",
     "undeclared-input": "owner attribute {names} changed since the entry was stored, "

@@ -234,15 +234,13 @@ class CachedFunction:
                 f"{only!r})",
                 "pass only={'kind': frozenset({...})}",
             )
-        for n, allowed in (only or {}).items():
+        for n, values in (only or {}).items():
             if n not in self.index or n == self.owner_name:
                 yield unknown(f"only= names {n!r}", n, "only=", owner=False)
-            if isinstance(allowed, (str, bytes)) or not hasattr(
-                allowed, "__contains__"
-            ):
+            if isinstance(values, (str, bytes)) or not hasattr(values, "__contains__"):
                 yield (
                     f"only={{{n!r}: ...}} must be a collection of the values to cache "
-                    f"(got {allowed!r})",
+                    f"(got {values!r})",
                     "pass a frozenset of the values",
                 )
         covered = {self.owner_name, *names, *self.dep_names, *self.ignored}

@@ -8,11 +8,10 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Final, Literal
+from typing import Final
 
 from stepcache import _registry
 
-DebugMode = Literal["off", "checks", "verify"]
 DEBUG_MODES: Final = ("off", "checks", "verify")
 _OFF, _ON = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
 
