@@ -1,69 +1,59 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Pairs of pyperf benchmarks: what pyperf does not do for the benchmarks that use it.
+"""The benchmarks' harness: pyperf runs them, this module pairs them into rows.
 
-pyperf runs each benchmark in worker processes of its own (calibration, warm-up, a
-few values per process); this module adds what a goal needs on top: a row compares
-two benchmarks of the same run (the ratio of their medians, and the significance
-test of ``pyperf compare_to``), the results are written with the commit, the
-command, the date and the machine, and a benchmark module runs in a process of its
-own (pyperf allows one runner per process).
+A benchmark module names its benchmarks (a function that prepares one, in the worker
+process that runs it, and returns pyperf's ``loops -> seconds`` time function) and its
+rows (two benchmarks; a limit where an issue set one). :func:`main` runs every side of
+the rows through ``pyperf.Runner`` (worker processes, calibrated loops, a warm-up,
+then values), then compares each row's two sides with ``python -m pyperf compare_to``
+and writes a results file: each row's ratio of medians and compare_to's verdict, each
+benchmark's median, min and max, pyperf's metadata of the machine, the commit and the
+command.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import re
 import shlex
-import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+import timeit
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pyperf  # type: ignore[import-untyped]
-from pyperf._utils import (  # type: ignore[import-untyped]
-    is_significant,  # the test `pyperf compare_to` runs
-)
-
-from benchmarks._report import markdown_table
-from benchmarks._timing import machine, source_state
-
-__all__ = [
-    "Bench",
-    "Row",
-    "goal_rows",
-    "register",
-    "results_header",
-    "row_result",
-    "rows_table",
-    "run_module",
-    "runner",
-    "summaries_table",
-    "summary",
-]
 
 ROOT = Path(__file__).resolve().parents[1]
-
-#: ``loops -> seconds``: what ``pyperf.Runner.bench_time_func`` times
+#: pyperf's ``loops -> seconds``, and what makes one in its worker
 TimeFunc = Callable[[int], float]
-
-
-@attrs.frozen
-class Bench:
-    """One benchmark: its name and a function that prepares it (in the worker that
-    runs it, untimed) and returns its time function."""
-
-    name: str
-    prepare: Callable[[], TimeFunc]
+Prepare = Callable[[], TimeFunc]
+#: pyperf metadata that says what the numbers were measured on
+MACHINE_KEYS = (
+    "cpu_model_name",
+    "cpu_count",
+    "cpu_affinity",
+    "platform",
+    "python_version",
+    "perf_version",
+    "torch",
+    "torch_threads",
+)
 
 
 @attrs.frozen
 class Row:
-    """A ratio of two benchmarks' medians; a goal when it has a limit."""
+    """``measured / baseline``, on the medians of two benchmarks; ``label`` says what
+    each side does; a goal where ``limit`` is set."""
 
+    key: str
     label: str
     measured: str
     baseline: str
@@ -71,7 +61,160 @@ class Row:
     set_by: str = ""
 
 
-def _lazy(prepare: Callable[[], TimeFunc]) -> TimeFunc:
+def looped(step: Callable[[Any], object], arg: Any) -> TimeFunc:
+    """A time function that calls ``step(arg)`` ``loops`` times."""
+
+    def time_func(loops: int) -> float:
+        start = time.perf_counter()
+        for _ in range(loops):
+            step(arg)
+        return time.perf_counter() - start
+
+    return time_func
+
+
+#: what a timed statement runs inside, entered around each value
+Mode = Callable[[], AbstractContextManager[Any]]
+#: loops of the empty statement whose time per loop is subtracted
+EMPTY_LOOPS = 100_000
+
+
+def statement(
+    stmt: str, namespace: Callable[[], dict[str, Any]], mode: Mode | None = None
+) -> Prepare:
+    """The statement ``stmt`` as written at a call site (no lambda around it), run in
+    ``namespace()`` inside ``mode()``: its first call made (a miss), then timed, the
+    cost of an empty loop of the same length subtracted."""
+
+    def prepare() -> TimeFunc:
+        enter = mode or contextlib.nullcontext
+        globals_ = namespace()
+        with enter():
+            exec(stmt, globals_)
+        timer = timeit.Timer(stmt, globals=globals_)
+        empty = timeit.Timer("pass")
+        per_loop = min(empty.timeit(EMPTY_LOOPS) for _ in range(5)) / EMPTY_LOOPS
+
+        def time_func(loops: int) -> float:
+            with enter():
+                seconds = timer.timeit(loops)
+            return seconds - per_loop * loops
+
+        return time_func
+
+    return prepare
+
+
+def source_state(own: Path | None = None) -> dict[str, Any]:
+    """The code measured: ``git rev-parse HEAD`` and the paths ``git status`` names
+    (``dirty``). ``own``, a results file a run adds sections to, is no change of the
+    code: it is named ``own_results_uncommitted`` instead. No git: commit ``None``."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    head, status = git("rev-parse", "HEAD"), git("status", "--porcelain")
+    changed = [] if status is None else [line[3:] for line in status.splitlines()]
+    mine = None
+    if own is not None and (path := own.resolve()).is_relative_to(ROOT):
+        mine = path.relative_to(ROOT).as_posix()
+    dirty = [p for p in changed if p != mine]
+    state: dict[str, Any] = {
+        "commit": head.strip() if head else None,
+        "dirty": bool(dirty) if status is not None else None,
+        "dirty_paths": dirty,
+    }
+    if mine in changed:
+        state["own_results_uncommitted"] = mine
+    return state
+
+
+def machine(metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The machine as pyperf describes it: from a benchmark's metadata, or collected
+    now (pyperf collects it for every run it makes)."""
+    if metadata is None:
+        import torch
+
+        run = pyperf.Run([1.0], metadata={"name": "machine"})
+        metadata = {
+            **pyperf.Benchmark([run]).get_metadata(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+        }
+    return {k: metadata[k] for k in MACHINE_KEYS if k in metadata}
+
+
+def header(command: Sequence[str], started: float) -> dict[str, Any]:
+    """The command, date and commit a results file records."""
+    when = datetime.datetime.fromtimestamp(started, datetime.UTC)
+    return {
+        "command": shlex.join(command),
+        "date": f"{when:%Y-%m-%d %H:%M} UTC",
+        "minutes": round((time.time() - started) / 60, 1),
+        "source": source_state(),
+    }
+
+
+def summary(bench: Any) -> dict[str, Any]:
+    """A pyperf benchmark's values, in nanoseconds per loop."""
+    values = [v * 1e9 for v in bench.get_values()]
+    runs = [run for run in bench.get_runs() if run.values]  # not the calibration
+    return {
+        "median_ns": bench.median() * 1e9,
+        "min_ns": min(values),
+        "max_ns": max(values),
+        "processes": len(runs),
+        "values": len(values),
+    }
+
+
+_VERDICT = re.compile(r"^(Significant|Not significant)(?: \(t=(-?[\d.]+)\))?", re.M)
+
+
+def compare_to(name: str, measured: Any, baseline: Any, folder: Path) -> dict[str, Any]:
+    """``python -m pyperf compare_to -v`` on the two sides, saved under one benchmark
+    name in two files: its first line and its Student's t-test at 95%."""
+    files = []
+    for side, bench in (("baseline", baseline), ("measured", measured)):
+        renamed = pyperf.Benchmark(bench.get_runs())  # runs are immutable: shared
+        renamed.update_metadata({"name": name})
+        path = folder / f"{side}.json"
+        pyperf.BenchmarkSuite([renamed]).dump(str(path), replace=True)
+        files.append(str(path))
+    out = subprocess.run(
+        [sys.executable, "-m", "pyperf", "compare_to", "-v", *files],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    found = _VERDICT.search(out)
+    return {
+        "compare_to": out.strip().splitlines()[0],
+        "significant": None if found is None else found[1] == "Significant",
+        "t_score": None if found is None or found[2] is None else float(found[2]),
+    }
+
+
+def row_result(row: Row, done: Mapping[str, Any], folder: Path) -> dict[str, Any]:
+    measured, baseline = done[row.measured], done[row.baseline]
+    ratio = measured.median() / baseline.median()
+    (folder / row.key).mkdir(parents=True, exist_ok=True)
+    return {
+        **attrs.asdict(row),
+        "ratio": ratio,
+        "met": None if row.limit is None else ratio <= row.limit,
+        **compare_to(row.key, measured, baseline, folder / row.key),
+    }
+
+
+def _lazy(prepare: Prepare) -> TimeFunc:
+    """Prepared at its first call: in the worker that runs it, untimed."""
     made: list[TimeFunc] = []
 
     def time_func(loops: int) -> float:
@@ -82,146 +225,77 @@ def _lazy(prepare: Callable[[], TimeFunc]) -> TimeFunc:
     return time_func
 
 
-def register(runner: pyperf.Runner, benches: Sequence[Bench]) -> dict[str, Any]:
-    """Run ``benches`` through ``runner`` in their order; in the main process, the
-    pyperf benchmarks by name (a worker gets ``{}``)."""
-    done: dict[str, Any] = {}
-    for bench in benches:
-        result = runner.bench_time_func(bench.name, _lazy(bench.prepare))
-        if result is not None:
-            done[bench.name] = result
-    return done
+def main(
+    module: str,
+    benches: Mapping[str, Prepare],
+    rows: Sequence[Row],
+    *,
+    processes: int,
+    values: int,
+    results: Path,
+    argv: Sequence[str] | None = None,
+    extra: Callable[[], dict[str, Any]] | None = None,
+) -> int:
+    """Run the two sides of every row (of those whose label holds ``--rows``) with
+    pyperf, each row's sides one after the other, and write the results file
+    (``--results``, default ``results``); ``extra()`` adds to it. ``module`` is what
+    follows ``python -m`` (a module, and a subcommand where it has one)."""
+    import torch
 
-
-def summary(bench: Any) -> dict[str, Any]:
-    """A pyperf benchmark's values, in nanoseconds per loop."""
-    values = [v * 1e9 for v in bench.get_values()]
-    return {
-        "median_ns": statistics.median(values),
-        "min_ns": min(values),
-        "max_ns": max(values),
-        "values": len(values),
-        # the runs with values: pyperf's calibration run has none
-        "processes": sum(1 for run in bench.get_runs() if run.values),
-        "loops": bench.get_runs()[-1].get_loops(),
-    }
-
-
-def row_result(row: Row, benches: dict[str, Any]) -> dict[str, Any]:
-    """A row's ratio of medians, its limit and whether it is met, and whether the two
-    samples differ significantly (Student's two-sample t-test at 95%, as
-    ``pyperf compare_to``)."""
-    measured, baseline = benches[row.measured], benches[row.baseline]
-    ratio = measured.median() / baseline.median()
-    a, b = measured.get_values(), baseline.get_values()
-    significant, t_score = (
-        is_significant(a, b) if len(a) == len(b) and len(a) > 1 else (None, None)
-    )
-    return {
-        "label": row.label,
-        "measured": row.measured,
-        "baseline": row.baseline,
-        "ratio": ratio,
-        "limit": row.limit,
-        "met": None if row.limit is None else ratio <= row.limit,
-        "set_by": row.set_by,
-        "significant": significant,
-        "t_score": t_score,
-    }
-
-
-def results_header(command: Sequence[str], started: float) -> dict[str, Any]:
-    """The commit, command, date and machine a results file records."""
-    return {
-        "command": shlex.join(command),
-        "date": f"{datetime.datetime.fromtimestamp(started, datetime.UTC):%Y-%m-%d %H:%M} UTC",
-        "minutes": (time.time() - started) / 60,
-        "source": source_state(),
-        "machine": machine(),
-        "pyperf": pyperf.__version__,
-    }
-
-
-def runner(module: str, *, processes: int, values: int, results: Path) -> pyperf.Runner:
-    """A runner for ``python -m module`` with two options of its own: ``--results
-    PATH`` (default ``results``) and ``--rows TEXT`` (only the rows whose label holds
-    it; passed on to the workers, which must register the same benchmarks)."""
+    torch.set_num_threads(1)
 
     def worker_args(cmd: list[str], args: Any) -> None:
-        if args.rows:
-            cmd.extend(("--rows", args.rows))
+        cmd.extend(("--rows", args.rows))  # the workers register the same benchmarks
 
-    made = pyperf.Runner(
+    runner = pyperf.Runner(
         processes=processes,
         values=values,
-        program_args=("-m", module),
+        program_args=("-m", *module.split()),
         add_cmdline_args=worker_args,
+        metadata={"torch": torch.__version__, "torch_threads": 1},
     )
-    made.argparser.add_argument(
-        "--results", type=Path, default=results, help=f"JSON to write ({results})"
-    )
-    made.argparser.add_argument(
-        "--rows", default="", help="only the rows whose label contains this text"
-    )
-    return made
+    runner.argparser.add_argument("--results", type=Path, default=results)
+    runner.argparser.add_argument("--rows", default="", help="rows whose label has it")
+    args = runner.parse_args(None if argv is None else list(argv))
+    chosen = [r for r in rows if args.rows in r.label]
+    names = list(dict.fromkeys(n for r in chosen for n in (r.measured, r.baseline)))
+    started = time.time()
+    added = {} if args.worker or extra is None else extra()
+    done = {}
+    for name in names:
+        bench = runner.bench_time_func(name, _lazy(benches[name]))
+        if bench is not None:
+            done[name] = bench
+    if args.worker:
+        return 0
+    given = sys.argv[1:] if argv is None else list(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        compared = [row_result(r, done, Path(tmp)) for r in chosen]
+    out = {
+        **header(["python", "-m", module, *given], started),
+        "machine": machine(done[names[0]].get_metadata()),
+        **added,
+        "benchmarks": {n: summary(done[n]) for n in names},
+        "rows": compared,
+    }
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(out, indent=1) + "\n")
+    for r in compared:
+        print(f"{r['ratio']:.2f}x  {r['label']}  ({r['compare_to']})")
+    print(f"{module}: wrote {args.results}")
+    return 0
 
 
 def run_module(
     module: str, results: Path, options: Sequence[str] = ()
 ) -> dict[str, Any]:
-    """Run ``python -m module`` in a process of its own, with pyperf ``options``;
-    its results, as it wrote them to ``results``."""
+    """``python -m module`` in a process of its own (pyperf allows one runner per
+    process), with pyperf ``options``; the results it wrote."""
     subprocess.run(
-        [sys.executable, "-m", module, "--quiet", "--results", str(results), *options],
+        [sys.executable, "-m", *module.split(), "--quiet", "--results", str(results)]
+        + list(options),
         cwd=ROOT,
         check=True,
     )
     loaded: dict[str, Any] = json.loads(results.read_text())
     return loaded
-
-
-def rows_table(rows: Sequence[dict[str, Any]], header: str, *, goals: bool) -> str:
-    """Rows of a results file (:func:`row_result`) as Markdown: the ratio, whether
-    the two samples differ significantly, and for ``goals`` the limit, whether it is
-    met and who set it."""
-    table = []
-    for r in rows:
-        cells = [r["label"], f"{r['ratio']:.2f}x"]
-        if goals:
-            met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
-            limit = "" if r["limit"] is None else f"<= {r['limit']:g}x"
-            cells += [limit, met]
-        cells.append({True: "yes", False: "no", None: "n/a"}[r["significant"]])
-        table.append([*cells, *([r["set_by"]] if goals else [])])
-    columns = [header, "measured"]
-    columns += ["limit", "met", "significant", "set by"] if goals else ["significant"]
-    return markdown_table(columns, table, "lrrccl" if goals else "lrc")
-
-
-def summaries_table(benchmarks: dict[str, dict[str, Any]], header: str) -> str:
-    """The benchmarks of a results file (:func:`summary`) as Markdown."""
-    return markdown_table(
-        [header, "median ns", "min", "max", "processes x values"],
-        [
-            [
-                name,
-                f"{s['median_ns']:.0f}",
-                f"{s['min_ns']:.0f}",
-                f"{s['max_ns']:.0f}",
-                f"{s['processes']} x {s['values'] // max(s['processes'], 1)}",
-            ]
-            for name, s in benchmarks.items()
-        ],
-        "lrrrr",
-    )
-
-
-def goal_rows(rows: Sequence[dict[str, Any]]) -> str:
-    """The rows with a limit, as rows of the benchmarks page's goals table (a row's
-    label, ratio, limit, met, set by)."""
-    return "\n".join(
-        f"| {r['label']} | {r['ratio']:.2f}x | <= {r['limit']:g}x | "
-        f"{'yes' if r['met'] else '**no**'} | {r['set_by']} |"
-        for r in rows
-        if r["limit"] is not None
-    )

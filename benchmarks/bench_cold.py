@@ -1,50 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
 """The cold path: a fresh owner's first call, and the request index per step.
 
-Run: ``python -m benchmarks.bench_cold [--fast] [--results PATH] [--rows TEXT]`` (and
-any other ``pyperf`` option: ``-p`` processes, ``-n`` values per process, ...).
-Every engine step makes new metadata objects, so the first call on a fresh owner
-runs as often as any hit. Each row compares two benchmarks of one pyperf run: pyperf
-times each in worker processes of its own (loops calibrated, one warm-up, then
-values), the two sides of a row one after the other; a row is the ratio of their
-medians, with the significance test of ``pyperf compare_to``. The garbage collector
-stays on: what a cold call leaves for it to walk is part of its cost.
-
-Rows, each saying what both sides do:
-
-* *cold*: make an owner holding one tensor, call a trivial function (``return 1``)
-  that depends on it once, drop the owner; stepcache's ``@step_cached`` against
-  ``functools.cached_property``'s first access timed the same way. The tensor has a
-  version counter, or is an inference tensor (made under
-  ``torch.inference_mode()``), or 1,000 owners that were called once are alive.
-* *two kinds*: make an owner, ask a function keyed by layer kind for two kinds twice
-  each (the second kind is a new key on the store the first made), drop it, against
-  the seed's own cache (a dict in the owner).
-* *scope*: six owners of one layout inside ``stepcache.scope()``, three calls each,
-  against the hand-threaded code of vLLM's Model Runner V2 (``build_attn_metadata``
-  hands the first group's ``_token_to_req_indices_cache`` to the next group's
-  metadata): the first owner computes, the others are handed its value.
-* *request index per step*: a fresh CPU metadata object per step (a batch of 8
-  requests padded to 16 tokens), its three consumers (each with its own int32
-  buffer) asking for ``token_to_req_indices``: stepcache's
-  (:mod:`stepcache.integrations.dsv4.request_index`) against the seeds' code
-  (:mod:`stepcache.integrations.dsv4.seed`): PR 47474's hand-written method, and
-  uncached (every consumer computes and copies). Then V2's six-group shape: six
-  metadata objects of one layout per step, one consumer each; stepcache inside a
-  scope against hand-threading the seed's slot from group to group.
-
-The request-index rows are counted before they are timed (copies into the index
-buffers per step, the same on any machine) and checked to give the same rows.
+Run: ``python -m benchmarks.bench_cold [--fast] [--rows TEXT] [--results PATH]`` (and
+any other pyperf option). Every engine step makes new metadata objects, so the first
+call on a fresh owner runs as often as any hit. pyperf times each benchmark in worker
+processes of its own with the garbage collector on: what a cold call leaves for it to
+walk is part of its cost. Each row's label says what both sides do; *stepcache* is
+``@step_cached`` as shipped, the seeds' code is
+:mod:`stepcache.integrations.dsv4.seed` (vLLM PR 47474, calling none of stepcache's
+helpers). The request-index rows are first counted (copies into the index buffers per
+step, the same on any machine) and checked to give the same rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
 import sys
-import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,15 +25,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import stepcache
 from benchmarks import _pyperf
-from benchmarks._pyperf import Bench, Row
-from benchmarks._report import markdown_table
+from benchmarks._pyperf import Prepare, Row, looped
 from stepcache.integrations.dsv4 import request_index, seed
 
-ROOT = Path(__file__).resolve().parents[1]
 MODULE = "benchmarks.bench_cold"
-RESULTS = ROOT / "docs" / "benchmarks" / "cold.json"
-#: worker processes per benchmark (``--fast``: 3), values per process
-PROCESSES, VALUES = 6, 3
+RESULTS = _pyperf.ROOT / "build" / "benchmarks" / "cold.json"
 
 
 # -- cold: an owner's first call -----------------------------------------------------
@@ -109,13 +78,13 @@ class Kinds:
 
 def kinds_stepcache(t: torch.Tensor) -> None:
     owner = Kinds(t)
-    for kind in ("swa_only", "c128a", "swa_only", "c128a"):
+    for kind in ("swa_only", "c128a") * 2:
         owner.pair(kind)
 
 
 def kinds_by_hand(t: torch.Tensor) -> None:
     owner = Kinds(t)
-    for kind in ("swa_only", "c128a", "swa_only", "c128a"):
+    for kind in ("swa_only", "c128a") * 2:
         owner.by_hand(kind)
 
 
@@ -149,34 +118,23 @@ def scope_threaded(t: torch.Tensor) -> None:
 _ALIVE: list[Owner] = []
 
 
-def _tensor(inference: bool) -> torch.Tensor:
-    if inference:
-        with torch.inference_mode():
-            return torch.zeros(4)
-    return torch.zeros(4)
-
-
-def _looped(step: Callable[[Any], object], arg: Any) -> Callable[[int], float]:
-    def time_func(loops: int) -> float:
-        start = time.perf_counter()
-        for _ in range(loops):
-            step(arg)
-        return time.perf_counter() - start
-
-    return time_func
+def _tensor(inference: bool, *values: int) -> torch.Tensor:
+    """A tensor made under ``torch.inference_mode()`` (as vLLM's step tensors) or not."""
+    with torch.inference_mode(inference):
+        return torch.tensor(values, dtype=torch.int32) if values else torch.zeros(4)
 
 
 def _cold(
     step: Callable[[torch.Tensor], object], *, inference: bool = False, alive: int = 0
-) -> Callable[[], Callable[[int], float]]:
-    def prepare() -> Callable[[int], float]:
+) -> Prepare:
+    def prepare() -> _pyperf.TimeFunc:
         t = _tensor(inference)
         for _ in range(alive):
             owner = Owner(t)
             owner.first()
             _ = owner.prop
             _ALIVE.append(owner)
-        return _looped(step, t)
+        return looped(step, t)
 
     return prepare
 
@@ -189,14 +147,16 @@ GROUPS = 6
 
 
 class Layout:
-    """One step's layout tensors and the three consumers' persistent buffers."""
+    """One step's layout tensors (inference tensors, as vLLM's, or version-counted)
+    and the three consumers' persistent buffers (never inference tensors)."""
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: torch.device | str = "cpu", inference: bool = False):
         starts = [0]
         for n in LENS:
             starts.append(starts[-1] + n)
-        self.query_start_loc_cpu = torch.tensor(starts, dtype=torch.int32)
-        self.query_start_loc = self.query_start_loc_cpu.to(device, copy=True)
+        self.query_start_loc_cpu = _tensor(inference, *starts)
+        with torch.inference_mode(inference):
+            self.query_start_loc = self.query_start_loc_cpu.to(device, copy=True)
         self.buffers = [
             torch.zeros(64, dtype=torch.int32, device=device) for _ in range(3)
         ]
@@ -216,11 +176,10 @@ _INDEX: dict[str, Index] = {
     "hand-written": seed.handwritten_token_to_req_indices,
     "uncached": seed.uncached_token_to_req_indices,
 }
-#: the request-index shapes: one step of each
-SHAPES: dict[str, Callable[[str], Callable[[Layout], list[torch.Tensor]]]] = {}
+Step = Callable[[Layout], list[torch.Tensor]]
 
 
-def three_consumers(variant: str) -> Callable[[Layout], list[torch.Tensor]]:
+def three_consumers(variant: str) -> Step:
     """One step: a fresh metadata object, its three consumers ask for the index."""
     index = _INDEX[variant]
 
@@ -231,51 +190,62 @@ def three_consumers(variant: str) -> Callable[[Layout], list[torch.Tensor]]:
     return step
 
 
-def six_groups(variant: str) -> Callable[[Layout], list[torch.Tensor]]:
+def six_groups(variant: str) -> Step:
     """One step in V2's shape: a metadata object per group, one consumer each;
     stepcache inside a scope, the seed's slot handed from group to group."""
     index = _INDEX[variant]
-    buffers = range(GROUPS)
 
-    def scoped(layout: Layout) -> list[torch.Tensor]:
-        with stepcache.scope():
-            return [index(layout.metadata(), layout.buffers[i % 3]) for i in buffers]
-
-    def threaded(layout: Layout) -> list[torch.Tensor]:
+    def step(layout: Layout) -> list[torch.Tensor]:
         out, cache = [], None
-        for i in buffers:
-            meta = layout.metadata(cache)
-            out.append(index(meta, layout.buffers[i % 3]))
-            cache = meta._token_to_req_indices_cache
+        with stepcache.scope() if variant == "stepcache" else contextlib.nullcontext():
+            for i in range(GROUPS):
+                meta = layout.metadata(cache)
+                out.append(index(meta, layout.buffers[i % 3]))
+                if variant == "hand-written":
+                    cache = meta._token_to_req_indices_cache
         return out
 
-    def uncached(layout: Layout) -> list[torch.Tensor]:
-        return [index(layout.metadata(), layout.buffers[i % 3]) for i in buffers]
-
-    return {"stepcache": scoped, "hand-written": threaded, "uncached": uncached}[
-        variant
-    ]
+    return step
 
 
-SHAPES.update({"three consumers": three_consumers, "six groups": six_groups})
+#: the request-index shapes: one step of each
+SHAPES: dict[str, Callable[[str], Step]] = {
+    "three consumers": three_consumers,
+    "six groups": six_groups,
+}
 
 
-def _step_bench(
-    make: Callable[[str], Callable[[Layout], object]], variant: str
-) -> Callable[[], Callable[[int], float]]:
-    def prepare() -> Callable[[int], float]:
-        return _looped(make(variant), Layout())
+def _step_bench(shape: str, variant: str, inference: bool = False) -> Prepare:
+    def prepare() -> _pyperf.TimeFunc:
+        return looped(SHAPES[shape](variant), Layout(inference=inference))
 
     return prepare
 
 
-class _BufferCopies(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Counts ``copy_`` calls that write into views of ``buffers``."""
+class CopyCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Counts the copies between the host and ``device_type`` tensors made while it is
+    active, and how many of the host-to-device ones write into ``targets`` (tensors
+    that are the destination or whose view is: the request-index buffers).
 
-    def __init__(self, buffers: Sequence[torch.Tensor]) -> None:
+    >>> buffer = torch.empty(4, dtype=torch.int32, device="meta")
+    >>> with CopyCounter([buffer], device_type="meta") as counter:
+    ...     _ = buffer[:2].copy_(torch.arange(2, dtype=torch.int32))
+    ...     _ = torch.ones(3).to("meta")
+    >>> counter.h2d, counter.h2d_into_targets, counter.d2h
+    (2, 1, 0)
+    """
+
+    def __init__(self, targets: Sequence[torch.Tensor] = (), device_type: str = "cuda"):
         super().__init__()  # type: ignore[no-untyped-call]
-        self._buffers = list(buffers)
-        self.copies = 0
+        self.device_type = device_type
+        self._targets = list(targets)  # kept alive: they are matched by id
+        self.h2d = 0
+        self.h2d_into_targets = 0
+        self.d2h = 0
+        self.scalar_reads = 0
+
+    def _on(self, t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and t.device.type == self.device_type
 
     def __torch_dispatch__(
         self,
@@ -284,190 +254,125 @@ class _BufferCopies(TorchDispatchMode):  # type: ignore[no-untyped-call]
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        kwargs = kwargs or {}
         if func is torch.ops.aten.copy_.default:
-            dst = args[0]
-            base = dst if dst._base is None else dst._base
-            self.copies += any(base is b for b in self._buffers)
-        return func(*args, **(kwargs or {}))
+            dst, src = args[0], args[1]
+            if self._on(dst) and src.device.type == "cpu":
+                self.h2d += 1
+                base = dst if dst._base is None else dst._base
+                if any(base is t for t in self._targets):
+                    self.h2d_into_targets += 1
+            elif self._on(src) and dst.device.type == "cpu":
+                self.d2h += 1
+        elif func is torch.ops.aten._to_copy.default:
+            src, device = args[0], kwargs.get("device")
+            dst_type = None if device is None else torch.device(device).type
+            if src.device.type == "cpu" and dst_type == self.device_type:
+                self.h2d += 1
+            elif self._on(src) and dst_type == "cpu":
+                self.d2h += 1
+        elif func is torch.ops.aten._local_scalar_dense.default and self._on(args[0]):
+            self.scalar_reads += 1
+        return func(*args, **kwargs)
 
 
-def work_per_step() -> dict[str, dict[str, int]]:
+def work_per_step() -> dict[str, Any]:
     """Copies into the index buffers in one step, by shape and variant; raises if a
     variant's rows differ from the uncached ones."""
     out: dict[str, dict[str, int]] = {}
     for shape, make in SHAPES.items():
-        expected = None
-        out[shape] = {}
+        expected, out[shape] = None, {}
         for variant in VARIANTS:
             layout = Layout()
-            with _BufferCopies(layout.buffers) as counter:
+            with CopyCounter(layout.buffers, device_type="cpu") as counter:
                 rows = [r.tolist() for r in make(variant)(layout)]
             expected = expected or rows
             if rows != expected:
                 raise AssertionError(f"{shape}, {variant}: rows {rows} != {expected}")
-            out[shape][variant] = counter.copies
-    return out
+            out[shape][variant] = counter.h2d_into_targets
+    return {"work_per_step": out}
 
 
 # -- the rows ----------------------------------------------------------------------------
-BENCHES: dict[str, Bench] = {
-    b.name: b
-    for b in [
-        Bench("cold/stepcache", _cold(cold_stepcache)),
-        Bench("cold/cached_property", _cold(cold_cached_property)),
-        Bench("cold inference/stepcache", _cold(cold_stepcache, inference=True)),
-        Bench(
-            "cold inference/cached_property",
-            _cold(cold_cached_property, inference=True),
-        ),
-        Bench("cold 1000 alive/stepcache", _cold(cold_stepcache, alive=1000)),
-        Bench(
-            "cold 1000 alive/cached_property", _cold(cold_cached_property, alive=1000)
-        ),
-        Bench("two kinds/stepcache", _cold(kinds_stepcache)),
-        Bench("two kinds/dict in the owner", _cold(kinds_by_hand)),
-        Bench("scope 6x3/stepcache", _cold(scope_stepcache, inference=True)),
-        Bench("scope 6x3/hand-threaded", _cold(scope_threaded, inference=True)),
-        *(
-            Bench(f"request index 3 consumers/{v}", _step_bench(three_consumers, v))
-            for v in VARIANTS
-        ),
-        *(
-            Bench(f"request index 6 groups/{v}", _step_bench(six_groups, v))
-            for v in VARIANTS
-        ),
-    ]
+BENCHES: dict[str, Prepare] = {
+    "cold/stepcache": _cold(cold_stepcache),
+    "cold/cached_property": _cold(cold_cached_property),
+    "cold inference/stepcache": _cold(cold_stepcache, inference=True),
+    "cold inference/cached_property": _cold(cold_cached_property, inference=True),
+    "cold 1000 alive/stepcache": _cold(cold_stepcache, alive=1000),
+    "cold 1000 alive/cached_property": _cold(cold_cached_property, alive=1000),
+    "two kinds/stepcache": _cold(kinds_stepcache),
+    "two kinds/dict in the owner": _cold(kinds_by_hand),
+    "scope 6x3/stepcache": _cold(scope_stepcache, inference=True),
+    "scope 6x3/hand-threaded": _cold(scope_threaded, inference=True),
+    **{
+        f"request index {shape}/{v}": _step_bench(shape, v)
+        for shape in SHAPES
+        for v in VARIANTS
+    },
+    **{
+        f"request index three consumers inference/{v}": _step_bench(
+            "three consumers", v, inference=True
+        )
+        for v in VARIANTS[:2]
+    },
 }
 
 _COLD = "make an owner, call once, drop it (one {} dependency, `return 1`)"
+_RIX = "request index per step ({}), 8 requests padded to 16 tokens"
+_SEED = "the seed's hand-written method (PR 47474)"
+# fmt: off
 ROWS = [
-    Row(
-        _COLD.format("version-counted tensor")
-        + ": stepcache / `functools.cached_property`'s first access",
-        "cold/stepcache",
-        "cold/cached_property",
-        1.7,
-        "issue 56",
-    ),
-    Row(
-        _COLD.format("inference tensor")
-        + ": stepcache / `functools.cached_property`'s first access",
-        "cold inference/stepcache",
-        "cold inference/cached_property",
-        2.0,
-        "issue 56",
-    ),
-    Row(
-        _COLD.format("version-counted tensor")
-        + ", 1,000 owners alive: stepcache / `functools.cached_property`",
-        "cold 1000 alive/stepcache",
-        "cold 1000 alive/cached_property",
-        2.0,
-        "issue 56",
-    ),
-    Row(
-        "make an owner, ask a function keyed by layer kind for two kinds, twice each, "
-        "drop it (one version-counted tensor dependency, `return 1`; DSv4's sparse-index "
-        "shape): stepcache / a dict in the owner (the seed's cache)",
-        "two kinds/stepcache",
-        "two kinds/dict in the owner",
-        2.0,
-        "issue 56",
-    ),
-    Row(
-        "six owners of one layout (inference tensor), three calls each: stepcache "
-        "inside a scope / hand-threaded (the first owner computes, the others are "
-        "handed its value)",
-        "scope 6x3/stepcache",
-        "scope 6x3/hand-threaded",
-        3.0,
-        "issue 56",
-    ),
-    Row(
-        "request index per step, three consumers of one fresh metadata object: "
-        "stepcache / the seed's hand-written method (PR 47474)",
-        "request index 3 consumers/stepcache",
-        "request index 3 consumers/hand-written",
-        1.0,
-        "issue 56",
-    ),
-    Row(
-        "request index per step, three consumers: uncached (vLLM before PR 47474: "
-        "each computes and copies) / the seed's hand-written method",
-        "request index 3 consumers/uncached",
-        "request index 3 consumers/hand-written",
-    ),
-    Row(
-        "request index per step, V2's six groups (a metadata object each): stepcache "
-        "inside a scope / hand-threading the seed's slot from group to group",
-        "request index 6 groups/stepcache",
-        "request index 6 groups/hand-written",
-        1.25,
-        "issue 43",
-    ),
-    Row(
-        "request index per step, six groups: uncached / hand-threading the seed's slot",
-        "request index 6 groups/uncached",
-        "request index 6 groups/hand-written",
-    ),
+    Row("cold", _COLD.format("version-counted tensor") + ": stepcache / "
+        "`functools.cached_property`'s first access", "cold/stepcache",
+        "cold/cached_property", 1.7, "issue 56"),
+    Row("cold inference", _COLD.format("inference tensor") + ": stepcache / "
+        "`functools.cached_property`'s first access", "cold inference/stepcache",
+        "cold inference/cached_property", 2.0, "issue 56"),
+    Row("cold 1000 alive", _COLD.format("version-counted tensor") + ", 1,000 owners "
+        "alive: stepcache / `functools.cached_property`", "cold 1000 alive/stepcache",
+        "cold 1000 alive/cached_property", 2.0, "issue 56"),
+    Row("two kinds", "make an owner, ask a function keyed by layer kind for two kinds, "
+        "twice each, drop it (one version-counted tensor dependency, `return 1`; "
+        "DSv4's sparse-index shape): stepcache / a dict in the owner (the seed's "
+        "cache)", "two kinds/stepcache", "two kinds/dict in the owner", 2.0, "issue 56"),
+    Row("scope 6x3", "six owners of one layout (inference tensor), three calls each: "
+        "stepcache inside a scope / hand-threaded (the first owner computes, the others "
+        "are handed its value)", "scope 6x3/stepcache", "scope 6x3/hand-threaded", 3.0,
+        "issue 56"),
+    Row("rix three consumers", _RIX.format("three consumers of one fresh metadata "
+        "object") + f": stepcache / {_SEED}", "request index three consumers/stepcache",
+        "request index three consumers/hand-written", 1.0, "issue 56"),
+    Row("rix three consumers inference", _RIX.format("three consumers, a layout of "
+        "inference tensors") + f": stepcache / {_SEED}",
+        "request index three consumers inference/stepcache",
+        "request index three consumers inference/hand-written"),
+    Row("rix three consumers uncached", _RIX.format("three consumers") + ": uncached "
+        f"(vLLM before PR 47474: each consumer computes and copies) / {_SEED}",
+        "request index three consumers/uncached",
+        "request index three consumers/hand-written"),
+    Row("rix six groups", _RIX.format("V2's six groups, a metadata object each") + ": "
+        "stepcache inside a scope / hand-threading the seed's slot from group to group",
+        "request index six groups/stepcache", "request index six groups/hand-written",
+        1.25, "issue 43"),
+    Row("rix six groups uncached", _RIX.format("six groups") + ": uncached / "
+        "hand-threading the seed's slot", "request index six groups/uncached",
+        "request index six groups/hand-written"),
 ]
-
-
-def render(results: dict[str, Any]) -> str:
-    """The rows and the benchmarks of a results file, as Markdown."""
-    work = [
-        [shape, *(str(n) for n in by_variant.values())]
-        for shape, by_variant in results["work_per_step"].items()
-    ]
-    variants = list(next(iter(results["work_per_step"].values())))
-    return "\n\n".join(
-        [
-            markdown_table(
-                ["request index: copies into the index buffers per step", *variants],
-                work,
-                "l" + "r" * len(variants),
-            ),
-            _pyperf.rows_table(results["rows"], "row (ratio of medians)", goals=True),
-            _pyperf.summaries_table(results["benchmarks"], "benchmark"),
-        ]
-    )
-
-
-def goal_rows(results: dict[str, Any]) -> str:
-    """The rows with a limit, as rows of the benchmarks page's goals table."""
-    return _pyperf.goal_rows(results["rows"])
-
-
-def run(results: Path, options: Sequence[str] = ()) -> dict[str, Any]:
-    """Run this benchmark in a process of its own (pyperf allows one runner per
-    process), with pyperf ``options``; its results, as written to ``results``."""
-    return _pyperf.run_module(MODULE, results, options)
+# fmt: on
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    runner = _pyperf.runner(MODULE, processes=PROCESSES, values=VALUES, results=RESULTS)
-    args = runner.parse_args(None if argv is None else list(argv))
-    torch.set_num_threads(1)
-    rows = [r for r in ROWS if args.rows in r.label]
-    names = list(dict.fromkeys(n for r in rows for n in (r.measured, r.baseline)))
-    started = time.time()
-    work = {} if args.worker else work_per_step()
-    done = _pyperf.register(runner, [BENCHES[n] for n in names])
-    if args.worker:
-        return 0
-    given = sys.argv[1:] if argv is None else list(argv)
-    results = {
-        **_pyperf.results_header(["python", "-m", MODULE, *given], started),
-        "work_per_step": work,
-        "benchmarks": {n: _pyperf.summary(done[n]) for n in names},
-        "rows": [_pyperf.row_result(r, done) for r in rows],
-    }
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(results, indent=2) + "\n")
-    print()
-    print(render(results))
-    print(f"\nbench_cold: wrote {args.results}")
-    return 0
+    return _pyperf.main(
+        MODULE,
+        BENCHES,
+        ROWS,
+        processes=6,
+        values=3,
+        results=RESULTS,
+        argv=argv,
+        extra=work_per_step,
+    )
 
 
 if __name__ == "__main__":

