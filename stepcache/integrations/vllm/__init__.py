@@ -24,7 +24,8 @@ names patches to leave out, separated by commas (a cache that costs more than it
 on one's machine); ``STEPCACHE_VLLM_ADD`` names the patches off by default to apply
 (``PLUGIN.opt_in``: :data:`SPLIT_NAME` and :data:`PREFILL_NAME`, whose caches made the
 builds they serve slower than stock vLLM's on both model runners; docs/integrations.md,
-"Measurements"). A name that is no patch,
+"Measurements"; and :data:`CHUNKS_NAME`, which serves only engines with several Mamba
+groups per build). A name that is no patch,
 or one both name, is logged the same way. :func:`register` is
 idempotent, imports nothing of vLLM (each patch waits for its module to be imported by
 vLLM, see :mod:`stepcache.integrations.patching`), checks every target's shape
@@ -69,7 +70,12 @@ from .dsv4 import (
     stock_sparse_index_v41,
 )
 from .gdn import CHUNK_NAME, SPLIT_NAME, find_chunk_metadata, find_split
-from .mamba import PREFILL_NAME, find_prefill_cpu_metadata
+from .mamba import (
+    CHUNKS_NAME,
+    PREFILL_NAME,
+    find_chunk_metadata_tensors,
+    find_prefill_cpu_metadata,
+)
 from .metadata import INDEX_NAME, find_token_to_req_indices, stock_token_to_req_indices
 from .scopes import (
     BUILD_V1_NAME,
@@ -216,6 +222,9 @@ PATCHES: tuple[Patch, ...] = (
         Verify(stock=stock_num_computed_tokens, when=computes),
     ),
     Patch(PREFILL_NAME, _MAMBA2, find_prefill_cpu_metadata, Verify(), opt_in=True),
+    # off by default as the one above, until a benchmark shows where it pays: it
+    # serves only engines with more than one Mamba group per build
+    Patch(CHUNKS_NAME, _MAMBA2, find_chunk_metadata_tensors, Verify(), opt_in=True),
 )
 
 
@@ -251,7 +260,7 @@ SCOPES_FOR: Final = (
         "vllm.v1.attention.backends.mamba_attn",
         "BaseMambaAttentionMetadataBuilder",
         decode=False,
-        shares=(PREFILL_NAME,),
+        shares=(PREFILL_NAME, CHUNKS_NAME),
     ),
 )
 
