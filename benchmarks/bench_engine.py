@@ -228,6 +228,10 @@ PER_CALL: list[tuple[str, str]] = [
         "compressor._get_c128_boundary(cam)",
     ),
     ("token_to_req_indices hit", "cam.token_to_req_indices(buffer)"),
+    (
+        "get_prefill_chunk_plan, 4 prefills (stock: computes; plugin: hit)",
+        "plan.get_prefill_chunk_plan(4, 256)",
+    ),
 ]
 PER_CALL_MODULE = "benchmarks.bench_engine per_call"
 
@@ -260,7 +264,23 @@ def per_call_namespace(plugin_on: bool) -> dict[str, Any]:
         "cam": cam,
         "buffer": torch.zeros(64, dtype=torch.int32),
         "compressor": compressor,
+        "plan": _with_prefills(),
     }
+
+
+def _with_prefills() -> Any:
+    """A step's sparse-SWA metadata with 4 prefill requests (inference tensors)."""
+    import torch
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadata
+
+    with torch.inference_mode():
+        lens = torch.tensor([300, 90, 40, 700], dtype=torch.int32)
+        return DeepseekSparseSWAMetadata(
+            torch.zeros((4, 4), dtype=torch.int32), torch.zeros(8), 64,
+            num_prefills=4, prefill_seq_lens_cpu=lens, prefill_query_lens_cpu=lens // 2,
+            prefill_window_size=128, prefill_max_model_len=4096,
+            prefill_max_num_batched_tokens=512,
+        )  # fmt: skip
 
 
 def _side(stmt: str, plugin_on: bool) -> Prepare:
