@@ -33,7 +33,7 @@ ORIGINAL = {cls: cls.__dict__.get("__getattribute__") for cls in (Meta, Guarded)
 
 
 class Debug:
-    """Debug mode's recorder (``Checks.before_miss`` starts one per miss)."""
+    """Debug mode's recorder (debug mode starts one per miss)."""
 
     def __init__(self, obj: object) -> None:
         self.recording = Recording(obj)
