@@ -13,15 +13,18 @@ fails here: it is told there is none, as on a plain CPU).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+
+import stepcache
 
 _GDN_LAYER = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 _FLA_INDEX = "vllm.third_party.flash_linear_attention.ops.index"
@@ -208,3 +211,13 @@ def v2_build(
         for_cudagraph_capture=capture,
     )
     return [built[f"layer.{i}"] for i in range(n)]
+
+
+@contextlib.contextmanager
+def maybe_scope(scoped: bool) -> Iterator[None]:
+    """A :func:`stepcache.scope` where ``scoped``, else nothing."""
+    if not scoped:
+        yield
+        return
+    with stepcache.scope():
+        yield

@@ -12,11 +12,10 @@ every debug mode, inside a build's scope and outside one.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import real_builders
 import torch
 
 import stepcache
@@ -52,15 +51,6 @@ def rows(cam: Any) -> list[int]:
         torch.full((16,), -1, dtype=torch.int32)
     ).tolist()
     return out
-
-
-@contextlib.contextmanager
-def _scope(scoped: bool) -> Iterator[None]:
-    if not scoped:
-        yield
-        return
-    with stepcache.scope():
-        yield
 
 
 @pytest.fixture(params=list(LAYOUTS))
@@ -99,7 +89,7 @@ def test_the_plugin_gives_stocks_rows(
     scoped: bool,
 ) -> None:
     register_plugin(mode)
-    with stepcache.debug(debug), _scope(scoped):
+    with stepcache.debug(debug), real_builders.maybe_scope(scoped):
         cam = metadata(*layout)
         assert rows(cam) == stock_rows
         assert rows(cam) == stock_rows  # the cached rows, as a second builder gets

@@ -19,9 +19,7 @@ The plugin must give the copy the values of its own layout, in every mode.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -206,18 +204,9 @@ def test_the_plugin_gives_whispers_copy_the_values_of_its_own_layout(
     value for a fresh object of its layout, and the original keeps its own; outside
     a scope and inside one build's scope."""
     register_plugin(mode)
-    with stepcache.debug(debug), _scope(scoped):
+    with stepcache.debug(debug), real_builders.maybe_scope(scoped):
         cm = metadata(QUERY_LENS, CONTEXT)
         assert value(cm, what) == ORIGINAL[what]
         pooled = pooled_copy(cm)
         assert value(pooled, what) == fresh_pooled_values[what]
         assert value(cm, what) == ORIGINAL[what]
-
-
-@contextlib.contextmanager
-def _scope(scoped: bool) -> Iterator[None]:
-    if not scoped:
-        yield
-        return
-    with stepcache.scope():
-        yield

@@ -17,8 +17,6 @@ ubatch's own buffers), which the tests call there instead.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,18 +218,9 @@ def test_the_plugin_gives_each_ubatch_its_own_values(
     register_plugin(mode)
     one = index_buffer()
     buffers = [one, one] if shared else [one, index_buffer()]
-    with stepcache.debug(debug), _scope(scoped):
+    with stepcache.debug(debug), real_builders.maybe_scope(scoped):
         slices = ubatches(step)
         for i in (0, 1, 0):
             for what in WHAT:
                 got = value(slices[i], what, buffers[i])
                 assert got == stock_values[i][what], (i, what)
-
-
-@contextlib.contextmanager
-def _scope(scoped: bool) -> Iterator[None]:
-    if not scoped:
-        yield
-        return
-    with stepcache.scope():
-        yield

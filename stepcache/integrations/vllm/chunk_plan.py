@@ -75,20 +75,6 @@ def _plan_key(
     return (compress_ratio, prefill_chunk_size, has_compressed, *parts)
 
 
-@stepcache.step_cached(key=_plan_key, depends_on=_SCALARS, name=PLAN_NAME)
-def get_prefill_chunk_plan(
-    self: Any,
-    compress_ratio: int,
-    prefill_chunk_size: int,
-    has_compressed: bool | None = None,
-) -> list[tuple[int, int, int, int]]:
-    """vLLM's method, once per layer kind and step layout."""
-    plan: list[tuple[int, int, int, int]] = _original[PLAN_NAME](
-        self, compress_ratio, prefill_chunk_size, has_compressed
-    )
-    return plan
-
-
 def stock_prefill_chunk_plan(
     self: Any,
     compress_ratio: int,
@@ -100,6 +86,12 @@ def stock_prefill_chunk_plan(
         self, compress_ratio, prefill_chunk_size, has_compressed
     )
     return plan
+
+
+#: vLLM's method, once per layer kind and step layout
+get_prefill_chunk_plan = stepcache.step_cached(
+    key=_plan_key, depends_on=_SCALARS, name=PLAN_NAME
+)(stock_prefill_chunk_plan)
 
 
 def find_prefill_chunk_plan(module: ModuleType) -> Target:
