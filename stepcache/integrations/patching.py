@@ -86,13 +86,16 @@ class Target:
     :class:`Verify` or :class:`Unwrapped` patch installs in its place (a
     :class:`Scope` patch wraps ``original`` itself). ``everywhere``: also rebind it in
     every module that bound it by ``from owner import attr``
-    (:func:`replace_everywhere`)."""
+    (:func:`replace_everywhere`). ``descriptor``: what the installed function is
+    wrapped in on a class (``classmethod`` for a target that is one: ``original``
+    and ``stand_in`` are then functions of ``(cls, ...)``)."""
 
     owner: Any
     attr: str
     original: Callable[..., Any]
     stand_in: Callable[..., Any] | None = None
     everywhere: bool = False
+    descriptor: Callable[[Callable[..., Any]], Any] | None = None
 
     def the_stand_in(self, name: str) -> Callable[..., Any]:
         """``stand_in``; a patch that wraps one and found none is a bug of its own."""
@@ -202,6 +205,8 @@ def install(patch: Patch, module: ModuleType, check: StockCheck | None) -> Undo:
     returns how to undo it. Raises :class:`SkipPatch` from ``find``."""
     target = patch.find(module)
     value = patch.wrap.build(patch.name, target, check)
+    if target.descriptor is not None:
+        value = target.descriptor(value)
     if target.everywhere:
         return replace_everywhere(target.owner, target.attr, value)
     return replace_attribute(target.owner, target.attr, value)
@@ -288,7 +293,8 @@ def replace_attribute(target: Any, name: str, value: object) -> Undo:
     setattr(target, name, value)
 
     def undo() -> None:
-        if getattr(target, name, None) is not value:
+        # read as set (a class's classmethod, not the method it binds)
+        if vars(target).get(name) is not value:
             return  # replaced again by someone else since: leave theirs
         if had:
             setattr(target, name, old)

@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The SGLang plugin: stepcache's caches in front of some of SGLang's per-pass work.
+
+A declaration on the engine-neutral kit (:class:`~stepcache.integrations.plugin.
+EnginePlugin`), nothing more: the switch ``STEPCACHE_SGLANG`` (unset or ``0``: the
+plugin does nothing; ``1``, ``verify``, ``force`` as for every engine), the SGLang
+release series it was tested against (0.5, read and tested in 0.5.23), and the patch
+table. Its lifecycle is the kit's: :data:`register`, :data:`unregister`,
+:data:`status`, :data:`counters` are :data:`PLUGIN`'s own methods.
+``STEPCACHE_SGLANG_SKIP`` names patches to leave out, separated by commas.
+
+The caches live in SGLang's ``ForwardBatch``, the object every forward pass makes
+anew and hands to each layer's backend: a value cached there dies with the pass, and no
+scope is needed. The patches:
+
+* :data:`~.gdn.INITIAL_STATE_NAME`: GDN's ``has_initial_state`` mask, once per pass
+  instead of once per GDN layer (:mod:`.gdn`);
+* :data:`~.tbo.SPLIT_TOKEN_NAME`: two-batch overlap's split token, once per parent
+  batch instead of three times (:mod:`.tbo`).
+
+>>> PLUGIN.parse_mode("verify"), PLUGIN.supports("sglang", "0.5.23")
+('verify', True)
+>>> [patch.name for patch in PATCHES]
+['sglang.gdn.has_initial_state', 'sglang.tbo.split_token_index']
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from ..patching import Patch, StockCheck, Verify
+from ..plugin import EnginePlugin
+from . import gdn, tbo
+
+__all__ = [
+    "ENV",
+    "PATCHES",
+    "PLUGIN",
+    "SKIP_ENV",
+    "SUPPORTED",
+    "counters",
+    "register",
+    "reset_counters",
+    "status",
+    "unregister",
+]
+
+#: Under SGLang's logger, so the lines appear in its log.
+logger = logging.getLogger("sglang.stepcache")
+
+ENV: Final = "STEPCACHE_SGLANG"
+SKIP_ENV: Final = "STEPCACHE_SGLANG_SKIP"
+SUPPORTED: Final = (("sglang", (0, 5)),)
+
+
+def _stock_check() -> StockCheck | None:
+    return PLUGIN.stock_check
+
+
+PATCHES: tuple[Patch, ...] = (
+    # the stand-in compares the mask itself in verify mode (the convolution writes
+    # the conv states: it must not run twice)
+    Patch(
+        gdn.INITIAL_STATE_NAME,
+        gdn.MODULE,
+        gdn.find_convolve_prefill(_stock_check),
+        Verify(when=lambda *args, **kwargs: False),
+    ),
+    Patch(tbo.SPLIT_TOKEN_NAME, tbo.MODULE, tbo.find_split_token_index, Verify()),
+)
+
+PLUGIN: Final = EnginePlugin(
+    engine="SGLang",
+    package="sglang",
+    env=ENV,
+    supported=SUPPORTED,
+    patches=PATCHES,
+    logger=logger,
+    distributions=("sglang",),
+    skip_env=SKIP_ENV,
+)
+
+#: Apply the patches (once per process), if ``STEPCACHE_SGLANG`` asks for it.
+register: Final = PLUGIN.register
+#: Undo every patch and forget the registration.
+unregister: Final = PLUGIN.unregister
+#: Each patch's state (``"applied"``, ``"waiting for <module>"``...).
+status: Final = PLUGIN.status
+#: This process's counts by patch (the caches count in :func:`stepcache.stats`).
+counters: Final = PLUGIN.counters
+#: Zero :data:`counters`.
+reset_counters: Final = PLUGIN.reset_counters
