@@ -56,6 +56,7 @@ import importlib.util
 import logging
 import os
 import re
+import sys
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -78,6 +79,7 @@ __all__ = [
     "ADD_ALL",
     "MODES",
     "EnginePlugin",
+    "PluginFunctions",
     "Sharer",
     "SwitchError",
     "installed_distribution",
@@ -669,6 +671,55 @@ class EnginePlugin:
         if log.isEnabledFor(logging.INFO) and _has_handler(log):
             log.info("%s", state.summary)
             state.summary = None
+
+
+class PluginFunctions:
+    """An engine's plugin module's functions, written once: each calls the module's
+    declaration (its attribute ``attr``, looked up at every call, so a test may put a
+    declaration of its own in its place). A plugin module binds them by name::
+
+        _functions = PluginFunctions(__name__)
+        register = _functions.register
+    """
+
+    def __init__(self, module: str, attr: str = "PLUGIN") -> None:
+        self.module, self.attr = module, attr
+
+    def plugin(self) -> EnginePlugin:
+        """The declaration the module holds now."""
+        found = getattr(sys.modules[self.module], self.attr)
+        if not isinstance(found, EnginePlugin):
+            raise TypeError(
+                f"{self.module}.{self.attr} is a {type(found).__name__}, "
+                "expected an EnginePlugin"
+            )
+        return found
+
+    def register(self) -> None:
+        """Apply the patches (once per process), if the plugin's switch asks for
+        it (:meth:`EnginePlugin.register`); the engine's entry point."""
+        self.plugin().register()
+
+    def unregister(self) -> None:
+        """Undo every patch and forget the registration
+        (:meth:`EnginePlugin.unregister`)."""
+        self.plugin().unregister()
+
+    def active_mode(self) -> str:
+        """The mode registered in this process (``"off"``: not registered)."""
+        return self.plugin().active_mode()
+
+    def status(self) -> dict[str, str]:
+        """Each patch's state (:meth:`EnginePlugin.status`)."""
+        return self.plugin().status()
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """This process's counts by patch (:meth:`EnginePlugin.counters`)."""
+        return self.plugin().counters()
+
+    def reset_counters(self) -> None:
+        """Zero :meth:`counters`."""
+        self.plugin().reset_counters()
 
 
 def _has_handler(log: logging.Logger) -> bool:

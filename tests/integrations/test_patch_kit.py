@@ -713,3 +713,23 @@ def test_a_caller_that_drives_the_builds_itself_applies_every_shared_patch(
             assert plugin.status()[LENS] == "waiting for fakeengine.attn"
     finally:
         plugin.unregister()
+
+
+def test_plugin_functions_call_the_declaration_the_module_holds_now(
+    attn: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stepcache.integrations.plugin import PluginFunctions
+
+    module = types.ModuleType("fakeengine_plugin")
+    module.PLUGIN = PLUGIN  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fakeengine_plugin", module)
+    functions = PluginFunctions("fakeengine_plugin")
+    monkeypatch.setenv(ENV, "1")
+    functions.register()
+    assert functions.status() == {BUILD: "applied", LENS: "applied"}
+    assert functions.active_mode() == "on"
+    functions.unregister()
+    assert functions.status() == {BUILD: "off", LENS: "off"}
+    module.PLUGIN = "not a plugin"  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="fakeengine_plugin.PLUGIN is a str"):
+        functions.register()

@@ -6,7 +6,8 @@ EnginePlugin`), nothing more: the switch ``STEPCACHE_SGLANG`` (unset or ``0``: t
 plugin does nothing; ``1``, ``verify``, ``force`` as for every engine), the SGLang
 release series it was tested against (0.5, read and tested in 0.5.23), and the patch
 table. Its lifecycle is the kit's: :data:`register`, :data:`unregister`,
-:data:`status`, :data:`counters` are :data:`PLUGIN`'s own methods.
+:data:`status`, :data:`counters` are :class:`~stepcache.integrations.plugin.
+PluginFunctions` calling :data:`PLUGIN`.
 ``STEPCACHE_SGLANG_SKIP`` names patches to leave out, separated by commas.
 
 The caches live in SGLang's ``ForwardBatch``, the object every forward pass makes
@@ -30,7 +31,7 @@ import logging
 from typing import Final
 
 from ..patching import Patch, StockCheck, Verify
-from ..plugin import EnginePlugin
+from ..plugin import EnginePlugin, PluginFunctions
 from . import gdn, tbo
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "PLUGIN",
     "SKIP_ENV",
     "SUPPORTED",
+    "active_mode",
     "counters",
     "register",
     "reset_counters",
@@ -81,13 +83,15 @@ PLUGIN: Final = EnginePlugin(
     skip_env=SKIP_ENV,
 )
 
-#: Apply the patches (once per process), if ``STEPCACHE_SGLANG`` asks for it.
-register: Final = PLUGIN.register
-#: Undo every patch and forget the registration.
-unregister: Final = PLUGIN.unregister
-#: Each patch's state (``"applied"``, ``"waiting for <module>"``...).
-status: Final = PLUGIN.status
-#: This process's counts by patch (the caches count in :func:`stepcache.stats`).
-counters: Final = PLUGIN.counters
-#: Zero :data:`counters`.
-reset_counters: Final = PLUGIN.reset_counters
+#: The lifecycle, the kit's functions (each calls :data:`PLUGIN`): ``register``
+#: applies the patches once per process if ``STEPCACHE_SGLANG`` asks for it;
+#: ``unregister`` undoes them; ``status`` each patch's state; ``counters`` this
+#: process's counts by patch (the caches count in :func:`stepcache.stats`);
+#: ``reset_counters`` zeroes them.
+_functions = PluginFunctions(__name__)
+register = _functions.register
+unregister = _functions.unregister
+active_mode = _functions.active_mode
+status = _functions.status
+counters = _functions.counters
+reset_counters = _functions.reset_counters

@@ -46,7 +46,7 @@ import logging
 from typing import Final
 
 from ..patching import Patch, Scope, Verify
-from ..plugin import MODES, EnginePlugin, Sharer
+from ..plugin import MODES, EnginePlugin, PluginFunctions, Sharer
 from .chunk_plan import (
     PLAN_NAME,
     find_prefill_chunk_plan,
@@ -306,38 +306,18 @@ def supported(distribution: str, version: str) -> bool:
     return PLUGIN.supports(distribution, version)
 
 
-def register() -> None:
-    """The ``vllm.general_plugins`` entry point: patch vLLM (once per process), if
-    ``STEPCACHE_VLLM`` asks for it."""
-    PLUGIN.register()
-
-
-def unregister() -> None:
-    """Undo every patch and forget the registration (for tests)."""
-    PLUGIN.unregister()
-
-
-def active_mode() -> str:
-    """The mode the plugin was registered with in this process (``"off"``: not
-    registered)."""
-    return PLUGIN.active_mode()
-
-
-def status() -> dict[str, str]:
-    """Each patch's state: ``"applied"``, ``"waiting for <module>"``, ``"skipped:
-    <reason>"`` or ``"off"`` (not registered)."""
-    return PLUGIN.status()
-
-
-def counters() -> dict[str, dict[str, int]]:
-    """This process's counts, by patch name: the scopes opened (``scopes``) and the
-    builds left without one (``unscoped``), the DSv4 sparse-index dict's ``hit`` and
-    ``miss`` in production and C4A layers left to vLLM (``uncached``), and calls
-    compared with stock vLLM (``verified``). The caches count in
-    :func:`stepcache.stats`."""
-    return PLUGIN.counters()
-
-
-def reset_counters() -> None:
-    """Zero :func:`counters`."""
-    PLUGIN.reset_counters()
+#: The module's lifecycle functions, the kit's (each calls :data:`PLUGIN`, looked
+#: up at the call): ``register`` is vLLM's ``vllm.general_plugins`` entry point;
+#: ``unregister`` undoes every patch (for tests); ``active_mode`` the mode registered
+#: in this process; ``status`` each patch's state; ``counters`` this process's counts
+#: by patch (the scopes opened and builds left without one, the DSv4 sparse-index
+#: dict's ``hit``/``miss``/``uncached``, calls compared with stock vLLM:
+#: ``verified``; the caches count in :func:`stepcache.stats`); ``reset_counters``
+#: zeroes them.
+_functions = PluginFunctions(__name__)
+register = _functions.register
+unregister = _functions.unregister
+active_mode = _functions.active_mode
+status = _functions.status
+counters = _functions.counters
+reset_counters = _functions.reset_counters
