@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
 _MAX_REPORT = 10_000
 _MISSING = object()
+_NO_VIEWS = (None, None)
 #: CPU tensors and numpy arrays up to this many elements have their contents compared
 DEEP_CONTENT_LIMIT = 4096
 #: the integer dtype of each size, to read a tensor's bits through numpy
@@ -473,9 +474,13 @@ def hit(fn: Cached, a: Args, key: object, store: StepCache, entry: Entry) -> obj
         if info.watched:
             read = lambda n: getattr(owner, n, _MISSING)  # noqa: E731
             _recheck("undeclared-input", fn, a, key, entry, info.watched, read)
-    # an ignored argument that is another object (a buffer on another device)
-    ignored = () if info is None else info.ignored
-    moved = bool(ignored) and any(not fp.match(a[i], o, v) for i, o, v in ignored)
+    # an ignored argument that is another object (a buffer on another device); a
+    # loop, not any() over a generator: this runs on every checks-mode hit
+    ignored, moved = () if info is None else info.ignored, False
+    for i, o, v in ignored:
+        if not fp.match(a[i], o, v):
+            moved = True
+            break
     # validated when stored: again where it may fail now (a reference or an ignored
     # argument holds another object, the value's storage was swapped behind its
     # version: `.data =`)
@@ -498,6 +503,9 @@ def hit(fn: Cached, a: Args, key: object, store: StepCache, entry: Entry) -> obj
         raise detect("key-too-coarse", fn, key, diff=diff, fix=fix)
     if not info or not info.versions or not STEPCACHE_DEBUG_GUARD:
         return entry.value  # nothing to guard: hand_out's closures not made
+    ref, handed = info.handed.get(id(store), _NO_VIEWS)  # hand_out's, inline
+    if ref is not None and ref() is store:
+        return handed
     return hand_out(fn, key, entry, store)
 
 
@@ -544,13 +552,10 @@ def compute(
 def hand_out(fn: Cached, key: object, entry: Entry, store: StepCache) -> object:
     """What a call through ``store`` hands out: the value, its tensors as guarded
     views that check ``store`` (a copied owner's store serves the original's
-    entries), made once per store."""
+    entries), made once per store (`hit` returns those made already)."""
     info: _Info | None = entry.info
     if info is None or not info.versions or not STEPCACHE_DEBUG_GUARD:
         return entry.value
-    ref, handed = info.handed.get(id(store), (None, None))
-    if ref is not None and ref() is store:
-        return handed
     index = {id(t): i for i, (t, _, _) in enumerate(info.versions)}
     ref = weakref.ref(store)
 
