@@ -51,6 +51,16 @@ def gdn_pass(
 
 
 # -- the switch ------------------------------------------------------------------------
+def test_sglangs_plugin_loader_finds_register() -> None:
+    """SGLang's own loader, on the installed entry points, loads our register."""
+    from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
+
+    from stepcache.integrations import sglang as plugin_module
+
+    loaded = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+    assert loaded["stepcache"][0] is plugin_module.register
+
+
 def test_off_by_default_nothing_is_patched(
     sglang_plugin: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
