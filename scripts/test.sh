@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The test command: installs everything into .venv (and the real-engine venv
-# .venv-engine), then lint, types, docs and tests.
+# .venv-engine, and SGLang's .venv-sglang), then lint, types, docs and tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# a fresh install of both venvs takes about 11 GiB: say so before pip fails on it
+# a fresh install of the three venvs takes about 17 GiB: say so before pip fails on it
 free_gib=$(df -Pk . | awk 'NR == 2 {print int($4 / 1048576)}')
-if [ ! -d .venv-engine ] && [ "${free_gib:-99}" -lt 12 ]; then
-  echo "[setup] warning: ${free_gib} GiB free here; .venv and .venv-engine take about 11 GiB" >&2
+if [ ! -d .venv-engine ] && [ "${free_gib:-99}" -lt 18 ]; then
+  echo "[setup] warning: ${free_gib} GiB free here; .venv, .venv-engine and" \
+    ".venv-sglang take about 17 GiB" >&2
 fi
 bash scripts/setup_env.sh --full
 bash scripts/setup_env.sh --engine

@@ -391,6 +391,7 @@ def test_the_engine_section_on_the_real_engine() -> None:
     # the split's cache is off by default: stock vLLM's calls, and the row says so
     assert res["off_by_default"] == [
         "vllm.gdn.split_decodes_and_prefills",
+        "vllm.mamba.BaseMambaAttentionMetadataBuilder._build_chunk_metadata_tensors",
         "vllm.mamba.BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata",
     ]
     assert rows["split_decodes_and_prefills"]["off"] == 3.0

@@ -42,6 +42,9 @@ SPLIT = "vllm.gdn.split_decodes_and_prefills"
 CHUNKS = "vllm.gdn.GDNAttentionMetadataBuilder._build_chunk_metadata"
 COMPUTED = "vllm.CommonAttentionMetadata.compute_num_computed_tokens"
 PREFILL = "vllm.mamba.BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata"
+MAMBA_CHUNKS = (
+    "vllm.mamba.BaseMambaAttentionMetadataBuilder._build_chunk_metadata_tensors"
+)
 #: the patches every engine here applies (vLLM imports their modules for any model)
 ALWAYS_APPLIED = (
     "vllm.CommonAttentionMetadata.token_to_req_indices",
@@ -52,7 +55,7 @@ GDN_SHARES = (CHUNKS, COMPUTED)
 #: the patches off by default (STEPCACHE_VLLM_ADD applies them), as status says
 OFF_BY_DEFAULT = {
     name: f"skipped: off by default (STEPCACHE_VLLM_ADD={name} applies it)"
-    for name in (SPLIT, PREFILL)
+    for name in (SPLIT, PREFILL, MAMBA_CHUNKS)
 }
 #: what the engine probe calls each cached function (engine_run.PROBED)
 PROBE_NAME = {
@@ -74,11 +77,12 @@ CACHED = [
 #: the stats rows a run with the plugin on has (the others' builders call none)
 STATS_ROWS = {"qwen3_next": {CHUNKS, COMPUTED}}
 #: and with the caches off by default added (the Mamba builders' computed-token
-#: counts stay vLLM's own: one call per build, nothing to share)
+#: counts stay vLLM's own: one call per build, nothing to share; their chunk layout
+#: is a row with no hit: one Mamba group per build here)
 ADDED_ROWS = {
     "qwen3_next": {SPLIT, CHUNKS, COMPUTED},
-    "mamba2": {PREFILL},
-    "granite_hybrid": {PREFILL},
+    "mamba2": {PREFILL, MAMBA_CHUNKS},
+    "granite_hybrid": {PREFILL, MAMBA_CHUNKS},
 }
 #: the cache each model's builders call once per build with a prefill (a miss each)
 PREFILL_ROW = {"qwen3_next": CHUNKS, "mamba2": PREFILL, "granite_hybrid": PREFILL}
