@@ -352,16 +352,15 @@ class EnginePlugin:
                 )
                 return
             # a patch of a module this release does not have would wait forever
-            gone = frozenset(
-                p.name
+            gone = {
+                p.name: p.module
                 for p in self.patches
                 if p.name not in skip | off and absent(p.module)
-            )
+            }
             state.registered = True
             state.mode = mode
-            state.left_out = skip | off | gone
-            for name in gone:
-                module = next(p.module for p in self.patches if p.name == name)
+            state.left_out = skip | off | gone.keys()
+            for name, module in gone.items():
                 state.skipped[name] = f"{distribution} {version} has no {module}"
             for name in skip:
                 state.skipped[name] = f"left out by {self.skip_env}"
@@ -390,7 +389,9 @@ class EnginePlugin:
                         state.cancel.append(_when_imported(sharer.module, watch))
             finally:
                 state.quiet = False
-            self._log_summary(f"{distribution} {version}", mode, skip, off, gone)
+            self._log_summary(
+                f"{distribution} {version}", mode, skip, off, frozenset(gone)
+            )
 
     def unregister(self) -> None:
         """Undo every patch and forget the registration (for tests, and to switch the

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import sys
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -221,3 +222,17 @@ def maybe_scope(scoped: bool) -> Iterator[None]:
         return
     with stepcache.scope():
         yield
+
+
+def counting(
+    counts: dict[str, int], what: str, fn: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``fn``, adding 1 to ``counts[what]`` on each call (a test installs it in
+    vLLM's place to count stock's computations beneath the plugin)."""
+
+    @functools.wraps(fn)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counts[what] += 1
+        return fn(*args, **kwargs)
+
+    return counted

@@ -5,12 +5,12 @@ every attention layer asks for it (61 per prefill step), stock computes it each 
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
+import real_builders
 import torch
 
 import stepcache
@@ -66,19 +66,15 @@ def counts(
     plugin_module.unregister()
     seen = {"plans": 0, "items": 0}
 
-    def counting(what: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            seen[what] += 1
-            return fn(*args, **kwargs)
-
-        return counted
-
     method = DeepseekSparseSWAMetadata.get_prefill_chunk_plan
     monkeypatch.setattr(
-        DeepseekSparseSWAMetadata, "get_prefill_chunk_plan", counting("plans", method)
+        DeepseekSparseSWAMetadata,
+        "get_prefill_chunk_plan",
+        real_builders.counting(seen, "plans", method),
     )
-    monkeypatch.setattr(torch.Tensor, "item", counting("items", torch.Tensor.item))
+    monkeypatch.setattr(
+        torch.Tensor, "item", real_builders.counting(seen, "items", torch.Tensor.item)
+    )
     yield seen
 
 

@@ -71,14 +71,6 @@ def counted(cpu: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, in
     plugin_module.unregister()
     counts = dict.fromkeys(NAMES, 0)
 
-    def counting(what: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def counted_call(*args: Any, **kwargs: Any) -> Any:
-            counts[what] += 1
-            return fn(*args, **kwargs)
-
-        return counted_call
-
     targets = [
         (gdn_attn, "split_decodes_and_prefills", "split"),
         (gdn_attn.GDNAttentionMetadataBuilder, "_build_chunk_metadata", "chunks"),
@@ -90,7 +82,9 @@ def counted(cpu: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, in
         ),
     ]
     for owner, attr, what in targets:
-        monkeypatch.setattr(owner, attr, counting(what, getattr(owner, attr)))
+        monkeypatch.setattr(
+            owner, attr, real_builders.counting(counts, what, getattr(owner, attr))
+        )
     yield counts
 
 

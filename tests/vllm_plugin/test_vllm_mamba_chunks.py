@@ -6,7 +6,6 @@ computes it once (its cache is off by default: ``STEPCACHE_VLLM_ADD`` applies it
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -40,23 +39,14 @@ def counts(
     plugin_module.unregister()
     seen = {"chunks": 0, "items": 0}
     compute = BaseMambaAttentionMetadataBuilder._compute_chunk_metadata
-    item = torch.Tensor.item
-
-    @functools.wraps(compute)
-    def counted_compute(*args: Any, **kwargs: Any) -> Any:
-        seen["chunks"] += 1
-        return compute(*args, **kwargs)
-
-    def counted_item(self: torch.Tensor) -> Any:
-        seen["items"] += 1
-        return item(self)
-
     monkeypatch.setattr(
         BaseMambaAttentionMetadataBuilder,
         "_compute_chunk_metadata",
-        staticmethod(counted_compute),
+        staticmethod(real_builders.counting(seen, "chunks", compute)),
     )
-    monkeypatch.setattr(torch.Tensor, "item", counted_item)
+    monkeypatch.setattr(
+        torch.Tensor, "item", real_builders.counting(seen, "items", torch.Tensor.item)
+    )
     yield seen
 
 
