@@ -126,24 +126,17 @@ class StockCheck:
 
 @dataclasses.dataclass(frozen=True)
 class Scope:
-    """Wrap the original in a :func:`stepcache.scope` (:func:`scoped`): unless its
-    parameter ``unless`` is true in the call, or its parameter ``longest`` (the
-    build's longest query, in tokens) is at most 1: a build of decodes only, where
-    the builders the engine made share nothing (:attr:`EnginePlugin.scopes_for
-    <stepcache.integrations.plugin.EnginePlugin.scopes_for>` says which share in
-    such builds; the plugin drops ``longest`` once one of those is made). Counted
-    under ``count_as`` (default: the patch's name), so patches of one lifetime in
-    several classes share a row."""
+    """Wrap the original in a :func:`stepcache.scope` (:func:`scoped`), unless its
+    parameter ``unless`` is true in the call. Counted under ``count_as`` (default:
+    the patch's name), so patches of one lifetime in several classes share a row."""
 
     kind: ClassVar[str] = "scope"
     unless: str | None = None
     count_as: str | None = None
-    longest: str | None = None
 
     def build(self, name: str, target: Target, check: StockCheck | None) -> Any:
         """The function to install for the patch ``name``."""
-        counted = self.count_as or name
-        return marked(scoped(target.original, counted, self.unless, self.longest), name)
+        return marked(scoped(target.original, self.count_as or name, self.unless), name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,17 +321,18 @@ def scoped(
     original: Callable[..., Any],
     name: str,
     unless: str | None = None,
-    longest: str | None = None,
+    at_most_one: str | None = None,
 ) -> Callable[..., Any]:
     """``original`` run inside a :func:`stepcache.scope` (the lifetime it names: one
     metadata build, one draft step), unless its parameter ``unless`` is true in the
-    call or its parameter ``longest`` is at most 1 (:class:`Scope`); each scope
-    opened is counted as ``scopes``, each call left out as ``unscoped``."""
+    call or its parameter ``at_most_one`` is an int of at most 1 (a call with
+    nothing to share: vLLM's build of one-token queries); each scope opened is
+    counted as ``scopes``, each call left out as ``unscoped``."""
     params = list(inspect.signature(original).parameters.values())
     if any(p.name.startswith("_sc_") for p in params):  # a name of ours: not written
         raise SkipPatch(f"{original.__qualname__} has a parameter named _sc_...")
     names_in = {p.name for p in params}
-    for wanted in (unless, longest):
+    for wanted in (unless, at_most_one):
         if wanted is not None and wanted not in names_in:
             raise SkipPatch(f"{original.__qualname__} has no parameter {wanted!r}")
     # Written for the original's own signature, as the generated hit is: a wrapper
@@ -346,7 +340,8 @@ def scoped(
     # build_attn_metadata is called with 17 keywords), and read two of them by name.
     skip = [unless] if unless is not None else []
     # an int of at most 1: decodes only (anything else opens the scope)
-    skip += [f"({longest}.__class__ is int and {longest} <= 1)"] if longest else []
+    small = at_most_one
+    skip += [f"({small}.__class__ is int and {small} <= 1)"] if small else []
     call = f"_sc_original({passed(params)})"
     body = []
     if skip:  # a call left out: counted, and run as it is

@@ -26,7 +26,9 @@ and read at each registration: ``skip_env``, the patches to leave out (a cache t
 not pay on one's machine), and ``add_env``, the patches off by default
 (``Patch.opt_in``) to apply (the word ``all``: every one that ``skip_env`` does not
 leave out). A name that is no patch of the plugin, or one that both name, is a
-:class:`SwitchError` too.
+:class:`SwitchError` too. A plugin may declare a :class:`Gate` that holds some patches
+back until the engine shows it needs them (vLLM's waits for a metadata builder that
+shares values).
 :meth:`~EnginePlugin.register` is idempotent and may run again in a process (an
 engine may load its plugins in every process, more than once); it imports nothing of
 the engine (each patch waits for its module,
@@ -60,9 +62,10 @@ import sys
 import threading
 from collections.abc import Callable
 from types import ModuleType
-from typing import Final, NamedTuple
+from typing import Final, Protocol
 
 from .patching import (
+    Hook,
     Patch,
     Scope,
     SkipPatch,
@@ -71,7 +74,6 @@ from .patching import (
     absent,
     counters,
     install,
-    replace_attribute,
 )
 from .patching import when_imported as _when_imported
 
@@ -79,8 +81,8 @@ __all__ = [
     "ADD_ALL",
     "MODES",
     "EnginePlugin",
+    "Gate",
     "PluginFunctions",
-    "Sharer",
     "SwitchError",
     "installed_distribution",
 ]
@@ -98,25 +100,26 @@ ADD_ALL: Final = "all"
 Installed = tuple[str, str]
 
 
-class Sharer(NamedTuple):
-    """One of an engine's objects whose calls use a cached function inside a scope
-    (a metadata builder): its module and class, and whether a build of decodes only
-    (every query one token) has anything to share. ``False`` for a builder that
-    calls its cached functions only for prefill rows: while the engine has made no
-    builder that shares in decodes, the scopes of :class:`~.patching.Scope` patches
-    that name the build's ``longest`` query stay shut in such builds. ``shares``
-    names the patches only its builds share: they apply once one is made."""
+class Gate(Protocol):
+    """What holds some of a plugin's patches back until the engine shows it needs
+    them, declared per engine (vLLM's: its metadata builders,
+    :mod:`stepcache.integrations.vllm.builders`). Made once per plugin object
+    (:attr:`EnginePlugin.gate`), it is asked under the plugin's lock and releases a
+    patch with :meth:`EnginePlugin.apply`."""
 
-    module: str
-    name: str
-    #: or the names of the patches such a build calls: it shares there unless each
-    #: of them is left out (``skip_env``, or off by default and not added)
-    decode: bool | tuple[str, ...] = True
-    #: the names of the patches whose values only its builds share: they apply once
-    #: such a builder is made (another engine's builds would only pay for them), and
-    #: where each is left out it shares nothing and opens no scope (empty: it shares
-    #: the patches that no :class:`Sharer` names)
-    shares: tuple[str, ...] = ()
+    def holds(self, patch: Patch) -> str | None:
+        """Why ``patch`` waits, as :meth:`EnginePlugin.status` says it (``None``: it
+        applies when its module is imported)."""
+
+    def start(self) -> None:
+        """At each registration, after the patches it does not hold were scheduled:
+        watch for what releases the others (:meth:`EnginePlugin.on_import`)."""
+
+    def installed(self, patch: Patch) -> Patch:
+        """``patch`` as it is to be installed now (the gate may change its wrap)."""
+
+    def stop(self) -> None:
+        """At unregister: stop watching (what it saw is kept for the process)."""
 
 
 class SwitchError(ValueError):
@@ -143,15 +146,8 @@ class _State:
         self.cancel: list[Callable[[], None]] = []
         #: the warnings given (register() may run more than once per process)
         self.warned: set[str] = set()
-        #: an object of ``scopes_for`` was made in this process (kept across
-        #: unregister(): the engine's builders are made once)
-        self.scopes_wanted = False
-        #: one of them shares values in builds of decodes only too (`Sharer.decode`)
-        self.decode_wanted = False
-        #: the patches of ``Sharer.shares`` whose builder was made (kept as above)
-        self.shared: set[str] = set()
-        #: how to give back the classes ``scopes_for`` watches
-        self.unwatch: list[Undo] = []
+        #: the plugin's gate (made at the first registration, kept for the process)
+        self.gate: Gate | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -175,14 +171,10 @@ class EnginePlugin:
     logger: logging.Logger
     distributions: tuple[str, ...] = ()
     find_installed: Callable[[], Installed | None] | None = None
-    #: The engine's objects whose calls use a cached function inside a scope (its
-    #: metadata builders), each a :class:`Sharer` or a ``(module, class)`` pair
-    #: (one that shares in every build). The ``Scope`` patches apply once one of
-    #: them is made in the process, so an engine that makes none opens no scope and
-    #: pays nothing for them; while none made shares in builds of decodes only, those
-    #: builds open none either (:class:`~.patching.Scope`'s ``longest``). Empty: the
-    #: scopes apply with the other patches, in every build.
-    scopes_for: tuple[Sharer | tuple[str, str], ...] = ()
+    #: What holds some patches back until the engine shows it needs them, made
+    #: from the plugin at its first registration (:class:`Gate`); ``None``: every
+    #: patch applies when its module is imported.
+    gate: Callable[[EnginePlugin], Gate] | None = None
     #: The environment variable that names patches to leave out, read at each
     #: registration (:meth:`parse_skip`); ``None``: every patch applies.
     skip_env: str | None = None
@@ -376,17 +368,12 @@ class EnginePlugin:
             # their module, and log a line then.
             state.quiet = True
             try:
+                gate = self.the_gate
                 for patch in self.patches:
-                    if patch.name not in state.left_out and not self._deferred(patch):
-                        state.cancel.append(
-                            _when_imported(patch.module, self._applier(patch))
-                        )
-                for sharer in self._sharers():
-                    if self._left_out(sharer.shares):
-                        continue
-                    if self._would_change(sharer):
-                        watch = self._watcher(sharer)
-                        state.cancel.append(_when_imported(sharer.module, watch))
+                    if gate is None or gate.holds(patch) is None:
+                        self.apply(patch)
+                if gate is not None:
+                    gate.start()
             finally:
                 state.quiet = False
             self._log_summary(
@@ -400,9 +387,8 @@ class EnginePlugin:
         with state.lock:
             for cancel in state.cancel:
                 cancel()
-            for unwatch in state.unwatch:
-                unwatch()
-            state.unwatch.clear()
+            if state.gate is not None:
+                state.gate.stop()
             for patch in reversed(self.patches):
                 undo = state.undo.pop(patch.name, None)
                 if undo is not None:
@@ -421,19 +407,16 @@ class EnginePlugin:
         ``"skipped: <reason>"`` or ``"off"`` (not registered)."""
         state = self._state
         with state.lock:
-            shared = self._shared_names()
+            gate = state.gate
             out: dict[str, str] = {}
             for patch in self.patches:
+                held = None if gate is None else gate.holds(patch)
                 if patch.name in state.undo:
                     out[patch.name] = "applied"
                 elif patch.name in state.skipped:
                     out[patch.name] = f"skipped: {state.skipped[patch.name]}"
-                elif state.registered and self._deferred(patch):
-                    out[patch.name] = (
-                        "waiting for a builder that shares it"
-                        if patch.name in shared
-                        else "waiting for a builder that needs scopes"
-                    )
+                elif state.registered and held is not None:
+                    out[patch.name] = held
                 elif state.registered:
                     out[patch.name] = f"waiting for {patch.module}"
                 else:
@@ -451,6 +434,52 @@ class EnginePlugin:
         """Zero :meth:`counters`."""
         counters.reset(self._counter_names())
 
+    # -- for a gate ---------------------------------------------------------------------
+    @property
+    def the_gate(self) -> Gate | None:
+        """This plugin object's :class:`Gate`, made at the first call (``None``:
+        it declares none)."""
+        state = self._state
+        with state.lock:
+            if state.gate is None and self.gate is not None:
+                state.gate = self.gate(self)
+            return state.gate
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock a gate holds while it changes what is applied."""
+        return self._state.lock
+
+    @property
+    def registered(self) -> bool:
+        """Whether the plugin is registered in this process, with patches to apply."""
+        return self._state.registered
+
+    @property
+    def left_out(self) -> frozenset[str]:
+        """The patches this registration leaves out (skipped, off by default, or of
+        a module the release lacks): a gate must not apply them."""
+        return self._state.left_out
+
+    def on_import(self, module: str, hook: Hook) -> None:
+        """Run ``hook`` when ``module`` is imported (now, if it is), until
+        :meth:`unregister`."""
+        self._state.cancel.append(_when_imported(module, hook))
+
+    def apply(self, patch: Patch) -> None:
+        """Apply ``patch`` when its module is imported (now, if it is), unless this
+        registration leaves it out or it is applied already."""
+        if patch.name not in self._state.left_out:
+            self.on_import(patch.module, self._applier(patch))
+
+    def withdraw(self, patch: Patch) -> bool:
+        """Undo ``patch`` if it is applied (a gate applies it again, changed);
+        whether it was."""
+        undo = self._state.undo.pop(patch.name, None)
+        if undo is not None:
+            undo()
+        return undo is not None
+
     # -- helpers -----------------------------------------------------------------------
     def _counter_names(self) -> set[str]:
         names = {patch.name for patch in self.patches}
@@ -461,143 +490,10 @@ class EnginePlugin:
         }
         return names
 
-    def _sharers(self) -> tuple[Sharer, ...]:
-        return tuple(Sharer(*entry) for entry in self.scopes_for)
-
-    def _shared_names(self) -> frozenset[str]:
-        """The patches some :class:`Sharer` names as its own (``Sharer.shares``)."""
-        return frozenset(name for s in self._sharers() for name in s.shares)
-
-    def _deferred(self, patch: Patch) -> bool:
-        """Whether ``patch`` waits for an object of ``scopes_for`` to be made (any,
-        for a ``Scope`` patch; one that shares it, for a patch a sharer names)."""
-        state = self._state
-        if patch.name in self._shared_names():
-            return patch.name not in state.shared
-        return (
-            isinstance(patch.wrap, Scope)
-            and bool(self.scopes_for)
-            and not state.scopes_wanted
-        )
-
-    def _would_change(self, sharer: Sharer) -> bool:
-        """Whether making one of ``sharer``'s objects would apply something more."""
-        state = self._state
-        return (
-            not state.scopes_wanted
-            or (self._decodes(sharer) and not state.decode_wanted)
-            or not state.shared.issuperset(sharer.shares)
-        )
-
-    def _decodes(self, sharer: Sharer) -> bool:
-        """Whether ``sharer``'s builds of decodes only share a value, with the
-        patches this registration leaves out."""
-        if isinstance(sharer.decode, bool):
-            return sharer.decode
-        return bool(sharer.decode) and not self._left_out(sharer.decode)
-
-    def _left_out(self, names: tuple[str, ...]) -> bool:
-        """Whether this registration leaves out each patch of ``names`` (some)."""
-        return bool(names) and self._state.left_out.issuperset(names)
-
-    def _watcher(self, sharer: Sharer) -> Callable[[ModuleType], None]:
-        """Watch ``sharer``'s class: making one applies the scopes (in builds of
-        decodes only too, if it shares there) and the patches it shares."""
-        state = self._state
-        decode = self._decodes(sharer)
-
-        def watch(module: ModuleType) -> None:
-            cls = getattr(module, sharer.name, None)
-            if not isinstance(cls, type):
-                return  # not in this version: nothing of it will be made
-            init: Callable[..., None] = getattr(cls, "__init__")  # noqa: B009
-
-            def watched_init(obj: object, *args: object, **kwargs: object) -> None:
-                self.want_scopes(decode, sharer.shares)
-                init(obj, *args, **kwargs)
-
-            with state.lock:
-                if state.registered and self._would_change(sharer):
-                    state.unwatch.append(
-                        replace_attribute(cls, "__init__", watched_init)
-                    )
-
-        return watch
-
-    def want_scopes(
-        self, decode: bool = True, shares: tuple[str, ...] | None = None
-    ) -> None:
-        """An object that needs scopes was made (one of ``scopes_for``, or a caller
-        that drives the engine's builds itself, a test say): apply the ``Scope``
-        patches and the patches of ``shares`` (``None``: every patch a
-        :class:`Sharer` names), now and at every later registration in this
-        process; the scopes in builds of decodes only too if ``decode``."""
-        state = self._state
-        with state.lock:
-            names = self._shared_names()
-            new = (names if shares is None else names & set(shares)) - state.shared
-            scoped = state.decode_wanted or (state.scopes_wanted and not decode)
-            if scoped and not new:
-                return
-            state.shared |= new
-            first = not state.scopes_wanted
-            state.scopes_wanted = True
-            if decode:
-                state.decode_wanted = True
-            if state.decode_wanted and state.shared >= names:
-                for unwatch in state.unwatch:  # nothing left that one could change
-                    unwatch()
-                state.unwatch.clear()
-            if not state.registered:
-                return
-            for patch in self.patches:
-                if patch.name in new - state.left_out:
-                    state.cancel.append(
-                        _when_imported(patch.module, self._applier(patch))
-                    )
-                if not isinstance(patch.wrap, Scope) or scoped:
-                    continue
-                if patch.name in state.left_out:
-                    continue
-                if not first:  # applied already: again, if it shut decode builds
-                    undo = state.undo.get(patch.name)
-                    if patch.wrap.longest is None or undo is None:
-                        continue
-                    del state.undo[patch.name]
-                    undo()
-                state.cancel.append(_when_imported(patch.module, self._applier(patch)))
-            applying = sorted(new - state.left_out)
-            if applying:
-                self.logger.info(
-                    "stepcache: a builder that shares them was made: %s apply",
-                    ", ".join(applying),
-                )
-            if not scoped:
-                self.logger.info(
-                    "stepcache: a builder that calls cached functions%s was made: "
-                    "the scopes apply%s",
-                    " in decodes" if decode else "",
-                    "" if decode else " (in builds with a prefill)",
-                )
-
     def _warn_once(self, message: str) -> None:
         if message not in self._state.warned:
             self._state.warned.add(message)
             self.logger.warning("%s", message)
-
-    def _installed(self, patch: Patch) -> Patch:
-        """``patch`` as it is installed now: a scope that shuts in builds of decodes
-        only opens in every build once a builder that shares there was made."""
-        wrap = patch.wrap
-        if (
-            isinstance(wrap, Scope)
-            and wrap.longest is not None
-            and self._state.decode_wanted
-        ):
-            return dataclasses.replace(
-                patch, wrap=dataclasses.replace(wrap, longest=None)
-            )
-        return patch
 
     def _applier(self, patch: Patch) -> Callable[[ModuleType], None]:
         state, log = self._state, self.logger
@@ -611,9 +507,9 @@ class EnginePlugin:
                 ):
                     return
                 try:
-                    state.undo[patch.name] = install(
-                        self._installed(patch), module, state.check
-                    )
+                    gate = state.gate
+                    installed = patch if gate is None else gate.installed(patch)
+                    state.undo[patch.name] = install(installed, module, state.check)
                 except SkipPatch as exc:
                     state.skipped[patch.name] = str(exc)
                     log.warning("stepcache: left %s unpatched: %s", patch.name, exc)

@@ -27,6 +27,7 @@ from stepcache.integrations.patching import (
     expect_function,
 )
 from stepcache.integrations.plugin import EnginePlugin, SwitchError
+from stepcache.integrations.vllm.builders import Builders, BuildScope, Sharer, builders
 
 ENV = "STEPCACHE_FAKEENGINE"
 BUILD = "fakeengine.build_metadata"
@@ -261,7 +262,8 @@ def test_its_counters_are_its_own(
     counters.reset(["vllm.some_patch"])
 
 
-# -- scopes only for an engine whose builders call a cached function -------------------
+# -- vLLM's gate (its builders), declared on this engine --------------------------------
+# (stepcache.integrations.vllm.builders imports nothing of vLLM)
 class Builder:
     """A metadata builder of the engine whose builds call the cached function."""
 
@@ -276,7 +278,7 @@ def test_scopes_apply_once_a_builder_that_needs_them_is_made(
 
     attn.Builder = Builder  # type: ignore[attr-defined]
     init = Builder.__init__
-    lazy = dataclasses.replace(PLUGIN, scopes_for=(("fakeengine.attn", "Builder"),))
+    lazy = dataclasses.replace(PLUGIN, gate=builders(("fakeengine.attn", "Builder")))
     monkeypatch.setenv(ENV, "1")
     lazy.register()
     try:
@@ -328,16 +330,17 @@ def test_builds_of_decodes_open_no_scope_until_a_builder_shares_there(
     import dataclasses
 
     from stepcache.integrations.patching import counters
-    from stepcache.integrations.plugin import Sharer
 
     attn.Builder, attn.Decoder = Builder, Decoder  # type: ignore[attr-defined]
     attn.build_step = build_step  # type: ignore[attr-defined]
     inits = Builder.__init__, Decoder.__init__
     lazy = dataclasses.replace(
         PLUGIN,
-        patches=(Patch(STEP, "fakeengine.attn", find_step, Scope(longest="longest")),)
+        patches=(
+            Patch(STEP, "fakeengine.attn", find_step, BuildScope(longest="longest")),
+        )
         + PLUGIN.patches[1:],
-        scopes_for=(
+        gate=builders(
             Sharer("fakeengine.attn", "Builder", decode=False),
             ("fakeengine.attn", "Decoder"),
         ),
@@ -376,14 +379,14 @@ def test_a_builder_that_shares_in_decodes_made_first_opens_every_builds_scope(
 ) -> None:
     import dataclasses
 
-    from stepcache.integrations.plugin import Sharer
-
     attn.Builder, attn.Decoder = Builder, Decoder  # type: ignore[attr-defined]
     attn.build_step = build_step  # type: ignore[attr-defined]
     lazy = dataclasses.replace(
         PLUGIN,
-        patches=(Patch(STEP, "fakeengine.attn", find_step, Scope(longest="longest")),),
-        scopes_for=(
+        patches=(
+            Patch(STEP, "fakeengine.attn", find_step, BuildScope(longest="longest")),
+        ),
+        gate=builders(
             Sharer("fakeengine.attn", "Builder", decode=False),
             Sharer("fakeengine.attn", "Decoder"),
         ),
@@ -478,18 +481,18 @@ def test_a_builder_that_shares_in_decodes_through_a_patch_left_out_does_not(
 ) -> None:
     import dataclasses
 
-    from stepcache.integrations.plugin import Sharer
-
     attn.Decoder = Decoder  # type: ignore[attr-defined]
     attn.build_step = build_step  # type: ignore[attr-defined]
     lens = PLUGIN.patches[1]
     plugin = dataclasses.replace(
         PLUGIN,
         patches=(
-            Patch(STEP, "fakeengine.attn", find_step, Scope(longest="longest")),
+            Patch(STEP, "fakeengine.attn", find_step, BuildScope(longest="longest")),
             dataclasses.replace(lens, opt_in=left_out == "off by default"),
         ),
-        scopes_for=(Sharer("fakeengine.attn", "Decoder", decode=(LENS,)),),
+        gate=builders(
+            Sharer("fakeengine.attn", "Decoder", decode=(LENS,)),
+        ),
         skip_env=SKIP,
         add_env=ADD,
     )
@@ -629,13 +632,11 @@ def sharing(monkeypatch: pytest.MonkeyPatch, attn: types.ModuleType) -> EnginePl
     needs scopes for patches of its own. Switched on, ``SKIP`` may leave out."""
     import dataclasses
 
-    from stepcache.integrations.plugin import Sharer
-
     attn.Builder, attn.Decoder = Builder, Decoder  # type: ignore[attr-defined]
     monkeypatch.setenv(ENV, "1")
     return dataclasses.replace(
         PLUGIN,
-        scopes_for=(
+        gate=builders(
             Sharer("fakeengine.attn", "Builder", shares=(LENS,)),
             Sharer("fakeengine.attn", "Decoder"),
         ),
@@ -706,7 +707,9 @@ def test_a_caller_that_drives_the_builds_itself_applies_every_shared_patch(
         monkeypatch.delitem(sys.modules, "fakeengine.attn")
     plugin.register()
     try:
-        plugin.want_scopes()
+        gate = plugin.the_gate
+        assert isinstance(gate, Builders)
+        gate.want_scopes()
         if imported:
             assert set(plugin.status().values()) == {"applied"}
         else:

@@ -38,7 +38,9 @@ def build(
 
 
 def _wrapped(name: str) -> Any:
-    return scoped(build, name, unless="for_cudagraph_capture", longest="max_query_len")
+    return scoped(
+        build, name, unless="for_cudagraph_capture", at_most_one="max_query_len"
+    )
 
 
 def _counts(name: str) -> dict[str, int]:
@@ -82,7 +84,7 @@ def test_an_exception_in_the_build_closes_its_scope() -> None:
         assert stepcache.active_scope() is not None
         raise ValueError(max_query_len)
 
-    wrapped = scoped(failing, "test.scoped.raises", longest="max_query_len")
+    wrapped = scoped(failing, "test.scoped.raises", at_most_one="max_query_len")
     with pytest.raises(ValueError, match="7"):
         wrapped(7)
     assert stepcache.active_scope() is None
@@ -98,10 +100,10 @@ def test_a_parameter_it_does_not_have_or_named_like_its_own_globals_is_skipped()
     None
 ):
     with pytest.raises(SkipPatch, match="no parameter 'longest'"):
-        scoped(build, "test.scoped.missing", longest="longest")
+        scoped(build, "test.scoped.missing", at_most_one="longest")
 
     def odd(_sc_original: int, max_query_len: int) -> int:
         return _sc_original
 
     with pytest.raises(SkipPatch, match="_sc_"):
-        scoped(odd, "test.scoped.odd", longest="max_query_len")
+        scoped(odd, "test.scoped.odd", at_most_one="max_query_len")

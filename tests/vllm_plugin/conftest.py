@@ -96,7 +96,7 @@ def registered(
     plugin_module.register()
     # these tests drive vLLM's builds with builders of their own: the scopes apply
     # as they do once the engine makes a builder that calls a cached function
-    plugin_module.PLUGIN.want_scopes()
+    plugin_module.want_scopes()
     status = plugin_module.status()
     gone = {name for name, state in status.items() if state != "applied"}
     assert gone == set(GONE), status

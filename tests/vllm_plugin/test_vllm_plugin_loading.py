@@ -36,7 +36,7 @@ def fresh_loader(
 
     plugin.unregister()
     # as once the engine has made a builder whose builds call a cached function
-    plugin.PLUGIN.want_scopes()
+    plugin.want_scopes()
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
     for var in (plugin.SKIP_ENV, plugin.ADD_ENV):  # the declaration's own choice
         monkeypatch.delenv(var, raising=False)

