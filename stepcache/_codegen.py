@@ -14,6 +14,7 @@ kept in `linecache` under ``<stepcache generated NAME #ID>``, for tracebacks, pd
 
 from __future__ import annotations
 
+import functools
 import inspect
 import linecache
 import types
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from stepcache import _debug
 from stepcache._bypass import BYPASS
 from stepcache._entry import Entry
 from stepcache._kinds import QUICK, VAL, VALUE_CLASSES, inference_fingerprint, match
@@ -96,7 +98,7 @@ def source(
 ) -> str:
     """The source of ``fn``'s call, a function ``name``, in one of `VARIANTS`: debug
     mode's finds a hit as production's does and hands it to its observer
-    (``CachedFunction.observed``); its misses take the slow path. The values it
+    (`stepcache._debug.hit`); its misses take the slow path. The values it
     reads besides `_globals` go to ``values``."""
     taken = set(fn.names)
 
@@ -222,7 +224,7 @@ def source(
 
 
 #: the slow path's methods the generated code calls, each as ``_sc_{name}``
-_SLOW = ("call", "observed", "key_error", "args_ok", "validate", "fingerprint")
+_SLOW = ("call", "key_error", "args_ok", "validate", "fingerprint")
 
 
 def _globals(fn: CachedFunction) -> dict[str, object]:
@@ -230,6 +232,8 @@ def _globals(fn: CachedFunction) -> dict[str, object]:
     return {
         **{f"_sc_{name}": getattr(fn, name) for name in _SLOW},
         "_sc_fn": fn.fn,
+        # debug mode's observer of a hit, called with the function bound in C
+        "_sc_observed": functools.partial(_debug.hit, fn),
         "_sc_counts": fn.counts,
         "_sc_key": fn.key_fn,
         "_sc_NO_STORE": NO_STORE,

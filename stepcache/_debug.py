@@ -28,7 +28,7 @@ from stepcache._errors import CacheValidationError, StaleCacheError
 from stepcache._guard import guarded
 from stepcache._owners import closed_error, held
 from stepcache._recorder import Recording, data_read
-from stepcache._scope import open_here
+from stepcache._scope import Scope, open_here
 from stepcache._spec import normalize_device
 from stepcache._store import StepCache
 from stepcache._switches import STEPCACHE_DEBUG_GUARD, Switches
@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     #: a dependency as `_record` keeps it: (name, object, view, address, state); the
     #: object is a tensor, a numpy array, a list, dict or set (a tensor where
     #: ``address`` is set)
-    _Dep: TypeAlias = tuple[str, object, _View | None, int | None, _State]
+    # its object is a tensor wherever its address is not None
+    _Dep: TypeAlias = tuple[str, Any, _View | None, int | None, _State]
     #: debug mode's `_tag` of a cached tensor: its version, or an inference tensor's
     #: (tag, contents)
     _Tag: TypeAlias = int | tuple[int | fp.Place | str, bytes | None]
@@ -452,19 +453,27 @@ def bypassed(fn: Cached, a: Args) -> None:
         raise detect("use-after-close", fn, BYPASS, str(closed_error(owner)))
 
 
-def hit(fn: Cached, a: Args, key: object, store: StepCache, entry: Entry) -> object:
-    """Check a hit; what it hands out. The common case (each input as it was
-    recorded) is tested inline; a difference goes to the check that explains it."""
+def hit(
+    fn: Cached, a: Args, key: object, entry: Entry, place: StepCache | Scope
+) -> object:
+    """Check a hit found in ``place`` (where the call looked), count it; what it
+    hands out. The common case (each input as it was recorded) is tested inline; a
+    difference goes to the check that explains it."""
+    info: _Info | None = entry.info  # None if stored in production
+    # served as it is where stored in checks mode with nothing to recheck
+    if info is not None and info.quiet and Switches.mode == "checks":
+        fn.counts.hits += 1
+        return entry.value
+    store = place.store if isinstance(place, Scope) else place
     owner, scope = a[fn.owner_index], store.scope
     if scope is not None and scope.open and not open_here(scope):
         raise detect("scope-thread", fn, key)  # another thread's scope
-    info: _Info | None = entry.info  # None if stored in production
     swapped = False  # a value's storage swapped behind its version (`.data =`)
     if info is not None:
         for _, x, view, address, before in info.deps:  # `_check_deps`, inline
-            if (
-                address is not None and cast("torch.Tensor", x).data_ptr() != address
-            ) or (view is not None and view.tobytes() != before[3]):
+            if (address is not None and x.data_ptr() != address) or (
+                view is not None and view.tobytes() != before[3]
+            ):
                 _check_deps("dependency-changed", fn, key, info.deps)
         for t, tag, address in info.versions:
             # guard_result: the hit tested a version counter already
@@ -501,6 +510,7 @@ def hit(fn: Cached, a: Args, key: object, store: StepCache, entry: Entry) -> obj
     if Switches.mode == "verify" and (diff := _recompute(fn, a, entry)):
         fix = _fix(fn, info) + ("" if scope is None else _IN_SCOPE)
         raise detect("key-too-coarse", fn, key, diff=diff, fix=fix)
+    fn.counts.hits += 1
     if not info or not info.versions or not STEPCACHE_DEBUG_GUARD:
         return entry.value  # nothing to guard: hand_out's closures not made
     ref, handed = info.handed.get(id(store), _NO_VIEWS)  # hand_out's, inline

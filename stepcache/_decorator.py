@@ -380,27 +380,14 @@ class CachedFunction:
         entry, stale = self.find(store, key, owner, deps)
         if entry is None:
             return self.miss(a, key, store, deps, stale)
-        value = entry.value
         if debugging:
-            value = _debug.hit(self, a, key, store, entry)
-        elif self.arg_refs and (wrong := self.violation(value, a)) is not None:
+            return _debug.hit(self, a, key, entry, store)
+        value = entry.value
+        if self.arg_refs and (wrong := self.violation(value, a)) is not None:
             raise CacheValidationError(
                 f"{self.where(key)}: on a hit, the cached value does not meet expect "
                 f"for this call's arguments{wrong}"
             )
-        self.counts.hits += 1
-        return value
-
-    def observed(
-        self, a: Args, key: object, entry: Entry, place: StepCache | Scope
-    ) -> object:
-        """A hit the generated code found in debug mode (in ``place``, where it
-        looked): debug mode checks it and says what to hand out."""
-        value, info = entry.value, entry.info
-        # served as it is where stored in checks mode with nothing to recheck
-        if info is None or not info.quiet or Switches.mode != "checks":
-            store = place.store if isinstance(place, Scope) else place
-            value = _debug.hit(self, a, key, store, entry)
         self.counts.hits += 1
         return value
 
