@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vLLM 0.33's real GDN and Mamba2 metadata builders on the CPU, and one step's build
+"""vLLM's real GDN, Kimi KDA and Mamba2 metadata builders on the CPU, and one step's build
 through Model Runner V2's real ``build_attn_metadata`` or V1's copy per group.
 
 The builders are vLLM's own classes, made with vLLM's ``__init__``; three things of
@@ -93,6 +93,29 @@ def gdn_builder() -> Any:
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
 
     return GDNAttentionMetadataBuilder(_spec(), ["gdn"], _config(), torch.device("cpu"))
+
+
+_KIMI = ("vllm.models.kimi_k3", "vllm.models.kimi_k3.nvidia")
+
+
+def kda_builder(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """vLLM's ``KimiK3KDAMetadataBuilder`` (a GDN builder's subclass), CPU. Kimi's
+    package ``__init__`` imports the whole model (quantization packages the venv
+    lacks): its packages stand empty, so only the metadata module is imported."""
+    import importlib.util
+
+    for name in _KIMI:
+        if name in sys.modules and hasattr(sys.modules[name], "__file__"):
+            continue
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.submodule_search_locations is not None
+        package = types.ModuleType(name)
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__spec__ = spec
+        monkeypatch.setitem(sys.modules, name, package)
+    from vllm.models.kimi_k3.nvidia.kda_metadata import KimiK3KDAMetadataBuilder
+
+    return KimiK3KDAMetadataBuilder(_spec(), ["kda"], _config(), torch.device("cpu"))
 
 
 def mamba2_builder(chunk_size: int = 64) -> Any:
