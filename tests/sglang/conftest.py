@@ -40,7 +40,9 @@ else:
         import sglang.srt.layers.attention.linear.gdn_backend  # noqa: F401
         import sglang.srt.layers.attention.minimax_sparse_backend  # noqa: F401
         import sglang.srt.layers.attention.tbo_backend  # noqa: F401
+        import sglang.srt.mem_cache.memory_pool  # noqa: F401
         import sglang.srt.model_executor.forward_batch_info  # noqa: F401
+        import sglang.srt.model_executor.model_runner  # noqa: F401
 
     from stepcache.integrations import sglang as plugin
 
@@ -73,6 +75,7 @@ def sglang_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The plugin, unregistered and its switch unset; unregistered after."""
     monkeypatch.delenv(plugin.ENV, raising=False)
     monkeypatch.delenv(plugin.SKIP_ENV, raising=False)
+    monkeypatch.delenv(plugin.ADD_ENV, raising=False)
     plugin.unregister()
     plugin.reset_counters()
     yield plugin

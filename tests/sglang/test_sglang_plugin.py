@@ -25,9 +25,12 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 import stepcache
 from stepcache.integrations.plugin import SwitchError
 from stepcache.integrations.sglang import PLUGIN, gdn
+from stepcache.integrations.sglang.fp4 import HOST_ROWS_NAME
+from stepcache.integrations.sglang.scopes import FORWARD_NAME
 from stepcache.integrations.sglang.tbo import SPLIT_TOKEN_NAME
 
 GDN = gdn.INITIAL_STATE_NAME
+ADD = "STEPCACHE_SGLANG_ADD"
 STOCK_CONVOLVE = GDNAttnBackend._convolve_prefill
 STOCK_SPLIT = vars(tbo.TboForwardBatchPreparer)["_compute_split_token_index"]
 
@@ -67,7 +70,7 @@ def test_off_by_default_nothing_is_patched(
     caplog.set_level(logging.DEBUG, logger=PLUGIN.logger.name)
     sglang_plugin.register()
     assert GDNAttnBackend._convolve_prefill is STOCK_CONVOLVE
-    assert sglang_plugin.status() == {GDN: "off", SPLIT_TOKEN_NAME: "off"}
+    assert set(sglang_plugin.status().values()) == {"off"}
     assert [r.getMessage() for r in caplog.records] == [
         "stepcache: STEPCACHE_SGLANG is not set to 1; SGLang left unpatched"
     ]
@@ -95,7 +98,13 @@ def test_register_is_reentrant_and_unregister_restores_sglang(
     patched = GDNAttnBackend._convolve_prefill
     sglang_plugin.register()
     assert GDNAttnBackend._convolve_prefill is patched is not STOCK_CONVOLVE
-    assert sglang_plugin.status() == {GDN: "applied", SPLIT_TOKEN_NAME: "applied"}
+    off = f"skipped: off by default ({ADD}={{}} applies it)"
+    assert sglang_plugin.status() == {
+        GDN: "applied",
+        SPLIT_TOKEN_NAME: "applied",
+        FORWARD_NAME: off.format(FORWARD_NAME),
+        HOST_ROWS_NAME: off.format(HOST_ROWS_NAME),
+    }
     assert isinstance(
         vars(tbo.TboForwardBatchPreparer)["_compute_split_token_index"], classmethod
     )

@@ -8,7 +8,8 @@ release series it was tested against (0.5, read and tested in 0.5.23), and the p
 table. Its lifecycle is the kit's: :data:`register`, :data:`unregister`,
 :data:`status`, :data:`counters` are :class:`~stepcache.integrations.plugin.
 PluginFunctions` calling :data:`PLUGIN`.
-``STEPCACHE_SGLANG_SKIP`` names patches to leave out, separated by commas.
+``STEPCACHE_SGLANG_SKIP`` names patches to leave out, separated by commas;
+``STEPCACHE_SGLANG_ADD`` the patches off by default to apply (``all``: every one).
 
 The caches live in SGLang's ``ForwardBatch``, the object every forward pass makes
 anew and hands to each layer's backend: a value cached there dies with the pass, and no
@@ -17,12 +18,19 @@ scope is needed. The patches:
 * :data:`~.gdn.INITIAL_STATE_NAME`: GDN's ``has_initial_state`` mask, once per pass
   instead of once per GDN layer (:mod:`.gdn`);
 * :data:`~.tbo.SPLIT_TOKEN_NAME`: two-batch overlap's split token, once per parent
-  batch instead of three times (:mod:`.tbo`).
+  batch instead of three times (:mod:`.tbo`);
+* off by default, for an FP4 KV cache with FlashInfer's decode:
+  :data:`~.scopes.FORWARD_NAME`, a scope around each forward pass (:mod:`.scopes`),
+  and :data:`~.fp4.HOST_ROWS_NAME`, the pass's request rows and lengths read to the
+  host once per pass instead of once per layer (:mod:`.fp4`). Both apply together
+  (``STEPCACHE_SGLANG_ADD=all``): the scope costs every pass a few microseconds, and
+  only that decode path has something to share in it.
 
 >>> PLUGIN.parse_mode("verify"), PLUGIN.supports("sglang", "0.5.23")
 ('verify', True)
->>> [patch.name for patch in PATCHES]
-['sglang.gdn.has_initial_state', 'sglang.tbo.split_token_index']
+>>> [patch.name for patch in PATCHES]  # doctest: +NORMALIZE_WHITESPACE
+['sglang.gdn.has_initial_state', 'sglang.tbo.split_token_index',
+ 'sglang.ModelRunner.forward', 'sglang.MHATokenToKVPool._to_cpu_int_list']
 """
 
 from __future__ import annotations
@@ -30,11 +38,12 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from ..patching import Patch, StockCheck, Verify
+from ..patching import Patch, Scope, StockCheck, Verify
 from ..plugin import EnginePlugin, PluginFunctions
-from . import gdn, tbo
+from . import fp4, gdn, scopes, tbo
 
 __all__ = [
+    "ADD_ENV",
     "ENV",
     "PATCHES",
     "PLUGIN",
@@ -53,6 +62,7 @@ logger = logging.getLogger("sglang.stepcache")
 
 ENV: Final = "STEPCACHE_SGLANG"
 SKIP_ENV: Final = "STEPCACHE_SGLANG_SKIP"
+ADD_ENV: Final = "STEPCACHE_SGLANG_ADD"
 SUPPORTED: Final = (("sglang", (0, 5)),)
 
 
@@ -70,6 +80,12 @@ PATCHES: tuple[Patch, ...] = (
         Verify(when=lambda *args, **kwargs: False),
     ),
     Patch(tbo.SPLIT_TOKEN_NAME, tbo.MODULE, tbo.find_split_token_index, Verify()),
+    # off by default: the scope costs every pass, and only an FP4 KV cache's decode
+    # shares a value in it
+    Patch(
+        scopes.FORWARD_NAME, scopes.MODULE, scopes.find_forward, Scope(), opt_in=True
+    ),
+    Patch(fp4.HOST_ROWS_NAME, fp4.MODULE, fp4.find_host_rows, Verify(), opt_in=True),
 )
 
 PLUGIN: Final = EnginePlugin(
@@ -81,6 +97,7 @@ PLUGIN: Final = EnginePlugin(
     logger=logger,
     distributions=("sglang",),
     skip_env=SKIP_ENV,
+    add_env=ADD_ENV,
 )
 
 #: The lifecycle, the kit's functions (each calls :data:`PLUGIN`): ``register``
