@@ -259,3 +259,28 @@ def counting(
         return fn(*args, **kwargs)
 
     return counted
+
+
+def counted_calls(
+    monkeypatch: pytest.MonkeyPatch,
+    owner: object,
+    attr: str,
+    what: str,
+    descriptor: Callable[[Callable[..., Any]], Any] | None = None,
+) -> dict[str, int]:
+    """The plugin unregistered; vLLM's ``owner.attr`` (under ``what``) and every
+    ``.item()`` (``items``) counted by wrappers installed before the plugin registers
+    (it keeps the function it finds). ``descriptor`` wraps the counter as the
+    original is (``staticmethod``)."""
+    from stepcache.integrations import vllm as plugin_module
+
+    plugin_module.unregister()
+    seen = {what: 0, "items": 0}
+    wrapped = counting(seen, what, getattr(owner, attr))
+    monkeypatch.setattr(
+        owner, attr, wrapped if descriptor is None else descriptor(wrapped)
+    )
+    monkeypatch.setattr(
+        torch.Tensor, "item", counting(seen, "items", torch.Tensor.item)
+    )
+    return seen

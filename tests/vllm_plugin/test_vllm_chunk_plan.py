@@ -61,21 +61,9 @@ def counts(
     device tensor), counted by wrappers installed before the plugin registers."""
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadata
 
-    from stepcache.integrations import vllm as plugin_module
-
-    plugin_module.unregister()
-    seen = {"plans": 0, "items": 0}
-
-    method = DeepseekSparseSWAMetadata.get_prefill_chunk_plan
-    monkeypatch.setattr(
-        DeepseekSparseSWAMetadata,
-        "get_prefill_chunk_plan",
-        real_builders.counting(seen, "plans", method),
+    yield real_builders.counted_calls(
+        monkeypatch, DeepseekSparseSWAMetadata, "get_prefill_chunk_plan", "plans"
     )
-    monkeypatch.setattr(
-        torch.Tensor, "item", real_builders.counting(seen, "items", torch.Tensor.item)
-    )
-    yield seen
 
 
 LAYOUT = ([300, 90, 40, 700], [60, 90, 8, 100])

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import real_builders
-import torch
 
 import stepcache
 from stepcache.integrations.vllm.computed_tokens import COMPUTED_NAME
@@ -36,20 +35,9 @@ def counts(
     real_builders.cpu_ready(monkeypatch)
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
-    from stepcache.integrations import vllm as plugin_module
-
-    plugin_module.unregister()
-    seen = {"computed": 0, "items": 0}
-    compute = CommonAttentionMetadata.compute_num_computed_tokens
-    monkeypatch.setattr(
-        CommonAttentionMetadata,
-        "compute_num_computed_tokens",
-        real_builders.counting(seen, "computed", compute),
+    yield real_builders.counted_calls(
+        monkeypatch, CommonAttentionMetadata, "compute_num_computed_tokens", "computed"
     )
-    monkeypatch.setattr(
-        torch.Tensor, "item", real_builders.counting(seen, "items", torch.Tensor.item)
-    )
-    yield seen
 
 
 @pytest.fixture

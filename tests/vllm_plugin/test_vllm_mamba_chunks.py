@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import real_builders
-import torch
 
 import stepcache
 from stepcache.integrations.vllm.mamba import CHUNKS_NAME
@@ -34,20 +33,13 @@ def counts(
     real_builders.cpu_ready(monkeypatch)
     from vllm.v1.attention.backends.mamba_attn import BaseMambaAttentionMetadataBuilder
 
-    from stepcache.integrations import vllm as plugin_module
-
-    plugin_module.unregister()
-    seen = {"chunks": 0, "items": 0}
-    compute = BaseMambaAttentionMetadataBuilder._compute_chunk_metadata
-    monkeypatch.setattr(
+    yield real_builders.counted_calls(
+        monkeypatch,
         BaseMambaAttentionMetadataBuilder,
         "_compute_chunk_metadata",
-        staticmethod(real_builders.counting(seen, "chunks", compute)),
+        "chunks",
+        staticmethod,
     )
-    monkeypatch.setattr(
-        torch.Tensor, "item", real_builders.counting(seen, "items", torch.Tensor.item)
-    )
-    yield seen
 
 
 def build() -> list[Any]:
