@@ -178,7 +178,23 @@ def source(
     out += ["    except _sc_Exception:", f"        {s} = None"]
     if variant == "debug":
         out += [f"    if {h} is not None and {s} is not None:"]
-        out += [f"        return _sc_observed({packed}, {key}, {h}, {s})"]
+        moved = "None"  # debug mode's own entry: its observer tests them
+        if fn.ignored:  # each ignored argument still the object recorded (`QUICK`)
+            info, moved = local("info"), local("moved")
+            out += [f"        {moved} = False", f"        {info} = {h}.info"]
+            out += [f"        if {info} is not None:"]
+            prints = [
+                (local(f"io{j}"), local(f"iv{j}")) for j in range(len(fn.ignored))
+            ]
+            at = local("at")
+            unpack = "".join(f"({at}, {o}, {v}), " for o, v in prints)
+            out += [f"            {unpack}= {info}.ignored"]
+            same = " and ".join(
+                f"({QUICK.format(x=n, o=o, v=v)} or _sc_match({n}, {o}, {v}))"
+                for n, (o, v) in zip(fn.ignored, prints, strict=True)
+            )
+            out += [f"            {moved} = not ({same})"]
+        out += [f"        return _sc_observed({packed}, {key}, {h}, {s}, {moved})"]
         out += [f"    return _sc_call({packed}, {key})"]
         return "".join(f"{x}\n" for x in out)
     out += [f"    if {s} is None:", f"        return _sc_call({packed}, {key})"]

@@ -261,6 +261,8 @@ class _Info:
     #: what calls through each store hand out (by the store's id: its weak reference
     #: and the value, its tensors guarded)
     handed: dict[int, tuple[weakref.ref[StepCache], object]]
+    #: the last of them handed out: the store a step's calls go through
+    last: tuple[weakref.ref[StepCache] | None, object] = _NO_VIEWS
 
 
 def _view(x: object) -> _View | None:
@@ -454,17 +456,25 @@ def bypassed(fn: Cached, a: Args) -> None:
 
 
 def hit(
-    fn: Cached, a: Args, key: object, entry: Entry, place: StepCache | Scope
+    fn: Cached,
+    a: Args,
+    key: object,
+    entry: Entry,
+    place: StepCache | Scope,
+    moved: bool | None = None,
 ) -> object:
     """Check a hit found in ``place`` (where the call looked), count it; what it
     hands out. The common case (each input as it was recorded) is tested inline; a
-    difference goes to the check that explains it."""
+    difference goes to the check that explains it. ``moved``: whether an ignored
+    argument is another object than the one recorded, as the generated hit tested
+    it (``None``: tested here)."""
     info: _Info | None = entry.info  # None if stored in production
     # served as it is where stored in checks mode with nothing to recheck
     if info is not None and info.quiet and Switches.mode == "checks":
         fn.counts.hits += 1
         return entry.value
-    store = place.store if isinstance(place, Scope) else place
+    # the class, not isinstance(): this runs on every debug-mode hit
+    store: StepCache = place.store if place.__class__ is Scope else place  # type: ignore[union-attr,assignment]
     owner, scope = a[fn.owner_index], store.scope
     if scope is not None and scope.open and not open_here(scope):
         raise detect("scope-thread", fn, key)  # another thread's scope
@@ -483,13 +493,10 @@ def hit(
         if info.watched:
             read = lambda n: getattr(owner, n, _MISSING)  # noqa: E731
             _recheck("undeclared-input", fn, a, key, entry, info.watched, read)
-    # an ignored argument that is another object (a buffer on another device); a
-    # loop, not any() over a generator: this runs on every checks-mode hit
-    ignored, moved = () if info is None else info.ignored, False
-    for i, o, v in ignored:
-        if not fp.match(a[i], o, v):
-            moved = True
-            break
+    # an ignored argument that is another object (a buffer on another device)
+    ignored = () if info is None else info.ignored
+    if moved is None:
+        moved = not all(fp.match(a[i], o, v) for i, o, v in ignored)
     # validated when stored: again where it may fail now (a reference or an ignored
     # argument holds another object, the value's storage was swapped behind its
     # version: `.data =`)
@@ -513,8 +520,12 @@ def hit(
     fn.counts.hits += 1
     if not info or not info.versions or not STEPCACHE_DEBUG_GUARD:
         return entry.value  # nothing to guard: hand_out's closures not made
-    ref, handed = info.handed.get(id(store), _NO_VIEWS)  # hand_out's, inline
+    ref, handed = info.last  # hand_out's, inline
     if ref is not None and ref() is store:
+        return handed
+    ref, handed = info.handed.get(id(store), _NO_VIEWS)
+    if ref is not None and ref() is store:
+        info.last = ref, handed
         return handed
     return hand_out(fn, key, entry, store)
 
@@ -580,5 +591,5 @@ def hand_out(fn: Cached, key: object, entry: Entry, store: StepCache) -> object:
         return guard
 
     handed = guarded(info.value, guard_of)
-    info.handed[id(store)] = (ref, handed)
+    info.handed[id(store)] = info.last = (ref, handed)
     return handed
