@@ -475,7 +475,7 @@ def hit(
         return entry.value
     # the class, not isinstance(): this runs on every debug-mode hit
     store: StepCache = place.store if place.__class__ is Scope else place  # type: ignore[union-attr,assignment]
-    owner, scope = a[fn.owner_index], store.scope
+    scope = store.scope
     if scope is not None and scope.open and not open_here(scope):
         raise detect("scope-thread", fn, key)  # another thread's scope
     swapped = False  # a value's storage swapped behind its version (`.data =`)
@@ -491,11 +491,12 @@ def hit(
                 _check_tag(fn, key, t, tag)
             swapped = swapped or (address is not None and t.data_ptr() != address)
         if info.watched:
+            owner = a[fn.owner_index]
             read = lambda n: getattr(owner, n, _MISSING)  # noqa: E731
             _recheck("undeclared-input", fn, a, key, entry, info.watched, read)
     # an ignored argument that is another object (a buffer on another device)
-    ignored = () if info is None else info.ignored
     if moved is None:
+        ignored = () if info is None else info.ignored
         moved = not all(fp.match(a[i], o, v) for i, o, v in ignored)
     # validated when stored: again where it may fail now (a reference or an ignored
     # argument holds another object, the value's storage was swapped behind its
@@ -504,12 +505,15 @@ def hit(
         info is None
         or swapped
         or moved
-        or (info.refs and any(map(operator.is_not, fn.refs_of(owner), info.refs)))
+        or (
+            info.refs
+            and any(map(operator.is_not, fn.refs_of(a[fn.owner_index]), info.refs))
+        )
     )
     if recheck and (wrong := fn.violation(entry.value, a)):
         raise detect("validation", fn, key, error=wrong)
     if moved and info is not None:
-        prints = {fn.names[j]: (p, q) for j, p, q in ignored}
+        prints = {fn.names[j]: (p, q) for j, p, q in info.ignored}
         read = lambda n: a[fn.index[n]]  # noqa: E731
         _recheck("ignored-argument", fn, a, key, entry, prints, read)
         # what it remembered, for the next hit
