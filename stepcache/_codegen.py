@@ -14,7 +14,6 @@ kept in `linecache` under ``<stepcache generated NAME #ID>``, for tracebacks, pd
 
 from __future__ import annotations
 
-import functools
 import inspect
 import linecache
 import types
@@ -194,7 +193,9 @@ def source(
                 for n, (o, v) in zip(fn.ignored, prints, strict=True)
             )
             out += [f"            {moved} = not ({same})"]
-        out += [f"        return _sc_observed({packed}, {key}, {h}, {s}, {moved})"]
+        out += [
+            f"        return _sc_observed(_sc_self, {packed}, {key}, {h}, {s}, {moved})"
+        ]
         out += [f"    return _sc_call({packed}, {key})"]
         return "".join(f"{x}\n" for x in out)
     out += [f"    if {s} is None:", f"        return _sc_call({packed}, {key})"]
@@ -248,8 +249,9 @@ def _globals(fn: CachedFunction) -> dict[str, object]:
     return {
         **{f"_sc_{name}": getattr(fn, name) for name in _SLOW},
         "_sc_fn": fn.fn,
-        # debug mode's observer of a hit, called with the function bound in C
-        "_sc_observed": functools.partial(_debug.hit, fn),
+        # debug mode's observer of a hit, and the function it observes
+        "_sc_observed": _debug.hit,
+        "_sc_self": fn,
         "_sc_counts": fn.counts,
         "_sc_key": fn.key_fn,
         "_sc_NO_STORE": NO_STORE,
