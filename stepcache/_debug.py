@@ -524,12 +524,8 @@ def hit(
     fn.counts.hits += 1
     if not info or not info.versions or not STEPCACHE_DEBUG_GUARD:
         return entry.value  # nothing to guard: hand_out's closures not made
-    ref, handed = info.last  # hand_out's, inline
+    ref, handed = info.last  # hand_out's, inline for a step's repeated calls
     if ref is not None and ref() is store:
-        return handed
-    ref, handed = info.handed.get(id(store), _NO_VIEWS)
-    if ref is not None and ref() is store:
-        info.last = ref, handed
         return handed
     return hand_out(fn, key, entry, store)
 
@@ -577,10 +573,14 @@ def compute(
 def hand_out(fn: Cached, key: object, entry: Entry, store: StepCache) -> object:
     """What a call through ``store`` hands out: the value, its tensors as guarded
     views that check ``store`` (a copied owner's store serves the original's
-    entries), made once per store (`hit` returns those made already)."""
+    entries), made once per store (`hit` returns the last store's itself)."""
     info: _Info | None = entry.info
     if info is None or not info.versions or not STEPCACHE_DEBUG_GUARD:
         return entry.value
+    ref_made, made = info.handed.get(id(store), _NO_VIEWS)
+    if ref_made is not None and ref_made() is store:
+        info.last = ref_made, made
+        return made
     index = {id(t): i for i, (t, _, _) in enumerate(info.versions)}
     ref = weakref.ref(store)
 

@@ -340,8 +340,8 @@ def scoped(
     # build_attn_metadata is called with 17 keywords), and read two of them by name.
     skip = [unless] if unless is not None else []
     # an int of at most 1: decodes only (anything else opens the scope)
-    small = at_most_one
-    skip += [f"({small}.__class__ is int and {small} <= 1)"] if small else []
+    if at_most_one is not None:
+        skip += [f"({at_most_one}.__class__ is int and {at_most_one} <= 1)"]
     call = f"_sc_original({passed(params)})"
     body = []
     if skip:  # a call left out: counted, and run as it is
