@@ -116,7 +116,11 @@ class Entry:
         info: Any = None,
         args: tuple[object, ...] | None = None,
     ) -> None:
-        self.value, self.deps, self.info, self.args = value, deps, info, args
+        # one write per statement: no tuple built (a miss's cost)
+        self.value = value
+        self.deps = deps
+        self.info = info
+        self.args = args
         # nothing else tells the owner's calls from another owner's of its store
         self.bound: weakref.ref[object] | None = None if deps else weak(owner)
         self.guard: Any = None

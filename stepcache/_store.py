@@ -96,8 +96,9 @@ class StepCache:
         #: id -> weak reference of each attached owner; replaced, never changed
         self._members: dict[int, weakref.ref[object]] | None = None
         self._closed = False
-        # function id -> misses + invalidations * INVALIDATION, made at the first
-        # count (a step's stores count a few misses each)
+        # function id -> the misses its live entries do not show, + invalidations *
+        # INVALIDATION (`stats`); made at the first replaced entry: a step's first
+        # miss of each function counts as the entry it stores, at no cost
         self._counts: dict[int, int] | None = None
         self._kept: list[object] | None = None  # made by keep_alive()
         #: the scope whose store this is (`stepcache.scope`), or ``None``
@@ -122,6 +123,8 @@ class StepCache:
 
     def clear(self) -> None:
         """Drop every entry (and kept object); the store stays open for the same owner."""
+        for fid, _ in self.entries():  # their misses stay counted
+            self._count(fid, 1)
         self.table.clear()  # in place: an open scope reads this table too
         self._kept = None
 
@@ -134,8 +137,11 @@ class StepCache:
         """Per-function entries, bytes, misses and invalidations in this store (hits and
         bypasses skip the store: [`stats()`][stepcache.stats] counts them)."""
         sizes, counts, rows = measure((self,)), self._counts or {}, []
+        live = {}  # each live entry is one miss here (`measure` counts shared ones once)
+        for fid, _ in self.entries():
+            live[fid] = live.get(fid, 0) + 1
         for f in {**counts, **sizes}:
-            invalidations, misses = divmod(counts.get(f, 0), INVALIDATION)
+            invalidations, misses = divmod(counts.get(f, 0) + live.get(f, 0), INVALIDATION)
             rows.append((f, (*sizes.get(f, (0, 0)), misses, invalidations)))
         names = ("entries", "bytes", "misses", "invalidations")
         return {n: dict(zip(names, c, strict=True)) for n, c in by_name(rows).items()}
@@ -172,8 +178,10 @@ class StepCache:
             if isinstance(slot, dict):
                 if shared := {k: e for k, e in list(slot.items()) if e.bound is None}:
                     self.table[fid] = shared
+                    self._count(fid, -len(shared))  # not misses here
             elif slot.bound is None:
                 self.table[fid] = slot
+                self._count(fid, -1)
 
     def add_member(self, owner: object, ref: weakref.ref[object]) -> None:
         """Count ``owner`` (``ref``: a weak reference to it) among this store's."""
@@ -192,7 +200,8 @@ class StepCache:
     def put(self, fid: int, key: object, entry: Entry, stale: Entry | None) -> bool:
         """Store ``entry`` (``key``: `NO_KEY` for an unkeyed function) in place of
         ``stale``, the entry found that no longer served (or ``None``), and count its
-        miss; return whether it was an invalidation (``stale`` was its owner's). No
+        miss (a live entry counts as one); return whether it was an invalidation
+        (``stale`` was its owner's). No
         lock: each write is one dict operation, and a store closed meanwhile is
         emptied again."""
         if key is NO_KEY:
@@ -205,15 +214,19 @@ class StepCache:
                 slot[key] = entry  # type: ignore[index]
         if self._closed:
             self.clear()
-        invalidation = stale is not None and (
-            stale.bound is None or stale.bound() is entry.owner()
-        )
-        n, counts = (1 + INVALIDATION if invalidation else 1), self._counts
-        if counts is None:  # a step's first miss here
+        if stale is None:  # its miss is the entry it stored
+            return False
+        # it replaced ``stale``: that entry's miss no longer shows
+        invalidation = stale.bound is None or stale.bound() is entry.owner()
+        self._count(fid, 1 + INVALIDATION if invalidation else 1)
+        return invalidation
+
+    def _count(self, fid: int, n: int) -> None:
+        counts = self._counts
+        if counts is None:
             self._counts = {fid: n}
         else:
             counts[fid] = counts.get(fid, 0) + n
-        return invalidation
 
     def keys(self, fid: int) -> list[object]:
         """The keys of a keyed function's entries."""
