@@ -233,7 +233,9 @@ def source(
         out += ["    except _sc_Exception:", f"        {ok} = False"]
         out += [f"    if not {ok}:", f"        _sc_validate({r}, {packed}, {key})"]
     args = "(" + "".join(f"{n}, " for n in fn.arg_refs) + ")" if fn.arg_refs else "None"
-    extra = f", {fn.guard}, None, {args}" if fn.arg_refs else ", True" if fn.guard else ""
+    extra = (
+        f", {fn.guard}, None, {args}" if fn.arg_refs else ", True" if fn.guard else ""
+    )
     entry = f"_sc_Entry({r}, {owner}, {deps}{extra})"
     out += [f"    if {w}.put({fn.fid}, {key}, {entry}, {e}):"]
     out += ["        _sc_counts.invalidations += 1"]

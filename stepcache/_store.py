@@ -137,11 +137,15 @@ class StepCache:
         """Per-function entries, bytes, misses and invalidations in this store (hits and
         bypasses skip the store: [`stats()`][stepcache.stats] counts them)."""
         sizes, counts, rows = measure((self,)), self._counts or {}, []
-        live = {}  # each live entry is one miss here (`measure` counts shared ones once)
+        live: dict[
+            int, int
+        ] = {}  # each live entry is one miss here (`measure` counts shared ones once)
         for fid, _ in self.entries():
             live[fid] = live.get(fid, 0) + 1
         for f in {**counts, **sizes}:
-            invalidations, misses = divmod(counts.get(f, 0) + live.get(f, 0), INVALIDATION)
+            invalidations, misses = divmod(
+                counts.get(f, 0) + live.get(f, 0), INVALIDATION
+            )
             rows.append((f, (*sizes.get(f, (0, 0)), misses, invalidations)))
         names = ("entries", "bytes", "misses", "invalidations")
         return {n: dict(zip(names, c, strict=True)) for n, c in by_name(rows).items()}

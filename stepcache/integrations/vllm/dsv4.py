@@ -9,20 +9,17 @@
   rewrites the metadata in place for a draft step. Stock's dict is a dataclass field,
   which ``dataclasses.replace()`` and ``copy.copy`` hand, with its pairs, to metadata
   describing other tokens. The plugin binds the dict to one metadata object
-  (:class:`OwnedIndexCache`): a dict bound to another object is replaced by a fresh
-  one. In production that dict is the cache, as in stock vLLM (its hits and misses
-  are the patch's :func:`~stepcache.integrations.vllm.counters`): a miss runs vLLM's
-  method as is, which builds with the module's ``build_flashinfer_mixed_sparse_indices``
-  looked up when it runs (a test's fake put there, before or after the plugin loads,
-  is what builds) and fills the dict. A hit returns what vLLM's method returns when
-  the dict holds the pair (the layer's cache tensor, the requests' ``seq_lens`` and
-  the pair), without the rest of its work, which serves only a build. With debug
-  mode on (or caching off) the pairs go through a stepcache cache instead
-  (:func:`_cached_pair`, named in :func:`stepcache.stats`): an entry per layer kind
-  (and row count) on the metadata object, depending on its dict: one that renews a
-  token on each ``clear()`` (:class:`TokenedIndexCache`, which debug mode puts in
-  place of production's), so the entries of the dict before no longer serve. C4A
-  layers, whose indices are their own, are vLLM's alone.
+  (:class:`TokenedIndexCache`: a dict bound to another object is replaced by a fresh
+  one) and gives it a token that each ``clear()`` renews. The pairs are a stepcache
+  cache in every mode (:func:`_cached_pair`, named in :func:`stepcache.stats`): an
+  entry per layer kind (and row count) on the metadata object, depending on the
+  dict's token, so vLLM's ``clear()`` is honoured. A miss runs vLLM's method as is,
+  which builds with the module's ``build_flashinfer_mixed_sparse_indices`` looked up
+  when it runs (a test's fake put there, before or after the plugin loads, is what
+  builds) and fills the dict. A hit returns what vLLM's method returns when the dict
+  holds the pair (the layer's cache tensor, the requests' ``seq_lens`` and the pair),
+  without the rest of its work, which serves only a build. C4A layers, whose indices
+  are their own, are vLLM's alone.
 * ``_get_c128_boundary``: a pure function of the batch layout that every DSv4
   compressor builder of a step computes again (a Python loop over the requests),
   computed once per build by :func:`stepcache.step_cached`.
@@ -37,12 +34,11 @@ import sys
 import weakref
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
 import stepcache
-from stepcache.kit import production
 
 from ..dsv4.sparse_index import PAIR_SPEC
 from ..patching import (
@@ -92,8 +88,7 @@ class OwnedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
     """vLLM's per-step sparse-index dict, bound to the metadata object it serves.
 
     A plain ``dict`` to vLLM's code, which reads it with ``get``, fills it with
-    ``[key] = pair`` and empties it with ``clear()`` (dict's own: a miss after it
-    costs what stock's does).
+    ``[key] = pair`` and empties it with ``clear()``.
     """
 
     __slots__ = ("_owner",)
@@ -112,7 +107,7 @@ class OwnedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
 
 class TokenedIndexCache(OwnedIndexCache):
     """The same dict with a ``token`` that a new dict or ``clear()`` renews: what the
-    pairs of debug mode's cache depend on (:func:`_cached_pair`)."""
+    cached pairs depend on (:func:`_cached_pair`). The plugin installs this one."""
 
     __slots__ = ("token",)
 
@@ -121,33 +116,20 @@ class TokenedIndexCache(OwnedIndexCache):
         self.token = next(_tokens)
 
     def clear(self) -> None:
-        super().clear()
+        dict.clear(self)  # not super(): a draft step's call, kept cheap
         self.token = next(_tokens)  # the pairs of the dict before no longer serve
 
 
-def owned_index_cache(swa_metadata: Any) -> OwnedIndexCache:
+def owned_index_cache(swa_metadata: Any) -> TokenedIndexCache:
     """``swa_metadata``'s own sparse-index dict, installed on its field: the dict
     there if it belongs to ``swa_metadata``, else a fresh one. The pairs of any other
     dict may describe other tokens: one bound to another object was carried over by
     ``dataclasses.replace()`` or ``copy.copy``, and so may be a plain dict vLLM put
     there before the plugin loaded."""
-    return _installed(swa_metadata, OwnedIndexCache)
-
-
-def _tokened_index_cache(swa_metadata: Any) -> TokenedIndexCache:
-    """The same, a `TokenedIndexCache` (one without a token may have been cleared
-    unseen: replaced)."""
-    return _installed(swa_metadata, TokenedIndexCache)
-
-
-_Owned = TypeVar("_Owned", bound=OwnedIndexCache)
-
-
-def _installed(swa_metadata: Any, kind: type[_Owned]) -> _Owned:
     cache = getattr(swa_metadata, _FIELD)
-    if isinstance(cache, kind) and cache.owner() is swa_metadata:
+    if isinstance(cache, TokenedIndexCache) and cache.owner() is swa_metadata:
         return cache
-    owned = kind(swa_metadata)
+    owned = TokenedIndexCache(swa_metadata)
     setattr(swa_metadata, _FIELD, owned)
     return owned
 
@@ -209,9 +191,6 @@ def _sparse_index_method(
     has_num_rows: bool,
 ) -> Callable[..., Result]:
     sparse_pair = _cached_pair(name)
-    # the patch's counts (`stepcache.integrations.vllm.counters()`), counted inline
-    table = counters.table()
-    hit, missed = (name, "hit"), (name, "miss")
     stock = original
     if not has_num_rows:  # V4.1's method has no num_rows: called as V4's is
 
@@ -230,22 +209,15 @@ def _sparse_index_method(
         cache = swa_metadata.flashinfer_sparse_index_cache
         # owned_index_cache's own test, inline: the step's dict makes no call of ours
         if (
-            cache.__class__ is not OwnedIndexCache
-            and cache.__class__ is not TokenedIndexCache
-        ) or cache.owner() is not swa_metadata:
+            cache.__class__ is not TokenedIndexCache
+            or cache.owner() is not swa_metadata
+        ):
             cache = owned_index_cache(swa_metadata)
         key = key_of(self, swa_only, num_rows)
         pair: tuple[torch.Tensor, torch.Tensor] | None = None
         if key is None:  # C4A: vLLM builds, every call
             counters.count(name, "uncached")
-        elif production():
-            # Production: the dict, now this object's own, is the cache, as in stock
-            # vLLM (a stepcache entry would make each miss cost more than the dict's)
-            pair = cache.get(key)
-            event = missed if pair is None else hit
-            table[event] = table.get(event, 0) + 1
-        else:  # debug mode, or caching off: through stepcache's cache
-            cache = _tokened_index_cache(swa_metadata)
+        else:
             built: list[Any] = [None]
             args = (
                 kv_cache,
