@@ -232,6 +232,15 @@ PER_CALL: list[tuple[str, str]] = [
         "get_prefill_chunk_plan, 4 prefills (stock: computes; plugin: hit)",
         "plan.get_prefill_chunk_plan(4, 256)",
     ),
+    (
+        "Mamba2 build, 3 KV-cache groups, 2 prefills (V2's build_attn_metadata; "
+        "plugin: with its opt-in chunk-layout cache)",
+        "build(mamba, layout)",
+    ),
+    (
+        "KDA build, 3 KV-cache groups, 2 prefills (V2's build_attn_metadata)",
+        "build(kda, layout)",
+    ),
 ]
 PER_CALL_MODULE = "benchmarks.bench_engine per_call"
 
@@ -250,9 +259,17 @@ def per_call_namespace(plugin_on: bool) -> dict[str, Any]:
     setattr(  # noqa: B010
         flashinfer_sparse, "build_flashinfer_mixed_sparse_indices", lambda *a, **k: pair
     )
+    import pytest
+
+    from benchmarks import vllm_builders
+    from stepcache.integrations.vllm.mamba import CHUNKS_NAME
+
+    # vLLM's builders on this CPU (this worker process's own: never undone)
+    vllm_builders.cpu_ready(pytest.MonkeyPatch())
     plugin.unregister()
     if plugin_on:
         os.environ[plugin.ENV] = "1"
+        os.environ[plugin.ADD_ENV] = CHUNKS_NAME
         plugin.register()
     attn, swa = _swa_and_attn()
     cam = _cam()
@@ -265,6 +282,11 @@ def per_call_namespace(plugin_on: bool) -> dict[str, Any]:
         "buffer": torch.zeros(64, dtype=torch.int32),
         "compressor": compressor,
         "plan": _with_prefills(),
+        # two decodes, a new prefill, and a later chunk of a long prefill
+        "layout": vllm_builders.step_layout([1, 1, 5, 300], [4, 2, 0, 600]),
+        "mamba": [vllm_builders.mamba2_builder() for _ in range(3)],
+        "kda": [vllm_builders.kda_builder(pytest.MonkeyPatch()) for _ in range(3)],
+        "build": vllm_builders.v2_build,
     }
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import real_builders
 import torch
 
 import stepcache
+from benchmarks import vllm_builders as real_builders
 
 pytestmark = pytest.mark.vllm
 

@@ -10,10 +10,10 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-import real_builders
 import torch
 
 import stepcache
+from benchmarks import vllm_builders as real_builders
 from stepcache.integrations.vllm.chunk_plan import PLAN_NAME
 
 pytestmark = pytest.mark.vllm

@@ -14,9 +14,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-import real_builders
 
 import stepcache
+from benchmarks import vllm_builders as real_builders
 from stepcache.integrations.vllm.computed_tokens import COMPUTED_NAME
 
 pytestmark = pytest.mark.vllm

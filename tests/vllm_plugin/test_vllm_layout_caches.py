@@ -18,13 +18,13 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-import real_builders
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from releases import needs_v1
 
 import stepcache
+from benchmarks import vllm_builders as real_builders
 from stepcache.integrations.vllm import computed_tokens as _computed
 from stepcache.integrations.vllm import gdn as _gdn
 from stepcache.integrations.vllm import mamba as _mamba

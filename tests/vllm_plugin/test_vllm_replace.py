@@ -24,10 +24,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import real_builders
 import torch
 
 import stepcache
+from benchmarks import vllm_builders as real_builders
 
 pytestmark = pytest.mark.vllm
 

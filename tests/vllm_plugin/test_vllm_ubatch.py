@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-import real_builders
 import torch
 
 import stepcache
+from benchmarks import vllm_builders as real_builders
 
 pytestmark = pytest.mark.vllm
 

@@ -25,7 +25,9 @@ on one's machine); ``STEPCACHE_VLLM_ADD`` names the patches off by default to ap
 (``PLUGIN.opt_in``: :data:`SPLIT_NAME` and :data:`PREFILL_NAME`, whose caches made the
 builds they serve slower than stock vLLM's on both model runners; docs/integrations.md,
 "Measurements"; and :data:`CHUNKS_NAME`, which serves only engines with several Mamba
-groups per build). A name that is no patch,
+groups per build; :data:`GLOBAL_TOPK_LAYER_NAME` and :data:`GLOBAL_TOPK_NAME`,
+DeepSeek V4.1's decode global top-k, which serves only with both named and has not
+been timed on a GPU). A name that is no patch,
 or one both name, is logged the same way. :func:`register` is
 idempotent, imports nothing of vLLM (each patch waits for its module to be imported by
 vLLM, see :mod:`stepcache.integrations.patching`), checks every target's shape
@@ -71,6 +73,13 @@ from .dsv4 import (
     stock_sparse_index_v41,
 )
 from .gdn import CHUNK_NAME, SPLIT_NAME, find_chunk_metadata, find_split
+from .global_topk import (
+    GLOBAL_TOPK_LAYER_NAME,
+    GLOBAL_TOPK_NAME,
+    find_decode_global_topk,
+    find_decode_layer,
+    stock_global_topk,
+)
 from .mamba import (
     CHUNKS_NAME,
     PREFILL_NAME,
@@ -137,6 +146,7 @@ _SPARSE_SWA = "vllm.v1.attention.backends.mla.sparse_swa"
 _DSV4_COMPRESSOR = "vllm.models.deepseek_v4.compressor"
 _GDN = "vllm.v1.attention.backends.gdn_attn"
 _MAMBA2 = "vllm.v1.attention.backends.mamba2_attn"
+_V41_FLASHINFER = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
 
 #: Every patch, in the order they are applied. The scopes wait for the modules of the
 #: model runners (:mod:`stepcache.integrations.vllm.scopes`). The
@@ -197,7 +207,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         SPARSE_INDEX_V41_NAME,
-        "vllm.models.deepseek_v41.nvidia.flashinfer_sparse",
+        _V41_FLASHINFER,
         find_sparse_index_v41,
         Verify(stock=stock_sparse_index_v41),
     ),
@@ -227,6 +237,17 @@ PATCHES: tuple[Patch, ...] = (
     # off by default as the one above, until a benchmark shows where it pays: it
     # serves only engines with more than one Mamba group per build
     Patch(CHUNKS_NAME, _MAMBA2, find_chunk_metadata_tensors, Verify(), opt_in=True),
+    # DeepSeek V4.1's decode global top-k, once per indexer run: off by default until
+    # a GPU shows that a hit costs less than the kernel launch it saves; the cache
+    # serves only with its layer patch (which counts the runs) applied as well
+    Patch(GLOBAL_TOPK_LAYER_NAME, _V41_FLASHINFER, find_decode_layer, opt_in=True),
+    Patch(
+        GLOBAL_TOPK_NAME,
+        _V41_FLASHINFER,
+        find_decode_global_topk,
+        Verify(stock=stock_global_topk),
+        opt_in=True,
+    ),
 )
 
 

