@@ -77,13 +77,15 @@ class Scope:
         if self._entered:
             raise StepCacheError("a scope is entered once (make a new scope())")
         self._entered = self.open = True
-        outer = self.outer = current()
+        outer = innermost()
         if outer is not NO_STORE:
-            self.table = None  # nested: the slow path joins owners to it
+            outer = self.outer = current()
+            if outer is not NO_STORE:
+                self.table = None  # nested: the slow path joins owners to it
         _INNERMOST.set(self)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
         inner = innermost()
         if inner is not self:
             if not open_here(self):  # closed, never entered, or another thread's
@@ -91,7 +93,7 @@ class Scope:
                     "a scope is closed in the thread that opened it, innermost first"
                 )
             while inner is not self:  # an inner one left open: closed with it
-                inner.__exit__()  # type: ignore[union-attr]
+                inner.__exit__(None, None, None)  # type: ignore[union-attr]
                 inner = innermost()
         _INNERMOST.set(self.outer)
         self.open = False

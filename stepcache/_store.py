@@ -123,8 +123,8 @@ class StepCache:
 
     def clear(self) -> None:
         """Drop every entry (and kept object); the store stays open for the same owner."""
-        for fid, _ in self.entries():  # their misses stay counted
-            self._count(fid, 1)
+        for fid, slot in list(self.table.items()):  # their misses stay counted
+            self._count(fid, len(slot) if slot.__class__ is dict else 1)
         self.table.clear()  # in place: an open scope reads this table too
         self._kept = None
 
