@@ -390,6 +390,9 @@ def test_the_engine_section_on_the_real_engine() -> None:
     rows = {engine.last_name(r["function"]): r for r in res["computations"]}
     # the split's cache is off by default: stock vLLM's calls, and the row says so
     assert res["off_by_default"] == [
+        "vllm.dsv41.decode_global_topk",
+        "vllm.dsv41.decode_global_topk.layer",
+        "vllm.dsv41.mixed_sparse_index",
         "vllm.gdn.split_decodes_and_prefills",
         "vllm.mamba.BaseMambaAttentionMetadataBuilder._build_chunk_metadata_tensors",
         "vllm.mamba.BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata",

@@ -27,7 +27,9 @@ builds they serve slower than stock vLLM's on both model runners; docs/integrati
 "Measurements"; and :data:`CHUNKS_NAME`, which serves only engines with several Mamba
 groups per build; :data:`GLOBAL_TOPK_LAYER_NAME` and :data:`GLOBAL_TOPK_NAME`,
 DeepSeek V4.1's decode global top-k, which serves only with both named and has not
-been timed on a GPU). A name that is no patch,
+been timed on a GPU; :data:`MIXED_SPARSE_NAME`, the same for the mixed sparse
+indices of the SM100 backend's compressed layers, served by
+:data:`SPARSE_INDEX_V41_NAME`). A name that is no patch,
 or one both name, is logged the same way. :func:`register` is
 idempotent, imports nothing of vLLM (each patch waits for its module to be imported by
 vLLM, see :mod:`stepcache.integrations.patching`), checks every target's shape
@@ -63,9 +65,11 @@ from .computed_tokens import (
 )
 from .dsv4 import (
     C128_BOUNDARY_NAME,
+    MIXED_SPARSE_NAME,
     SPARSE_INDEX_NAME,
     SPARSE_INDEX_V41_NAME,
     find_c128_boundary,
+    find_mixed_sparse_layer,
     find_sparse_index,
     find_sparse_index_v41,
     stock_c128_boundary,
@@ -248,6 +252,10 @@ PATCHES: tuple[Patch, ...] = (
         Verify(stock=stock_global_topk),
         opt_in=True,
     ),
+    # the SM100 backend's compressed layers' mixed sparse indices, once per indexer
+    # run: off by default for the same reason; the sparse-index patch above serves
+    # them (and parity mode compares them with stock there)
+    Patch(MIXED_SPARSE_NAME, _V41_FLASHINFER, find_mixed_sparse_layer, opt_in=True),
 )
 
 

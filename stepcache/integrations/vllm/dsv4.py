@@ -20,6 +20,14 @@
   holds the pair (the layer's cache tensor, the requests' ``seq_lens`` and the pair),
   without the rest of its work, which serves only a build. C4A layers, whose indices
   are their own, are vLLM's alone.
+* V4.1's compressed layers (SM100), off by default (:data:`MIXED_SPARSE_NAME`, which
+  wraps ``forward_mqa``): their mixed sparse indices depend on the shared
+  ``topk_indices_buffer`` as the last index source's indexer left it (a kernel's
+  write, no version counter), so each is cached per *indexer run*
+  (:data:`index_runs`, counted by the wrapper whenever an indexer-owning layer runs)
+  and dict token, keyed by the layer's ratio and window, the buffer's and the KV
+  source's block table's storage and layout, and the caches' strides. Only the one
+  build a patched ``forward_mqa`` makes is served; any other call is vLLM's.
 * ``_get_c128_boundary``: a pure function of the batch layout that every DSv4
   compressor builder of a step computes again (a Python loop over the requests),
   computed once per build by :func:`stepcache.step_cached`.
@@ -27,6 +35,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import inspect
 import itertools
@@ -52,14 +61,17 @@ from ..patching import (
 
 __all__ = [
     "C128_BOUNDARY_NAME",
+    "MIXED_SPARSE_NAME",
     "SPARSE_INDEX_NAME",
     "SPARSE_INDEX_V41_NAME",
     "OwnedIndexCache",
     "TokenedIndexCache",
     "find_c128_boundary",
+    "find_mixed_sparse_layer",
     "find_sparse_index",
     "find_sparse_index_v41",
     "get_c128_boundary",
+    "index_runs",
     "owned_index_cache",
     "stock_c128_boundary",
     "stock_sparse_index",
@@ -69,6 +81,7 @@ __all__ = [
 SPARSE_INDEX_NAME = "vllm.dsv4.flashinfer_sparse_index"
 SPARSE_INDEX_V41_NAME = "vllm.dsv41.flashinfer_sparse_index"
 C128_BOUNDARY_NAME = "vllm.dsv4._get_c128_boundary"
+MIXED_SPARSE_NAME = "vllm.dsv41.mixed_sparse_index"
 
 _FIELD = "flashinfer_sparse_index_cache"
 _SWA_MODULE = "vllm.v1.attention.backends.mla.sparse_swa"
@@ -134,6 +147,30 @@ def owned_index_cache(swa_metadata: Any) -> TokenedIndexCache:
     return owned
 
 
+class IndexRuns:
+    """How many indexer-owning DeepSeek V4.1 layers have run their attention in this
+    process: each one rewrote the shared ``topk_indices_buffer`` just before (its
+    indexer runs ahead of its attention in the same layer call), so a value computed
+    from that buffer serves only the run it was computed in. Shared by every patch
+    that caches such a value, whatever backend counts."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+#: the process's count (:class:`IndexRuns`)
+index_runs = IndexRuns()
+
+#: the V4.1 SM100 layer whose patched ``forward_mqa`` is under way in this thread,
+#: set by :data:`MIXED_SPARSE_NAME`'s wrapper and taken by the layer's one sparse-index
+#: build: only that build's compressed pair is cached
+_mixed_call: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "stepcache_dsv41_mixed_sparse", default=None
+)
+
+
 def _v4_key(self: Any, swa_only: bool, num_rows: int | None) -> str | None:
     """The key vLLM 0.33's DeepSeek V4 method uses (``None``: the call does not
     cache, C4A layers)."""
@@ -184,6 +221,119 @@ def _cached_pair(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     return sparse_pair
 
 
+#: what a V4.1 compressed layer's mixed sparse indices read from the step's SWA
+#: metadata (vLLM's draft steps rewrite some in place, then clear() the dict: the
+#: token; the rest is named so that any other rewrite torch sees recomputes too)
+_MIXED_READS = (
+    "num_decodes",
+    "num_prefills",
+    "num_decode_tokens",
+    "num_prefill_tokens",
+    "seq_lens",
+    "query_start_loc",
+    "token_to_req_indices",
+    "decode_swa_indices",
+    "decode_swa_width",
+    "block_table",
+    "block_size",
+    "is_valid_token",
+    "replay_start",
+)
+
+
+@stepcache.step_cached(
+    key="layout",
+    owner="swa_metadata",
+    # the run: no indexer has rewritten the buffer since (a kernel's write, which no
+    # version counter shows); the token: vLLM has not cleared the step's dict; the
+    # buffer and the KV source's block table, as objects; the SWA metadata it reads
+    depends_on=("run", "token", "buffer", "table", *_MIXED_READS),
+    # the layer and its caches: the layers of one key build the same pair (their
+    # caches enter only through their strides, in the key)
+    ignore=("method", "layer", "args", "built"),
+    expect=PAIR_SPEC,
+    name=MIXED_SPARSE_NAME,
+)
+def _mixed_pair(
+    swa_metadata: Any,
+    layout: tuple[object, ...],
+    run: int,
+    token: int,
+    buffer: torch.Tensor,
+    table: torch.Tensor,
+    method: Any,
+    layer: Any,
+    args: tuple[Any, ...],
+    built: list[Any],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A V4.1 compressed layer's ``(sparse_indices, sparse_topk_lens)`` for the run,
+    the dict token and the layout given, built by vLLM's ``method`` (its whole result
+    goes to ``built``)."""
+    result = built[0] = method(layer, *args)
+    return result[2], result[3]
+
+
+def _tensor_layout(t: torch.Tensor) -> tuple[object, ...]:
+    """What picks a tensor's elements: where, which dtype, how laid out."""
+    return (t.data_ptr(), t.dtype, t.device, tuple(t.shape), t.stride())
+
+
+def _mixed_sparse_index(
+    layer: Any,
+    kv_cache: torch.Tensor | None,
+    swa_k_cache: torch.Tensor,
+    swa_metadata: Any,
+    attn_metadata: Any,
+    token: int,
+    stock: Callable[..., Result],
+) -> Result | None:
+    """A V4.1 compressed layer's build within its patched ``forward_mqa``, cached per
+    indexer run (:data:`MIXED_SPARSE_NAME`); ``None`` when the call is not the one the
+    wrapper expects (vLLM's method then runs, uncached)."""
+    buffer = getattr(layer, "topk_indices_buffer", None)
+    table = getattr(attn_metadata, "block_table", None)
+    if not (
+        isinstance(kv_cache, torch.Tensor)
+        and isinstance(swa_k_cache, torch.Tensor)
+        and isinstance(buffer, torch.Tensor)
+        and isinstance(table, torch.Tensor)
+    ):
+        return None
+    # Everything else the build reads: the layer's ratio and window, the buffer's and
+    # the block table's storage and layout, the block size, and the caches' strides
+    # (the indices are storage offsets, which only the strides set, not where the
+    # cache lies: vLLM's own SWA-only entry serves layers with other caches alike).
+    layout = (
+        layer.compress_ratio,
+        layer.window_size,
+        _tensor_layout(buffer),
+        _tensor_layout(table),
+        attn_metadata.block_size,
+        kv_cache.dtype,
+        kv_cache.stride(),
+        swa_k_cache.dtype,
+        swa_k_cache.stride(),
+    )
+    built: list[Any] = [None]
+    args = (kv_cache, swa_k_cache, swa_metadata, attn_metadata, False, None)
+    pair = _mixed_pair(
+        swa_metadata,
+        layout,
+        index_runs.n,
+        token,
+        buffer,
+        table,
+        stock,
+        layer,
+        args,
+        built,
+    )
+    if built[0] is not None:  # computed in this call: vLLM's whole result
+        return built[0]  # type: ignore[no-any-return]
+    num_reqs = swa_metadata.num_decodes + swa_metadata.num_prefills
+    return kv_cache, swa_metadata.seq_lens[:num_reqs], pair[0], pair[1]
+
+
 def _sparse_index_method(
     name: str,
     original: Callable[..., Result],
@@ -215,7 +365,23 @@ def _sparse_index_method(
             cache = owned_index_cache(swa_metadata)
         key = key_of(self, swa_only, num_rows)
         pair: tuple[torch.Tensor, torch.Tensor] | None = None
-        if key is None:  # C4A: vLLM builds, every call
+        if key is None:
+            # V4.1's compressed layers: cached per indexer run when the layer's
+            # patched forward_mqa made this call (MIXED_SPARSE_NAME, off by default)
+            if not has_num_rows and _mixed_call.get() is self:
+                _mixed_call.set(None)  # its one build: any later call is vLLM's
+                mixed = _mixed_sparse_index(
+                    self,
+                    kv_cache,
+                    swa_k_cache,
+                    swa_metadata,
+                    attn_metadata,
+                    cache.token,
+                    stock,
+                )
+                if mixed is not None:
+                    return mixed
+            # C4A and the rest: vLLM builds, every call
             counters.count(name, "uncached")
         else:
             built: list[Any] = [None]
@@ -385,3 +551,67 @@ def find_c128_boundary(module: ModuleType) -> Target:
     original = expect_function(module, "_get_c128_boundary", (("metadata", REQUIRED),))
     _original["c128_boundary"] = original
     return Target(module, "_get_c128_boundary", original, get_c128_boundary)
+
+
+def find_mixed_sparse_layer(module: ModuleType) -> Target:
+    """DeepSeek V4.1's SM100 ``DeepseekV4FlashInferMLAAttention.forward_mqa``,
+    wrapped to count the indexer runs and name the call for its compressed layer's
+    one sparse-index build (:func:`_mixed_sparse_index`).
+
+    A layer with an indexer ran it just before, in the same layer call
+    (``_sparse_indexer_and_attn`` runs ``indexer_op`` before ``forward_mqa``; the
+    short-context fill runs before both): a new run. Nothing assumes which index
+    source a consumer reads or in which order the layers run; a pair serves only while
+    no indexer-owning layer has run since. Builds made elsewhere (vLLM's specialized
+    decode, whose own indexer path this count does not see) are vLLM's, uncached.
+    """
+    cls = getattr(module, "DeepseekV4FlashInferMLAAttention", None)
+    if not isinstance(cls, type):
+        raise SkipPatch(f"{module.__name__}.DeepseekV4FlashInferMLAAttention is absent")
+    params = (
+        ("self", REQUIRED),
+        ("q", REQUIRED),
+        ("kv", REQUIRED),
+        ("positions", REQUIRED),
+        ("output", REQUIRED),
+    )
+    original = expect_function(cls, "forward_mqa", params)
+    # the call chain the wrapper names: forward_mqa -> _forward -> the build (which
+    # the sparse-index patch serves)
+    forward = getattr(getattr(cls, "_forward", None), "__code__", None)
+    if (
+        "_forward" not in original.__code__.co_names
+        or forward is None
+        or "_build_sparse_index_metadata" not in forward.co_names
+    ):
+        raise SkipPatch(
+            f"{module.__name__}.DeepseekV4FlashInferMLAAttention.forward_mqa no "
+            "longer builds through _forward and _build_sparse_index_metadata"
+        )
+    runs = index_runs
+    missing = object()
+
+    def forward_mqa(
+        self: Any,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        positions: torch.Tensor,
+        output: torch.Tensor,
+    ) -> None:
+        # an indexer-owning layer has just rewritten the buffer (a layer without the
+        # attribute counts as one: never a stale hit)
+        if getattr(self, "indexer", missing) is not None:
+            runs.n += 1
+        if getattr(self, "compress_ratio", 0) == 0:  # SWA-only: vLLM caches those
+            original(self, q, kv, positions, output)
+            return
+        named = _mixed_call.set(self)
+        try:
+            original(self, q, kv, positions, output)
+        finally:
+            _mixed_call.reset(named)
+
+    forward_mqa.__qualname__ = f"{cls.__name__}.forward_mqa"
+    forward_mqa.__doc__ = original.__doc__
+    forward_mqa.__wrapped__ = original  # type: ignore[attr-defined]
+    return Target(cls, "forward_mqa", original, forward_mqa)

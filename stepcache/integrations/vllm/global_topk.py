@@ -38,8 +38,10 @@ Two patches, both off by default (``STEPCACHE_VLLM_ADD`` names both):
 
 SWA-only layers compute nothing here (their decode never calls it) and prefill rows
 stay vLLM's. The SM100 backend's mixed sparse indices (``_build_sparse_index_
-metadata``) are another method, patched by :mod:`~stepcache.integrations.vllm.dsv4`,
-and stay uncached for compressed layers, as in vLLM.
+metadata``) are another method, patched by :mod:`~stepcache.integrations.vllm.dsv4`;
+its compressed layers' are cached per run only when ``vllm.dsv41.mixed_sparse_index``
+(which counts the runs in the same :data:`~stepcache.integrations.vllm.dsv4.
+index_runs`) is applied too.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from ..patching import (
     expect_dataclass_fields,
     expect_function,
 )
-from .dsv4 import OwnedIndexCache, TokenedIndexCache
+from .dsv4 import OwnedIndexCache, TokenedIndexCache, index_runs
 
 __all__ = [
     "GLOBAL_TOPK_LAYER_NAME",
@@ -88,16 +90,9 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 _original: dict[str, Callable[..., Any]] = {}
 
 
-class _Runs:
-    """How many indexer-owning layers have decoded in this process."""
-
-    __slots__ = ("n",)
-
-    def __init__(self) -> None:
-        self.n = 0
-
-
-_runs = _Runs()
+#: the process's indexer runs, shared with the SM100 backend's patch (a run counted
+#: by either backend's layers invalidates both caches)
+_runs = index_runs
 
 
 def runs() -> int:
