@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 import stepcache
+from stepcache.kit import place
 
 from ..dsv4.sparse_index import PAIR_SPEC
 from ..patching import (
@@ -273,11 +274,6 @@ def _mixed_pair(
     return result[2], result[3]
 
 
-def _tensor_layout(t: torch.Tensor) -> tuple[object, ...]:
-    """What picks a tensor's elements: where, which dtype, how laid out."""
-    return (t.data_ptr(), t.dtype, t.device, tuple(t.shape), t.stride())
-
-
 def _mixed_sparse_index(
     layer: Any,
     kv_cache: torch.Tensor | None,
@@ -306,8 +302,8 @@ def _mixed_sparse_index(
     layout = (
         layer.compress_ratio,
         layer.window_size,
-        _tensor_layout(buffer),
-        _tensor_layout(table),
+        place(buffer),
+        place(table),
         attn_metadata.block_size,
         kv_cache.dtype,
         kv_cache.stride(),

@@ -55,6 +55,7 @@ from typing import Any, Final
 import torch
 
 import stepcache
+from stepcache.kit import place
 
 from ..patching import (
     MARK,
@@ -166,11 +167,6 @@ def stock_global_topk(
     return result
 
 
-def _layout(t: torch.Tensor) -> tuple[object, ...]:
-    """What picks a tensor argument's elements: where, which dtype, how laid out."""
-    return (t.data_ptr(), t.dtype, t.device, tuple(t.shape), t.stride())
-
-
 def global_topk(
     topk_indices: torch.Tensor,
     token_to_req_indices: torch.Tensor,
@@ -197,10 +193,10 @@ def global_topk(
     ):  # not the call the decode was checked to make: vLLM's, uncached
         return stock_global_topk(*args)
     layout = (
-        _layout(topk_indices),
-        _layout(block_table),
+        place(topk_indices),
+        place(block_table),
         block_size,
-        _layout(is_valid_token),
+        place(is_valid_token),
     )
     return _cached_pair(
         swa_metadata,
