@@ -45,6 +45,12 @@ PREFILL = "vllm.mamba.BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata"
 MAMBA_CHUNKS = (
     "vllm.mamba.BaseMambaAttentionMetadataBuilder._build_chunk_metadata_tensors"
 )
+#: DeepSeek V4.1's decode caches (never timed on a GPU): off by default
+V41_OPT_IN = (
+    "vllm.dsv41.decode_global_topk.layer",
+    "vllm.dsv41.decode_global_topk",
+    "vllm.dsv41.mixed_sparse_index",
+)
 #: the patches every engine here applies (vLLM imports their modules for any model)
 ALWAYS_APPLIED = (
     "vllm.CommonAttentionMetadata.token_to_req_indices",
@@ -55,7 +61,7 @@ GDN_SHARES = (CHUNKS, COMPUTED)
 #: the patches off by default (STEPCACHE_VLLM_ADD applies them), as status says
 OFF_BY_DEFAULT = {
     name: f"skipped: off by default (STEPCACHE_VLLM_ADD={name} applies it)"
-    for name in (SPLIT, PREFILL, MAMBA_CHUNKS)
+    for name in (SPLIT, PREFILL, MAMBA_CHUNKS, *V41_OPT_IN)
 }
 #: what the engine probe calls each cached function (engine_run.PROBED)
 PROBE_NAME = {
