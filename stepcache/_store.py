@@ -87,20 +87,23 @@ class StepCache:
         "table",
     )
 
+    # Set when first needed, read with getattr(): most of a step's stores never need
+    # them, and a fresh owner's first call makes a store.
+    #: id -> weak reference of each attached owner; replaced, never changed
+    _members: dict[int, weakref.ref[object]] | None
+    #: function id -> the misses its live entries do not show, + invalidations *
+    #: INVALIDATION (`stats`): a step's first miss of each function counts as the
+    #: entry it stores, at no cost
+    _counts: dict[int, int] | None
+    _kept: list[object] | None  # made by keep_alive()
+
     def __init__(self, owner: object | None = None, scope: Scope | None = None) -> None:
         #: function id -> its `Slot`: what a hit reads
         self.table: dict[int, Slot] = {}
         # the id of the owner that made it: an object that holds this store and has
         # this id is that owner (a copy that holds it was made while it was alive)
         self._first = None if owner is None else id(owner)
-        #: id -> weak reference of each attached owner; replaced, never changed
-        self._members: dict[int, weakref.ref[object]] | None = None
         self._closed = False
-        # function id -> the misses its live entries do not show, + invalidations *
-        # INVALIDATION (`stats`); made at the first replaced entry: a step's first
-        # miss of each function counts as the entry it stores, at no cost
-        self._counts: dict[int, int] | None = None
-        self._kept: list[object] | None = None  # made by keep_alive()
         #: the scope whose store this is (`stepcache.scope`), or ``None``
         self.scope = scope
         if TRACKING[0]:
@@ -119,7 +122,7 @@ class StepCache:
                 "keep_alive() on a closed StepCache (its step is over)"
             )
         # a new list, not append(): a copied owner's store shares the list it started with
-        self._kept = [*(self._kept or ()), obj]
+        self._kept = [*(getattr(self, "_kept", None) or ()), obj]
 
     def clear(self) -> None:
         """Drop every entry (and kept object); the store stays open for the same owner."""
@@ -136,7 +139,7 @@ class StepCache:
     def stats(self) -> dict[str, dict[str, int]]:
         """Per-function entries, bytes, misses and invalidations in this store (hits and
         bypasses skip the store: [`stats()`][stepcache.stats] counts them)."""
-        sizes, counts, rows = measure((self,)), self._counts or {}, []
+        sizes, counts, rows = measure((self,)), getattr(self, "_counts", None) or {}, []
         live: dict[
             int, int
         ] = {}  # each live entry is one miss here (`measure` counts shared ones once)
@@ -166,7 +169,8 @@ class StepCache:
         """Whether ``owner`` made this store or was attached to it."""
         if self._first == id(owner):
             return True
-        member = None if self._members is None else self._members.get(id(owner))
+        members = getattr(self, "_members", None)
+        member = None if members is None else members.get(id(owner))
         return member is not None and member() is owner
 
     def made_by(self, owner: object) -> bool:
@@ -177,7 +181,7 @@ class StepCache:
     def share_unbound(self, original: StepCache) -> None:
         """Start with what ``original`` (the store a copied owner carried) holds that
         may serve another owner: its kept objects and its entries with dependencies."""
-        self._kept = original._kept
+        self._kept = getattr(original, "_kept", None)
         for fid, slot in list(original.table.items()):
             if isinstance(slot, dict):
                 if shared := {k: e for k, e in list(slot.items()) if e.bound is None}:
@@ -189,7 +193,7 @@ class StepCache:
 
     def add_member(self, owner: object, ref: weakref.ref[object]) -> None:
         """Count ``owner`` (``ref``: a weak reference to it) among this store's."""
-        self._members = {**(self._members or {}), id(owner): ref}
+        self._members = {**(getattr(self, "_members", None) or {}), id(owner): ref}
 
     def lookup(self, fid: int, key: object) -> Entry | None:
         """The entry of function ``fid`` and ``key`` (`NO_KEY`: it is not keyed), or
@@ -226,7 +230,7 @@ class StepCache:
         return invalidation
 
     def _count(self, fid: int, n: int) -> None:
-        counts = self._counts
+        counts = getattr(self, "_counts", None)
         if counts is None:
             self._counts = {fid: n}
         else:
