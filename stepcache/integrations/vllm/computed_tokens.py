@@ -74,7 +74,9 @@ _FILLED = "_stepcache_computed_from"
 def _trusted(self: Any) -> torch.Tensor | None:
     """The field, if the plugin filled it for the object's two tensors."""
     result: torch.Tensor | None = getattr(self, _FIELD)
-    filled = vars(self).get(_FILLED)
+    # getattr, not vars(): vars() would make the object's inline attributes a dict,
+    # which every later read of the step's metadata pays for
+    filled = getattr(self, _FILLED, None)
     if (
         result is None
         or filled is None
@@ -94,7 +96,7 @@ def compute_num_computed_tokens(self: Any) -> torch.Tensor:
     setattr(self, _FIELD, None)  # empty or carried from another layout
     result = _shared(self)
     setattr(self, _FIELD, result)
-    vars(self)[_FILLED] = (self.query_start_loc, self.seq_lens, result)
+    setattr(self, _FILLED, (self.query_start_loc, self.seq_lens, result))
     return result
 
 
