@@ -392,6 +392,10 @@ def test_the_engine_section_on_the_real_engine() -> None:
     assert res["off_by_default"] == [
         "vllm.dsv41.decode_global_topk",
         "vllm.dsv41.decode_global_topk.layer",
+        "vllm.dsv41.flashmla_decode_global_topk",
+        "vllm.dsv41.flashmla_decode_global_topk.layer",
+        "vllm.dsv41.mega_attn_decode_global_topk",
+        "vllm.dsv41.mega_attn_decode_global_topk.layer",
         "vllm.dsv41.mixed_sparse_index",
         "vllm.gdn.split_decodes_and_prefills",
         "vllm.mamba.BaseMambaAttentionMetadataBuilder._build_chunk_metadata_tensors",

@@ -49,6 +49,10 @@ MAMBA_CHUNKS = (
 V41_OPT_IN = (
     "vllm.dsv41.decode_global_topk.layer",
     "vllm.dsv41.decode_global_topk",
+    "vllm.dsv41.flashmla_decode_global_topk.layer",
+    "vllm.dsv41.flashmla_decode_global_topk",
+    "vllm.dsv41.mega_attn_decode_global_topk.layer",
+    "vllm.dsv41.mega_attn_decode_global_topk",
     "vllm.dsv41.mixed_sparse_index",
 )
 #: the patches every engine here applies (vLLM imports their modules for any model)

@@ -27,7 +27,9 @@ builds they serve slower than stock vLLM's on both model runners; docs/integrati
 "Measurements"; and :data:`CHUNKS_NAME`, which serves only engines with several Mamba
 groups per build; :data:`GLOBAL_TOPK_LAYER_NAME` and :data:`GLOBAL_TOPK_NAME`,
 DeepSeek V4.1's decode global top-k, which serves only with both named and has not
-been timed on a GPU; :data:`MIXED_SPARSE_NAME`, the same for the mixed sparse
+been timed on a GPU, and the same pairs for FlashMLA's layers
+(:data:`FLASHMLA_TOPK_LAYER_NAME`, :data:`FLASHMLA_TOPK_NAME`) and its Mega-attention
+ones (:data:`MEGA_TOPK_LAYER_NAME`, :data:`MEGA_TOPK_NAME`); :data:`MIXED_SPARSE_NAME`, the same for the mixed sparse
 indices of the SM100 backend's compressed layers, served by
 :data:`SPARSE_INDEX_V41_NAME`). A name that is no patch,
 or one both name, is logged the same way. :func:`register` is
@@ -78,10 +80,18 @@ from .dsv4 import (
 )
 from .gdn import CHUNK_NAME, SPLIT_NAME, find_chunk_metadata, find_split
 from .global_topk import (
+    FLASHMLA_TOPK_LAYER_NAME,
+    FLASHMLA_TOPK_NAME,
     GLOBAL_TOPK_LAYER_NAME,
     GLOBAL_TOPK_NAME,
+    MEGA_TOPK_LAYER_NAME,
+    MEGA_TOPK_NAME,
     find_decode_global_topk,
     find_decode_layer,
+    find_flashmla_global_topk,
+    find_flashmla_layer,
+    find_mega_global_topk,
+    find_mega_layer,
     stock_global_topk,
 )
 from .mamba import (
@@ -151,6 +161,8 @@ _DSV4_COMPRESSOR = "vllm.models.deepseek_v4.compressor"
 _GDN = "vllm.v1.attention.backends.gdn_attn"
 _MAMBA2 = "vllm.v1.attention.backends.mamba2_attn"
 _V41_FLASHINFER = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
+_V41_FLASHMLA = "vllm.models.deepseek_v41.nvidia.flashmla"
+_V41_MEGA = "vllm.models.deepseek_v41.nvidia.flash_mla_mega_attn"
 
 #: Every patch, in the order they are applied. The scopes wait for the modules of the
 #: model runners (:mod:`stepcache.integrations.vllm.scopes`). The
@@ -252,6 +264,18 @@ PATCHES: tuple[Patch, ...] = (
         Verify(stock=stock_global_topk),
         opt_in=True,
     ),
+    # the same per run for FlashMLA's layers and for its Mega-attention subclass's,
+    # which binds the function in its own module and calls it from its own method
+    Patch(FLASHMLA_TOPK_LAYER_NAME, _V41_FLASHMLA, find_flashmla_layer, opt_in=True),
+    Patch(
+        FLASHMLA_TOPK_NAME,
+        _V41_FLASHMLA,
+        find_flashmla_global_topk,
+        Verify(),
+        opt_in=True,
+    ),
+    Patch(MEGA_TOPK_LAYER_NAME, _V41_MEGA, find_mega_layer, opt_in=True),
+    Patch(MEGA_TOPK_NAME, _V41_MEGA, find_mega_global_topk, Verify(), opt_in=True),
     # the SM100 backend's compressed layers' mixed sparse indices, once per indexer
     # run: off by default for the same reason; the sparse-index patch above serves
     # them (and parity mode compares them with stock there)

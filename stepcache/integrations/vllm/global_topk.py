@@ -36,6 +36,15 @@ Two patches, both off by default (``STEPCACHE_VLLM_ADD`` names both):
   on the tensors it reads. Any other call (prefill, a caller outside a patched decode,
   either patch left out) is vLLM's function as found.
 
+FlashMLA's V4.1 layers make the same call from their own module, each with its own
+pair of patches built from the same rule (:data:`BACKENDS`; a cache and a stats row
+per patch, one run count): ``DeepseekV4FlashMLAAttention._forward_decode``
+(:data:`FLASHMLA_TOPK_LAYER_NAME`, the same signature and place as SM120's) and the
+Mega-attention subclass's ``_decode_compressed_kv_and_topk`` (:data:`MEGA_TOPK_
+LAYER_NAME`: its own ``forward_mqa`` never reaches ``_forward_decode``; every layer's
+decode calls this method once, SWA-only ones too). A named call carries its patch's
+name, so only the stand-in of that module serves it.
+
 SWA-only layers compute nothing here (their decode never calls it) and prefill rows
 stay vLLM's. The SM100 backend's mixed sparse indices (``_build_sparse_index_
 metadata``) are another method, patched by :mod:`~stepcache.integrations.vllm.dsv4`;
@@ -47,6 +56,7 @@ index_runs`) is applied too.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -68,31 +78,95 @@ from ..patching import (
 from .dsv4 import OwnedIndexCache, TokenedIndexCache, index_runs
 
 __all__ = [
+    "BACKENDS",
+    "FLASHMLA_TOPK_LAYER_NAME",
+    "FLASHMLA_TOPK_NAME",
     "GLOBAL_TOPK_LAYER_NAME",
     "GLOBAL_TOPK_NAME",
+    "MEGA_TOPK_LAYER_NAME",
+    "MEGA_TOPK_NAME",
+    "Backend",
     "find_decode_global_topk",
     "find_decode_layer",
+    "find_flashmla_global_topk",
+    "find_flashmla_layer",
+    "find_mega_global_topk",
+    "find_mega_layer",
     "runs",
     "stock_global_topk",
 ]
 
 GLOBAL_TOPK_NAME: Final = "vllm.dsv41.decode_global_topk"
 GLOBAL_TOPK_LAYER_NAME: Final = "vllm.dsv41.decode_global_topk.layer"
+FLASHMLA_TOPK_NAME: Final = "vllm.dsv41.flashmla_decode_global_topk"
+FLASHMLA_TOPK_LAYER_NAME: Final = "vllm.dsv41.flashmla_decode_global_topk.layer"
+MEGA_TOPK_NAME: Final = "vllm.dsv41.mega_attn_decode_global_topk"
+MEGA_TOPK_LAYER_NAME: Final = "vllm.dsv41.mega_attn_decode_global_topk.layer"
 
 _FUNCTION = "compute_global_topk_indices_and_lens"
-_CLASS = "DeepseekV4FlashInferSM120Attention"
-_METHOD = "_forward_decode"
 _FIELD = "flashinfer_sparse_index_cache"
 _SWA_MODULE = "vllm.v1.attention.backends.mla.sparse_swa"
 
+#: the parameters of vLLM's ``_forward_decode`` (FlashInfer SM120 and FlashMLA alike)
+_DECODE_PARAMS = (
+    "self",
+    "q",
+    "kv_cache",
+    "swa_metadata",
+    "attn_metadata",
+    "swa_only",
+    "output",
+)
+#: the Mega-attention layer's own call site: ``(flashmla_metadata, swa_metadata)``
+_MEGA_PARAMS = ("self", "flashmla_metadata", "swa_metadata")
+
 Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One V4.1 backend's copy of the call: its module's binding of
+    ``compute_global_topk_indices_and_lens`` (the patch ``name``) and the layer method
+    that makes it once per decode (the patch ``layer_name``: ``cls.method`` with the
+    parameters ``params``, ``self`` first)."""
+
+    name: str
+    layer_name: str
+    cls: str
+    method: str
+    params: tuple[str, ...]
+
+
+FLASHINFER: Final = Backend(
+    GLOBAL_TOPK_NAME,
+    GLOBAL_TOPK_LAYER_NAME,
+    "DeepseekV4FlashInferSM120Attention",
+    "_forward_decode",
+    _DECODE_PARAMS,
+)
+FLASHMLA: Final = Backend(
+    FLASHMLA_TOPK_NAME,
+    FLASHMLA_TOPK_LAYER_NAME,
+    "DeepseekV4FlashMLAAttention",
+    "_forward_decode",
+    _DECODE_PARAMS,
+)
+#: the Mega-attention subclass has its own forward and binds the function itself
+MEGA: Final = Backend(
+    MEGA_TOPK_NAME,
+    MEGA_TOPK_LAYER_NAME,
+    "DeepseekV4MegaAttnAttention",
+    "_decode_compressed_kv_and_topk",
+    _MEGA_PARAMS,
+)
+BACKENDS: Final = (FLASHINFER, FLASHMLA, MEGA)
 
 #: vLLM's functions, kept by the patches that call them
 _original: dict[str, Callable[..., Any]] = {}
 
 
 #: the process's indexer runs, shared with the SM100 backend's patch (a run counted
-#: by either backend's layers invalidates both caches)
+#: by any backend's layers invalidates every cache)
 _runs = index_runs
 
 
@@ -101,10 +175,11 @@ def runs() -> int:
     return _runs.n
 
 
-#: the decode under way in this thread: (layer, SWA metadata, KV source's metadata);
-#: set by the layer's patched decode, taken by its one global top-k call
-_decode: contextvars.ContextVar[tuple[Any, Any, Any] | None] = contextvars.ContextVar(
-    "stepcache_dsv41_decode", default=None
+#: the decode under way in this thread: (function patch, layer, SWA metadata, KV
+#: source's metadata); set by a patched layer method, taken by its module's one
+#: global top-k call
+_decode: contextvars.ContextVar[tuple[str, Any, Any, Any] | None] = (
+    contextvars.ContextVar("stepcache_dsv41_decode", default=None)
 )
 
 
@@ -124,33 +199,42 @@ def _token(swa_metadata: Any) -> int:
     return fresh.token
 
 
-@stepcache.step_cached(
-    key="layout",
-    owner="swa_metadata",
-    # the run: no indexer has rewritten the buffer since; the token: vLLM has not
-    # cleared the step's dict (a draft step's rewrite); the tensors read, as objects
-    depends_on=(
-        "run",
-        "token",
-        "buffer",
-        "table",
-        "token_to_req_indices",
-        "is_valid_token",
-    ),
-    ignore=("compute", "args"),
-    name=GLOBAL_TOPK_NAME,
-)
-def _cached_pair(
-    swa_metadata: Any,
-    layout: tuple[object, ...],
-    run: int,
-    token: int,
-    buffer: torch.Tensor,
-    table: torch.Tensor,
-    compute: Callable[..., Pair],
-    args: tuple[Any, ...],
-) -> Pair:
-    return compute(*args)
+def _rule(name: str) -> Callable[..., Pair]:
+    """The cache of one backend's pairs (its stats row is ``name``): one rule for all
+    backends, a cache each (each serves only its own module's function)."""
+
+    @stepcache.step_cached(
+        key="layout",
+        owner="swa_metadata",
+        # the run: no indexer has rewritten the buffer since; the token: vLLM has not
+        # cleared the step's dict (a draft step's rewrite); the tensors read, as objects
+        depends_on=(
+            "run",
+            "token",
+            "buffer",
+            "table",
+            "token_to_req_indices",
+            "is_valid_token",
+        ),
+        ignore=("compute", "args"),
+        name=name,
+    )
+    def cached_pair(
+        swa_metadata: Any,
+        layout: tuple[object, ...],
+        run: int,
+        token: int,
+        buffer: torch.Tensor,
+        table: torch.Tensor,
+        compute: Callable[..., Pair],
+        args: tuple[Any, ...],
+    ) -> Pair:
+        return compute(*args)
+
+    return cached_pair
+
+
+_cached: Final = {backend.name: _rule(backend.name) for backend in BACKENDS}
 
 
 def stock_global_topk(
@@ -160,11 +244,46 @@ def stock_global_topk(
     block_size: int,
     is_valid_token: torch.Tensor,
 ) -> Pair:
-    """vLLM's function as the patch found it (verify mode's stock value)."""
+    """FlashInfer's module's function as the patch found it (verify mode's stock)."""
     result: Pair = _original[GLOBAL_TOPK_NAME](
         topk_indices, token_to_req_indices, block_table, block_size, is_valid_token
     )
     return result
+
+
+def _serve(name: str, compute: Callable[..., Pair], args: tuple[Any, ...]) -> Pair:
+    """The patch ``name``'s call of ``compute(*args)`` (vLLM's function): cached per
+    run and step when a layer method patched for ``name`` made it, else vLLM's."""
+    call = _decode.get()
+    if call is None or call[0] != name:  # not named for this module's function
+        return compute(*args)
+    _decode.set(None)  # one call per decode: any later one is vLLM's
+    _, layer, swa_metadata, attn_metadata = call
+    topk_indices, token_to_req_indices, block_table, block_size, is_valid_token = args
+    buffer = getattr(layer, "topk_indices_buffer", None)
+    table = getattr(attn_metadata, "block_table", None)
+    if (
+        token_to_req_indices is not swa_metadata.token_to_req_indices
+        or not isinstance(buffer, torch.Tensor)
+        or not isinstance(table, torch.Tensor)
+    ):  # not the call the method was checked to make: vLLM's, uncached
+        return compute(*args)
+    layout = (
+        place(topk_indices),
+        place(block_table),
+        block_size,
+        place(is_valid_token),
+    )
+    return _cached[name](
+        swa_metadata,
+        layout,
+        _runs.n,
+        _token(swa_metadata),
+        buffer,
+        table,
+        compute,
+        args,
+    )
 
 
 def global_topk(
@@ -174,45 +293,36 @@ def global_topk(
     block_size: int,
     is_valid_token: torch.Tensor,
 ) -> Pair:
-    """vLLM's ``compute_global_topk_indices_and_lens``, cached per run and step when
-    called by a patched layer's decode (see the module's docstring)."""
-    call = _decode.get()
-    if call is None:
-        return stock_global_topk(
-            topk_indices, token_to_req_indices, block_table, block_size, is_valid_token
-        )
-    _decode.set(None)  # one call per decode: any later one is vLLM's
-    layer, swa_metadata, attn_metadata = call
-    buffer = layer.topk_indices_buffer
-    table = attn_metadata.block_table
+    """FlashInfer's module's ``compute_global_topk_indices_and_lens``, cached per run
+    and step when called by a patched layer's decode (see the module's docstring)."""
     args = (topk_indices, token_to_req_indices, block_table, block_size, is_valid_token)
-    if (
-        token_to_req_indices is not swa_metadata.token_to_req_indices
-        or not isinstance(buffer, torch.Tensor)
-        or not isinstance(table, torch.Tensor)
-    ):  # not the call the decode was checked to make: vLLM's, uncached
-        return stock_global_topk(*args)
-    layout = (
-        place(topk_indices),
-        place(block_table),
-        block_size,
-        place(is_valid_token),
-    )
-    return _cached_pair(
-        swa_metadata,
-        layout,
-        _runs.n,
-        _token(swa_metadata),
-        buffer,
-        table,
-        stock_global_topk,
-        args,
-    )
+    return _serve(GLOBAL_TOPK_NAME, stock_global_topk, args)
 
 
-def find_decode_global_topk(module: ModuleType) -> Target:
-    """The FlashInfer V4.1 module's ``compute_global_topk_indices_and_lens``, replaced
-    by :func:`global_topk`."""
+def _stand_in(name: str, original: Callable[..., Pair]) -> Callable[..., Pair]:
+    """What replaces ``original`` in the module of the patch ``name``."""
+
+    def compute_global_topk_indices_and_lens(
+        topk_indices: torch.Tensor,
+        token_to_req_indices: torch.Tensor,
+        block_table: torch.Tensor,
+        block_size: int,
+        is_valid_token: torch.Tensor,
+    ) -> Pair:
+        args = (
+            topk_indices,
+            token_to_req_indices,
+            block_table,
+            block_size,
+            is_valid_token,
+        )
+        return _serve(name, original, args)
+
+    compute_global_topk_indices_and_lens.__doc__ = original.__doc__
+    return compute_global_topk_indices_and_lens
+
+
+def _find_function(backend: Backend, module: ModuleType) -> Target:
     params = (
         ("topk_indices", REQUIRED),
         ("token_to_req_indices", REQUIRED),
@@ -221,41 +331,35 @@ def find_decode_global_topk(module: ModuleType) -> Target:
         ("is_valid_token", REQUIRED),
     )
     original = expect_function(module, _FUNCTION, params)
-    _decode_method(module)  # the caller it serves must be there too
-    _original[GLOBAL_TOPK_NAME] = original
-    return Target(module, _FUNCTION, original, global_topk)
+    _layer_class(backend, module)  # the caller it serves must be there too
+    _original[backend.name] = original
+    stand_in = (
+        global_topk if backend is FLASHINFER else _stand_in(backend.name, original)
+    )
+    return Target(module, _FUNCTION, original, stand_in)
 
 
-def _decode_method(module: ModuleType) -> type:
-    cls = getattr(module, _CLASS, None)
+def _layer_class(backend: Backend, module: ModuleType) -> type:
+    cls = getattr(module, backend.cls, None)
     if not isinstance(cls, type):
-        raise SkipPatch(f"{module.__name__}.{_CLASS} is absent")
-    method = getattr(cls, _METHOD, None)
-    if getattr(method, MARK, None) == GLOBAL_TOPK_LAYER_NAME:  # ours: vLLM's within
+        raise SkipPatch(f"{module.__name__}.{backend.cls} is absent")
+    method = getattr(cls, backend.method, None)
+    if getattr(method, MARK, None) == backend.layer_name:  # ours: vLLM's within
         method = getattr(method, "__wrapped__", None)
     code = getattr(method, "__code__", None)
-    # the decode must still make the call the stand-in serves
+    # the method must still make the call the stand-in serves
     if code is None or _FUNCTION not in code.co_names:
         raise SkipPatch(
-            f"{module.__name__}.{_CLASS}.{_METHOD} does not call {_FUNCTION}"
+            f"{module.__name__}.{backend.cls}.{backend.method} does not call "
+            f"{_FUNCTION}"
         )
     return cls
 
 
-def find_decode_layer(module: ModuleType) -> Target:
-    """``DeepseekV4FlashInferSM120Attention._forward_decode``, wrapped to count the
-    indexer runs and name the decode for :func:`global_topk`."""
-    cls = _decode_method(module)
-    params = (
-        ("self", REQUIRED),
-        ("q", REQUIRED),
-        ("kv_cache", REQUIRED),
-        ("swa_metadata", REQUIRED),
-        ("attn_metadata", REQUIRED),
-        ("swa_only", REQUIRED),
-        ("output", REQUIRED),
-    )
-    original = expect_function(cls, _METHOD, params)
+def _find_layer(backend: Backend, module: ModuleType) -> Target:
+    cls = _layer_class(backend, module)
+    params = tuple((p, REQUIRED) for p in backend.params)
+    original = expect_function(cls, backend.method, params)
     swa_module = sys.modules.get(_SWA_MODULE)
     if swa_module is None:
         raise SkipPatch(f"{module.__name__} is imported but {_SWA_MODULE} is not")
@@ -263,7 +367,21 @@ def find_decode_layer(module: ModuleType) -> Target:
         getattr(swa_module, "DeepseekSparseSWAMetadata", None),
         (_FIELD, "token_to_req_indices", "is_valid_token"),
     )
-    _original[GLOBAL_TOPK_LAYER_NAME] = original
+    _original[backend.layer_name] = original
+    wrapper: Callable[..., Any]
+    if backend.params == _DECODE_PARAMS:
+        wrapper = _decode_wrapper(backend.name, original)
+    else:
+        wrapper = _mega_wrapper(backend.name, original)
+    wrapper.__qualname__ = f"{backend.cls}.{backend.method}"
+    wrapper.__doc__ = original.__doc__
+    wrapper.__wrapped__ = original  # type: ignore[union-attr]
+    return Target(cls, backend.method, original, wrapper)
+
+
+def _decode_wrapper(name: str, original: Callable[..., None]) -> Callable[..., None]:
+    """``_forward_decode`` (FlashInfer SM120, FlashMLA): counts the run, names the
+    call of a compressed layer."""
     runs_now = _runs
     missing = object()
 
@@ -283,13 +401,67 @@ def find_decode_layer(module: ModuleType) -> Target:
         if swa_only:
             original(self, q, kv_cache, swa_metadata, attn_metadata, swa_only, output)
             return
-        named = _decode.set((self, swa_metadata, attn_metadata))
+        named = _decode.set((name, self, swa_metadata, attn_metadata))
         try:
             original(self, q, kv_cache, swa_metadata, attn_metadata, swa_only, output)
         finally:
             _decode.reset(named)
 
-    _forward_decode.__qualname__ = f"{_CLASS}.{_METHOD}"
-    _forward_decode.__doc__ = original.__doc__
-    _forward_decode.__wrapped__ = original  # type: ignore[attr-defined]
-    return Target(cls, _METHOD, original, _forward_decode)
+    return _forward_decode
+
+
+Triple = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
+
+
+def _mega_wrapper(name: str, original: Callable[..., Triple]) -> Callable[..., Triple]:
+    """``_decode_compressed_kv_and_topk`` (Mega attention): called once by every
+    layer's decode, SWA-only ones too (which return at once), so it counts the run
+    and names the call."""
+    runs_now = _runs
+    missing = object()
+
+    def _decode_compressed_kv_and_topk(
+        self: Any, flashmla_metadata: Any, swa_metadata: Any
+    ) -> Triple:
+        if getattr(self, "indexer", missing) is not None:  # as _forward_decode's
+            runs_now.n += 1
+        named = _decode.set((name, self, swa_metadata, flashmla_metadata))
+        try:
+            return original(self, flashmla_metadata, swa_metadata)
+        finally:
+            _decode.reset(named)
+
+    return _decode_compressed_kv_and_topk
+
+
+def find_decode_global_topk(module: ModuleType) -> Target:
+    """The FlashInfer V4.1 module's ``compute_global_topk_indices_and_lens``, replaced
+    by :func:`global_topk`."""
+    return _find_function(FLASHINFER, module)
+
+
+def find_decode_layer(module: ModuleType) -> Target:
+    """``DeepseekV4FlashInferSM120Attention._forward_decode``, wrapped to count the
+    indexer runs and name the decode for :func:`global_topk`."""
+    return _find_layer(FLASHINFER, module)
+
+
+def find_flashmla_global_topk(module: ModuleType) -> Target:
+    """The FlashMLA V4.1 module's ``compute_global_topk_indices_and_lens``."""
+    return _find_function(FLASHMLA, module)
+
+
+def find_flashmla_layer(module: ModuleType) -> Target:
+    """``DeepseekV4FlashMLAAttention._forward_decode``, wrapped as FlashInfer's."""
+    return _find_layer(FLASHMLA, module)
+
+
+def find_mega_global_topk(module: ModuleType) -> Target:
+    """The Mega-attention V4.1 module's ``compute_global_topk_indices_and_lens``."""
+    return _find_function(MEGA, module)
+
+
+def find_mega_layer(module: ModuleType) -> Target:
+    """``DeepseekV4MegaAttnAttention._decode_compressed_kv_and_topk``, wrapped to
+    count the indexer runs and name its call."""
+    return _find_layer(MEGA, module)
