@@ -14,24 +14,30 @@ method's triple is the output)."""
 from __future__ import annotations
 
 import dataclasses
-import types
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from test_vllm_topk import (
+from v41_model import (
     COMPRESSED,
     DISTINCT,
-    INDEX_SOURCES,
-    KV_SOURCES,
     LAYERS,
-    RATIOS,
     TOKENS,
+    Harness,
     Launches,
-    Model,
+    calls_around_a_draft,
+    calls_with_kept_metadata,
+    counted_global_topk,
+    debug_report,
+    flashmla_metadata,
     index,
+    kv_caches,
+    new_layers,
+    parity_counters,
+    registered_with,
     same,
+    stale_pair,
     swa_metadata,
 )
 
@@ -106,67 +112,39 @@ def counts(
         Launches(cache_utils._compute_global_topk_indices_and_lens_kernel),
         FakeFlashMLA(),
     )
-    real = module.compute_global_topk_indices_and_lens
-
-    def compute_global_topk_indices_and_lens(
-        topk_indices: torch.Tensor,
-        token_to_req_indices: torch.Tensor,
-        block_table: torch.Tensor,
-        block_size: int,
-        is_valid_token: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        found.computed += 1
-        result: tuple[torch.Tensor, torch.Tensor] = real(
-            topk_indices, token_to_req_indices, block_table, block_size, is_valid_token
-        )
-        return result
-
     monkeypatch.setattr(
         cache_utils, "_compute_global_topk_indices_and_lens_kernel", found.kernels
     )
     monkeypatch.setattr(
         module,
         "compute_global_topk_indices_and_lens",
-        compute_global_topk_indices_and_lens,
+        counted_global_topk(module.compute_global_topk_indices_and_lens, found),
     )
     monkeypatch.setattr(flashmla, "flash_mla_with_kvcache", found.decode)
     yield found
 
 
-class FlashMLAModel(Model):
-    """test_vllm_topk's model, of the backend's real layer class."""
+class FlashMLAModel:
+    """test_vllm_topk's model (v41_model.py), of the backend's real layer class,
+    whose layer decodes ``counts`` counts."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, counts: Counts) -> None:
         import importlib
 
+        backend = counts.backend
         cls = getattr(importlib.import_module(_MODULES[backend.name]), backend.cls)
         self.backend = backend
+        self.counts = counts
         self.buffer = torch.full((TOKENS, 8), -1, dtype=torch.int32)
-        self.kv_caches = {
-            s: torch.zeros((8, 16, 16), dtype=torch.uint8)
-            for r in KV_SOURCES.values()
-            for s in r
-        }
-        self.layers = []
-        for i, ratio in enumerate(RATIOS):
-            layer = object.__new__(cls)
-            layer.layer_id = i
-            layer.compress_ratio = ratio
-            layer.topk_indices_buffer = self.buffer
-            # the real layer has an indexer object on index sources, None elsewhere
-            layer.indexer = object() if i in INDEX_SOURCES else None
-            layer.swa_cache_layer = types.SimpleNamespace(
-                kv_cache=torch.zeros((4, 32, 16), dtype=torch.uint8)
-            )
-            layer.scale = 1.0
-            layer.attn_sink = None
-            layer.kv_source = max(
-                (s for s in KV_SOURCES.get(ratio, ()) if s <= i), default=None
-            )
+        self.kv_caches = kv_caches()
+        self.layers = new_layers(cls, self.buffer)
+        for layer in self.layers:
             if layer.kv_source is not None:
                 cache = self.kv_caches[layer.kv_source]
                 layer._compressed_kv_cache = lambda c=cache: c
-            self.layers.append(layer)
+
+    def flashmla(self) -> dict[int, Any]:
+        return {s: flashmla_metadata(s) for s in self.kv_caches}
 
 
 @dataclasses.dataclass
@@ -184,7 +162,6 @@ def new_step(model: FlashMLAModel) -> Step:
 
 def run_step(
     model: FlashMLAModel,
-    counts: Counts,
     step: Step,
     seed: int,
     layers: range = range(LAYERS),
@@ -198,7 +175,7 @@ def run_step(
             index(model.buffer, seed, layer.layer_id)
         swa_only = layer.compress_ratio == 0
         metadata = None if swa_only else step.flashmla[layer.kv_source]
-        counts.layers += 1
+        model.counts.layers += 1
         if model.backend is MEGA:
             _, indices, lens = layer._decode_compressed_kv_and_topk(metadata, step.swa)
             outputs.append(None if indices is None else (indices.clone(), lens.clone()))
@@ -216,25 +193,32 @@ def run_step(
     return outputs
 
 
-def steps(model: FlashMLAModel, counts: Counts, seeds: range) -> list[list[Any]]:
-    return [run_step(model, counts, new_step(model), seed) for seed in seeds]
+@pytest.fixture
+def h(counts: Counts) -> Harness:
+    return Harness(
+        lambda: FlashMLAModel(counts),
+        new_step,
+        run_step,
+        lambda: counts.computed,
+        counts.reset,
+    )
 
 
 # -- computations and launches per step, values ------------------------------------------
 def test_stock_maps_the_top_k_in_every_compressed_layer(
     counts: Counts, stock: None
 ) -> None:
-    model = FlashMLAModel(counts.backend)
-    run_step(model, counts, new_step(model), 0)
+    model = FlashMLAModel(counts)
+    run_step(model, new_step(model), 0)
     assert counts.now() == (COMPRESSED, COMPRESSED, LAYERS)
     assert counts.decode.count == (LAYERS if counts.backend is FLASHMLA else 0)
 
 
 def test_the_plugin_computes_each_distinct_result_once_with_the_same_values(
-    counts: Counts, register_plugin: Any
+    counts: Counts, h: Harness, register_plugin: Any
 ) -> None:
-    model = FlashMLAModel(counts.backend)
-    expected = steps(model, counts, range(3))  # stock: not registered yet
+    model = FlashMLAModel(counts)
+    expected = h.steps(model, range(3))  # stock: not registered yet
     plugin = register_plugin()
     backend = counts.backend
     assert {plugin.status()[n] for n in (backend.name, backend.layer_name)} == {
@@ -242,12 +226,7 @@ def test_the_plugin_computes_each_distinct_result_once_with_the_same_values(
     }
     counts.reset()
     stepcache.reset_stats()
-    per_step = []
-    got = []
-    for seed in range(3):
-        before = counts.now()
-        got.append(run_step(model, counts, new_step(model), seed))
-        per_step.append(tuple(b - a for a, b in zip(before, counts.now(), strict=True)))
+    got, per_step = h.per_step(model, counts.now, range(3))
     # per step: 4 computations and 4 top-k launches where stock has 12 and 12; every
     # layer still decodes
     assert per_step == [(DISTINCT, DISTINCT, LAYERS)] * 3
@@ -258,90 +237,48 @@ def test_the_plugin_computes_each_distinct_result_once_with_the_same_values(
 
 
 def test_parity_mode_compares_every_call_with_stock(
-    counts: Counts, register_plugin: Any
+    counts: Counts, h: Harness, register_plugin: Any
 ) -> None:
-    model = FlashMLAModel(counts.backend)
-    expected = steps(model, counts, range(2))
-    plugin = register_plugin("verify")
-    plugin.reset_counters()
-    same(expected, steps(model, counts, range(2)))
-    assert plugin.counters()[counts.backend.name] == {"verified": 2 * COMPRESSED}
+    counters = parity_counters(h, register_plugin)
+    assert counters[counts.backend.name] == {"verified": 2 * COMPRESSED}
 
 
 def test_parity_mode_would_catch_a_stale_pair(
-    counts: Counts, register_plugin: Any
+    counts: Counts, h: Harness, register_plugin: Any
 ) -> None:
     """An indexer run no patched layer announced makes a hit stale: parity mode says
     so, naming the patch (the run count is what keeps it fresh)."""
-    model = FlashMLAModel(counts.backend)
-    register_plugin("verify")
-    step = new_step(model)
-    run_step(model, counts, step, 0, layers=range(1, 2))
-    index(model.buffer, 1, 5)
+    stale = stale_pair(h, register_plugin)
     with pytest.raises(stepcache.StaleCacheError, match=counts.backend.name):
-        run_step(model, counts, step, 0, layers=range(3, 4), indexers=False)
+        stale()
 
 
 @pytest.mark.parametrize("mode", ["checks", "verify"])
-def test_debug_modes_find_nothing(
-    counts: Counts, register_plugin: Any, mode: str
-) -> None:
-    model = FlashMLAModel(counts.backend)
-    expected = steps(model, counts, range(2))
-    register_plugin()
-    stepcache.clear_debug_report()
-    with stepcache.debug(mode):
-        got = steps(model, counts, range(2))
-    same(expected, got)
-    assert list(stepcache.debug_report()) == []
+def test_debug_modes_find_nothing(h: Harness, register_plugin: Any, mode: str) -> None:
+    assert debug_report(h, register_plugin, mode) == []
 
 
 # -- invalidation ------------------------------------------------------------------------
 def test_the_same_metadata_in_the_next_run_recomputes(
-    counts: Counts, register_plugin: Any
+    h: Harness, register_plugin: Any
 ) -> None:
     """One metadata object across runs (no new object, no clear()): each source's new
     run, unseen by version counters, recomputes; layer 8 is SWA-only and yet counts."""
-    model = FlashMLAModel(counts.backend)
-    step = new_step(model)
-    expected = [run_step(model, counts, step, seed) for seed in range(3)]
-    register_plugin()
-    counts.reset()
-    step = new_step(model)
-    got = [run_step(model, counts, step, seed) for seed in range(3)]
-    same(expected, got)
-    assert counts.computed == 3 * DISTINCT
+    assert calls_with_kept_metadata(h, register_plugin) == 3 * DISTINCT
 
 
 def test_a_draft_step_with_vllms_clear_recomputes(
-    counts: Counts, register_plugin: Any
+    h: Harness, register_plugin: Any
 ) -> None:
     """vLLM's draft step rewrites ``token_to_req_indices`` and ``is_valid_token`` in
     place, then clears ``flashinfer_sparse_index_cache`` (the SWA builder's, for
     every backend); no indexer runs."""
-    model = FlashMLAModel(counts.backend)
-    tail = range(9, LAYERS)
-
-    def draft(step: Step) -> None:
-        step.swa.token_to_req_indices.numpy()[:] = [0, 1, 1, 2, 2, 2]
-        step.swa.is_valid_token.numpy()[:] = [True] * 4 + [False] * 2
-        step.swa.flashinfer_sparse_index_cache.clear()
-
-    stock_step = new_step(model)
-    expected = [run_step(model, counts, stock_step, 0)]
-    draft(stock_step)
-    expected.append(run_step(model, counts, stock_step, 0, tail, indexers=False))
-    register_plugin()
-    counts.reset()
-    step = new_step(model)
-    got = [run_step(model, counts, step, 0)]
-    assert counts.computed == DISTINCT
-    draft(step)
-    got.append(run_step(model, counts, step, 0, tail, indexers=False))
-    same(expected, got)
-    assert counts.computed == DISTINCT + 2  # layers 9-15: two KV sources
-    run_step(model, counts, step, 0, tail, indexers=False)  # nothing changed since
-    assert counts.computed == DISTINCT + 2
+    # layers 9-15: two KV sources; nothing changed before their second run
+    assert calls_around_a_draft(h, register_plugin) == (
+        DISTINCT,
+        DISTINCT + 2,
+        DISTINCT + 2,
+    )
 
 
 def test_calls_outside_a_patched_decode_are_vllms(
@@ -351,7 +288,7 @@ def test_calls_outside_a_patched_decode_are_vllms(
 
     register_plugin()
     module = importlib.import_module(_MODULES[counts.backend.name])
-    model = FlashMLAModel(counts.backend)
+    model = FlashMLAModel(counts)
     step = new_step(model)
     args = (
         model.buffer,
@@ -371,70 +308,32 @@ def test_another_backends_patches_serve_nothing(
 ) -> None:
     """Every backend's pair of patches but this one's: its layers compute as stock's
     (a call named for one module's function is not another's)."""
-    from conftest import import_patched_modules
-
-    from stepcache.integrations import vllm as plugin_module
     from stepcache.integrations.vllm.global_topk import BACKENDS
 
-    model = FlashMLAModel(counts.backend)
-    expected = run_step(model, counts, new_step(model), 0)
-    import_patched_modules()
+    model = FlashMLAModel(counts)
+    expected = run_step(model, new_step(model), 0)
     others = [b for b in BACKENDS if b is not counts.backend]
     names = [n for b in others for n in (b.name, b.layer_name)]
-    monkeypatch.setenv(plugin_module.ENV, "1")
-    monkeypatch.setenv(plugin_module.ADD_ENV, ",".join(names))
-    plugin_module.register()
-    try:
-        status = plugin_module.status()
+    with registered_with(monkeypatch, ",".join(names)) as status:
         assert {status[n] for n in names} == {"applied"}
         assert status[counts.backend.name].startswith("skipped: off by default")
         counts.reset()
-        same(expected, run_step(model, counts, new_step(model), 0))
+        same(expected, run_step(model, new_step(model), 0))
         assert counts.computed == COMPRESSED
-    finally:
-        plugin_module.unregister()
 
 
 def test_the_cache_alone_serves_nothing(
     counts: Counts, vllm_mod: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Only with the layer patch, which counts the runs, does the cache serve."""
-    from conftest import import_patched_modules
-
-    from stepcache.integrations import vllm as plugin_module
-
-    model = FlashMLAModel(counts.backend)
-    expected = run_step(model, counts, new_step(model), 0)
-    import_patched_modules()
-    monkeypatch.setenv(plugin_module.ENV, "1")
-    monkeypatch.setenv(plugin_module.ADD_ENV, counts.backend.name)
-    plugin_module.register()
-    try:
-        status = plugin_module.status()
+    model = FlashMLAModel(counts)
+    expected = run_step(model, new_step(model), 0)
+    with registered_with(monkeypatch, counts.backend.name) as status:
         assert status[counts.backend.name] == "applied"
         assert status[counts.backend.layer_name].startswith("skipped: off by default")
         counts.reset()
-        same(expected, run_step(model, counts, new_step(model), 0))
+        same(expected, run_step(model, new_step(model), 0))
         assert counts.computed == COMPRESSED
-    finally:
-        plugin_module.unregister()
 
 
-def test_off_by_default(
-    counts: Counts, vllm_mod: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from conftest import import_patched_modules
-
-    from stepcache.integrations import vllm as plugin_module
-
-    import_patched_modules()
-    monkeypatch.setenv(plugin_module.ENV, "1")
-    monkeypatch.delenv(plugin_module.ADD_ENV, raising=False)
-    plugin_module.register()
-    try:
-        for name in (counts.backend.name, counts.backend.layer_name):
-            assert plugin_module.status()[name] == (
-                f"skipped: off by default ({plugin_module.ADD_ENV}={name} applies it)"
-            )
-    finally:
-        plugin_module.unregister()
+# test_off_by_default: test_vllm_topk.py's, parametrized over every backend

@@ -14,24 +14,34 @@ counter."""
 from __future__ import annotations
 
 import dataclasses
-import types
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from test_vllm_topk import (
-    INDEX_SOURCES,
-    KV_SOURCES,
+from v41_model import (
+    COMPRESSED,
+    DISTINCT,
     LAYERS,
-    RATIOS,
-    REQS,
     TOKENS,
     TOPK,
+    Harness,
     Launches,
+    calls_around_a_draft,
+    calls_in_one_step,
+    calls_with_caching_off,
+    calls_with_kept_metadata,
+    debug_report,
+    flashmla_metadata,
     i32,
     index,
+    kv_caches,
+    new_layers,
+    parity_counters,
+    registered_with,
     same,
+    stale_pair,
+    swa_metadata,
 )
 
 import stepcache
@@ -39,10 +49,7 @@ from stepcache.integrations.vllm.dsv4 import MIXED_SPARSE_NAME, SPARSE_INDEX_V41
 
 pytestmark = pytest.mark.vllm
 
-COMPRESSED = sum(r > 0 for r in RATIOS)  # 12 compressed layers build each step
 SWA_ONLY_BUILDS = 1  # vLLM's own dict: one SWA-only build per step
-#: (index source run, KV source) among the compressed layers: the distinct pairs
-DISTINCT = 4
 WINDOW = 4
 
 
@@ -133,85 +140,25 @@ class Model:
         from vllm.models.deepseek_v41.nvidia import flashinfer_sparse
 
         self.buffer = torch.full((TOKENS, TOPK), -1, dtype=torch.int32)
-        self.kv_caches = {
-            s: torch.zeros((8, 16, 16), dtype=torch.uint8)
-            for r in KV_SOURCES.values()
-            for s in r
-        }
-        self.layers: list[Any] = []
-        for i, ratio in enumerate(RATIOS):
-            layer = object.__new__(flashinfer_sparse.DeepseekV4FlashInferMLAAttention)
-            layer.layer_id = i
-            layer.compress_ratio = ratio
+        self.kv_caches = kv_caches()
+        cls = flashinfer_sparse.DeepseekV4FlashInferMLAAttention
+        self.layers = new_layers(cls, self.buffer)
+        for layer in self.layers:
             layer.window_size = WINDOW
-            layer.topk_indices_buffer = self.buffer
-            # the real layer has an indexer object on index sources, None elsewhere
-            layer.indexer = object() if i in INDEX_SOURCES else None
-            layer.swa_cache_layer = types.SimpleNamespace(
-                prefix=f"layers.{i}.swa",
-                kv_cache=torch.zeros((4, 32, 16), dtype=torch.uint8),
-            )
-            layer.kv_cache_torch_dtype = torch.bfloat16
-            layer.scale = 1.0
-            layer.attn_sink = None
-            source = max((s for s in KV_SOURCES.get(ratio, ()) if s <= i), default=None)
+            source = layer.kv_source
             layer.compressed_cache_prefix = None if source is None else f"kv.{source}"
             if source is not None:
                 layer._compressed_kv_cache = lambda s=source: self.kv_caches[s]
-            self.layers.append(layer)
 
     def metadata(self, swa: Any) -> dict[str, Any]:
         """A step's metadata by prefix: one SWA metadata object for every layer (one
         SWA group), each KV source's own block table."""
-        from vllm.models.deepseek_v41.sparse_mla import DeepseekV4FlashMLAMetadata
-
         found: dict[str, Any] = {
             layer.swa_cache_layer.prefix: swa for layer in self.layers
         }
         for s in self.kv_caches:
-            found[f"kv.{s}"] = DeepseekV4FlashMLAMetadata(
-                num_reqs=REQS,
-                max_query_len=2,
-                max_seq_len=40,
-                num_actual_tokens=TOKENS,
-                query_start_loc=i32([0, 2, 4, 6]),
-                slot_mapping=torch.arange(TOKENS),
-                block_table=i32(
-                    [[s * 100 + r * 10 + b for b in range(6)] for r in range(REQS)]
-                ),
-                req_id_per_token=i32([0, 0, 1, 1, 2, 2]),
-                block_size=16,
-                topk_tokens=TOPK,
-            )
+            found[f"kv.{s}"] = flashmla_metadata(s)
         return found
-
-
-def swa_metadata() -> Any:
-    """A decode step's SWA metadata (vLLM's class): three requests of two tokens each
-    (a speculative decode), the last token padding."""
-    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadata
-
-    return DeepseekSparseSWAMetadata(
-        block_table=i32([[0, 1], [2, 3], [4, 5]]),
-        slot_mapping=torch.tensor([0, 1, 2, 3, 4, -1]),
-        block_size=32,
-        seq_lens=i32([30, 35, 40]),
-        query_start_loc=i32([0, 2, 4, 6]),
-        query_start_loc_cpu=i32([0, 2, 4, 6]),
-        token_to_req_indices=i32([0, 0, 1, 1, 2, 2]),
-        decode_swa_indices=i32(
-            [[t, t + 1, t + 2, -1] for t in range(TOKENS)]
-        ).flatten(),
-        decode_swa_lens=i32([3] * TOKENS),
-        decode_swa_width=WINDOW,
-        is_valid_token=torch.tensor([True] * 5 + [False]),
-        replay_start=i32([0, 0, 0]),
-        num_decodes=REQS,
-        num_prefills=0,
-        num_decode_tokens=TOKENS,
-        num_prefill_tokens=0,
-        max_decode_query_len=2,
-    )
 
 
 @dataclasses.dataclass
@@ -221,7 +168,16 @@ class Step:
 
 
 def new_step(model: Model) -> Step:
-    swa = swa_metadata()
+    """A decode step (v41_model.swa_metadata), a window of three SWA indices."""
+    swa = swa_metadata(
+        decode_swa_indices=i32(
+            [[t, t + 1, t + 2, -1] for t in range(TOKENS)]
+        ).flatten(),
+        decode_swa_lens=i32([3] * TOKENS),
+        decode_swa_width=WINDOW,
+        replay_start=i32([0, 0, 0]),
+        max_decode_query_len=2,
+    )
     return Step(swa, model.metadata(swa))
 
 
@@ -246,8 +202,9 @@ def run_step(
     return outputs
 
 
-def steps(model: Model, seeds: range) -> list[list[torch.Tensor]]:
-    return [run_step(model, new_step(model), seed) for seed in seeds]
+@pytest.fixture
+def h(counts: Counts) -> Harness:
+    return Harness(Model, new_step, run_step, lambda: counts.builds, counts.reset)
 
 
 # -- computations and launches per step, values -----------------------------------------
@@ -258,22 +215,17 @@ def test_stock_builds_in_every_compressed_layer(counts: Counts, stock: None) -> 
 
 
 def test_the_plugin_builds_each_distinct_pair_once_with_the_same_values(
-    counts: Counts, register_plugin: Any
+    counts: Counts, h: Harness, register_plugin: Any
 ) -> None:
     assert counts.decode is not None
     model = Model()
-    expected = steps(model, range(3))  # stock: the plugin is not registered yet
+    expected = h.steps(model, range(3))  # stock: the plugin is not registered yet
     stock_seen = list(counts.decode.seen)
     plugin = register_plugin()
     assert plugin.status()[MIXED_SPARSE_NAME] == "applied"
     counts.reset()
     stepcache.reset_stats()
-    per_step = []
-    got = []
-    for seed in range(3):
-        before = counts.now()
-        got.append(run_step(model, new_step(model), seed))
-        per_step.append(tuple(b - a for a, b in zip(before, counts.now(), strict=True)))
+    got, per_step = h.per_step(model, counts.now, range(3))
     # per step: 4 + 1 builds and kernel launches where stock has 12 + 1; the same 16
     # attention launches
     assert per_step == [(DISTINCT + SWA_ONLY_BUILDS,) * 2 + (LAYERS,)] * 3
@@ -285,86 +237,49 @@ def test_the_plugin_builds_each_distinct_pair_once_with_the_same_values(
 
 
 def test_parity_mode_compares_every_build_with_stock(
-    counts: Counts, register_plugin: Any
+    h: Harness, register_plugin: Any
 ) -> None:
-    model = Model()
-    expected = steps(model, range(2))
-    plugin = register_plugin("verify")
-    plugin.reset_counters()
-    same(expected, steps(model, range(2)))
-    assert plugin.counters()[SPARSE_INDEX_V41_NAME] == {"verified": 2 * LAYERS}
+    counters = parity_counters(h, register_plugin)
+    assert counters[SPARSE_INDEX_V41_NAME] == {"verified": 2 * LAYERS}
 
 
-def test_parity_mode_would_catch_a_stale_pair(
-    counts: Counts, register_plugin: Any
-) -> None:
+def test_parity_mode_would_catch_a_stale_pair(h: Harness, register_plugin: Any) -> None:
     """An indexer run no patched layer announced makes a hit stale: parity mode says
     so, naming the sparse-index patch that served it."""
-    model = Model()
-    register_plugin("verify")
-    step = new_step(model)
-    run_step(model, step, 0, layers=range(1, 2))
-    index(model.buffer, 1, 5)  # a rewrite no patched layer announced
+    stale = stale_pair(h, register_plugin)
     with pytest.raises(stepcache.StaleCacheError, match=SPARSE_INDEX_V41_NAME):
-        run_step(model, step, 0, layers=range(3, 4), indexers=False)
+        stale()
 
 
 @pytest.mark.parametrize("mode", ["checks", "verify"])
-def test_debug_modes_find_nothing(
-    counts: Counts, register_plugin: Any, mode: str
-) -> None:
-    model = Model()
-    expected = steps(model, range(2))
-    register_plugin()
-    stepcache.clear_debug_report()
-    with stepcache.debug(mode):
-        got = steps(model, range(2))
-    same(expected, got)
-    assert list(stepcache.debug_report()) == []
+def test_debug_modes_find_nothing(h: Harness, register_plugin: Any, mode: str) -> None:
+    assert debug_report(h, register_plugin, mode) == []
 
 
-def test_with_caching_off_every_layer_builds(
-    counts: Counts, register_plugin: Any
-) -> None:
-    model = Model()
-    expected = steps(model, range(1))
-    register_plugin()
-    counts.reset()
-    with stepcache.disabled():
-        same(expected, steps(model, range(1)))
-    assert counts.builds == LAYERS  # the SWA-only pairs are a stepcache cache too
+def test_with_caching_off_every_layer_builds(h: Harness, register_plugin: Any) -> None:
+    # the SWA-only pairs are a stepcache cache too
+    assert calls_with_caching_off(h, register_plugin) == LAYERS
 
 
 # -- invalidation: runs, not layer order; vLLM's clear() ---------------------------------
 def test_each_index_source_run_invalidates_even_a_swa_only_one(
-    counts: Counts, register_plugin: Any
+    h: Harness, register_plugin: Any
 ) -> None:
     """Layers 9-15 read source 8's indices (SWA-only: it builds no compressed pair),
     with the same KV sources and block tables as layers 1-7 for ratio 1: only the run
     tells them apart."""
-    model = Model()
-    step = new_step(model)
-    expected = run_step(model, step, 0)
-    register_plugin()
-    counts.reset()
-    same(expected, run_step(model, new_step(model), 0))
-    assert counts.builds == DISTINCT + SWA_ONLY_BUILDS
+    assert calls_in_one_step(h, register_plugin) == DISTINCT + SWA_ONLY_BUILDS
 
 
 def test_the_same_metadata_in_the_next_run_rebuilds(
-    counts: Counts, register_plugin: Any
+    h: Harness, register_plugin: Any
 ) -> None:
     """A metadata object kept across steps (no new object, no clear()): the sources'
     new runs, unseen by version counters, still rebuild."""
-    model = Model()
-    step = new_step(model)
-    expected = [run_step(model, step, seed) for seed in range(3)]
-    register_plugin()
-    counts.reset()
-    step = new_step(model)
-    got = [run_step(model, step, seed) for seed in range(3)]
-    same(expected, got)
-    assert counts.builds == 3 * DISTINCT + SWA_ONLY_BUILDS  # SWA-only: vLLM's dict
+    # SWA-only: vLLM's dict
+    assert calls_with_kept_metadata(h, register_plugin) == (
+        3 * DISTINCT + SWA_ONLY_BUILDS
+    )
 
 
 def test_layers_in_another_order_get_their_own_runs_pairs(
@@ -385,34 +300,17 @@ def test_layers_in_another_order_get_their_own_runs_pairs(
 
 
 def test_a_draft_step_with_vllms_clear_rebuilds(
-    counts: Counts, register_plugin: Any
+    h: Harness, register_plugin: Any
 ) -> None:
     """vLLM's draft step rewrites the SWA metadata in place (unseen here, through
     numpy), then calls ``flashinfer_sparse_index_cache.clear()``; no indexer runs."""
-    model = Model()
-    tail = range(9, LAYERS)
-
-    def draft(step: Step) -> None:
-        step.swa.token_to_req_indices.numpy()[:] = [0, 1, 1, 2, 2, 2]
-        step.swa.is_valid_token.numpy()[:] = [True] * 4 + [False] * 2
-        step.swa.flashinfer_sparse_index_cache.clear()
-
-    stock_step = new_step(model)
-    expected = [run_step(model, stock_step, 0)]
-    draft(stock_step)
-    expected.append(run_step(model, stock_step, 0, tail, indexers=False))
-    register_plugin()
-    counts.reset()
-    step = new_step(model)
-    got = [run_step(model, step, 0)]
-    assert counts.builds == DISTINCT + SWA_ONLY_BUILDS
-    draft(step)
-    got.append(run_step(model, step, 0, tail, indexers=False))
-    same(expected, got)
-    # layers 9-15: two KV sources, and the SWA-only layer 12 (vLLM's dict)
-    assert counts.builds == DISTINCT + SWA_ONLY_BUILDS + 2 + 1
-    run_step(model, step, 0, tail, indexers=False)  # nothing changed since
-    assert counts.builds == DISTINCT + SWA_ONLY_BUILDS + 3
+    # layers 9-15: two KV sources, and the SWA-only layer 12 (vLLM's dict); nothing
+    # changed before their second run
+    assert calls_around_a_draft(h, register_plugin) == (
+        DISTINCT + SWA_ONLY_BUILDS,
+        DISTINCT + SWA_ONLY_BUILDS + 2 + 1,
+        DISTINCT + SWA_ONLY_BUILDS + 3,
+    )
 
 
 def test_builds_outside_a_patched_forward_are_vllms(
@@ -442,18 +340,11 @@ def test_builds_outside_a_patched_forward_are_vllms(
 def test_off_by_default(
     counts: Counts, vllm_mod: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from conftest import import_patched_modules
-
     from stepcache.integrations import vllm as plugin_module
 
     model = Model()
     expected = run_step(model, new_step(model), 0)
-    import_patched_modules()
-    monkeypatch.setenv(plugin_module.ENV, "1")
-    monkeypatch.delenv(plugin_module.ADD_ENV, raising=False)
-    plugin_module.register()
-    try:
-        status = plugin_module.status()
+    with registered_with(monkeypatch, None) as status:
         assert status[MIXED_SPARSE_NAME] == (
             f"skipped: off by default ({plugin_module.ADD_ENV}={MIXED_SPARSE_NAME} "
             "applies it)"
@@ -462,5 +353,3 @@ def test_off_by_default(
         counts.reset()
         same(expected, run_step(model, new_step(model), 0))
         assert counts.builds == COMPRESSED + SWA_ONLY_BUILDS
-    finally:
-        plugin_module.unregister()
