@@ -140,16 +140,11 @@ class StepCache:
         """Per-function entries, bytes, misses and invalidations in this store (hits and
         bypasses skip the store: [`stats()`][stepcache.stats] counts them)."""
         sizes, counts, rows = measure((self,)), getattr(self, "_counts", None) or {}, []
-        live: dict[
-            int, int
-        ] = {}  # each live entry is one miss here (`measure` counts shared ones once)
-        for fid, _ in self.entries():
-            live[fid] = live.get(fid, 0) + 1
         for f in {**counts, **sizes}:
-            invalidations, misses = divmod(
-                counts.get(f, 0) + live.get(f, 0), INVALIDATION
-            )
-            rows.append((f, (*sizes.get(f, (0, 0)), misses, invalidations)))
+            entries, size = sizes.get(f, (0, 0))
+            # each live entry is one miss here, besides those `_counts` keeps
+            invalidations, misses = divmod(counts.get(f, 0) + entries, INVALIDATION)
+            rows.append((f, (entries, size, misses, invalidations)))
         names = ("entries", "bytes", "misses", "invalidations")
         return {n: dict(zip(names, c, strict=True)) for n, c in by_name(rows).items()}
 
@@ -209,9 +204,8 @@ class StepCache:
         """Store ``entry`` (``key``: `NO_KEY` for an unkeyed function) in place of
         ``stale``, the entry found that no longer served (or ``None``), and count its
         miss (a live entry counts as one); return whether it was an invalidation
-        (``stale`` was its owner's). No
-        lock: each write is one dict operation, and a store closed meanwhile is
-        emptied again."""
+        (``stale`` was its owner's). No lock: each write is one dict operation, and a
+        store closed meanwhile is emptied again."""
         if key is NO_KEY:
             self.table[fid] = entry
         else:

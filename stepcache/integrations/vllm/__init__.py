@@ -92,7 +92,6 @@ from .global_topk import (
     find_flashmla_layer,
     find_mega_global_topk,
     find_mega_layer,
-    stock_global_topk,
 )
 from .mamba import (
     CHUNKS_NAME,
@@ -261,7 +260,7 @@ PATCHES: tuple[Patch, ...] = (
         GLOBAL_TOPK_NAME,
         _V41_FLASHINFER,
         find_decode_global_topk,
-        Verify(stock=stock_global_topk),
+        Verify(),
         opt_in=True,
     ),
     # the same per run for FlashMLA's layers and for its Mega-attention subclass's,

@@ -65,7 +65,6 @@ __all__ = [
     "MIXED_SPARSE_NAME",
     "SPARSE_INDEX_NAME",
     "SPARSE_INDEX_V41_NAME",
-    "OwnedIndexCache",
     "TokenedIndexCache",
     "find_c128_boundary",
     "find_mixed_sparse_layer",
@@ -74,6 +73,7 @@ __all__ = [
     "get_c128_boundary",
     "index_runs",
     "owned_index_cache",
+    "per_run_cache",
     "stock_c128_boundary",
     "stock_sparse_index",
     "stock_sparse_index_v41",
@@ -98,14 +98,16 @@ Result = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 _tokens = itertools.count()
 
 
-class OwnedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
-    """vLLM's per-step sparse-index dict, bound to the metadata object it serves.
+class TokenedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
+    """vLLM's per-step sparse-index dict, bound to the metadata object it serves, with
+    a ``token`` that a new dict or ``clear()`` renews: what the cached pairs depend on
+    (:func:`_cached_pair`).
 
     A plain ``dict`` to vLLM's code, which reads it with ``get``, fills it with
     ``[key] = pair`` and empties it with ``clear()``.
     """
 
-    __slots__ = ("_owner",)
+    __slots__ = ("_owner", "token")
 
     def __init__(self, owner: object) -> None:
         super().__init__()
@@ -113,21 +115,11 @@ class OwnedIndexCache(dict[str, tuple[torch.Tensor, torch.Tensor]]):
             self._owner: Callable[[], object] = weakref.ref(owner)
         except TypeError:  # an owner without weak references: keep it alive
             self._owner = lambda: owner
+        self.token = next(_tokens)
 
     def owner(self) -> object:
         """The metadata object the dict belongs to (``None`` once it is gone)."""
         return self._owner()
-
-
-class TokenedIndexCache(OwnedIndexCache):
-    """The same dict with a ``token`` that a new dict or ``clear()`` renews: what the
-    cached pairs depend on (:func:`_cached_pair`). The plugin installs this one."""
-
-    __slots__ = ("token",)
-
-    def __init__(self, owner: object) -> None:
-        super().__init__(owner)
-        self.token = next(_tokens)
 
     def clear(self) -> None:
         dict.clear(self)  # not super(): a draft step's call, kept cheap
@@ -242,34 +234,50 @@ _MIXED_READS = (
 )
 
 
-@stepcache.step_cached(
-    key="layout",
-    owner="swa_metadata",
-    # the run: no indexer has rewritten the buffer since (a kernel's write, which no
-    # version counter shows); the token: vLLM has not cleared the step's dict; the
-    # buffer and the KV source's block table, as objects; the SWA metadata it reads
-    depends_on=("run", "token", "buffer", "table", *_MIXED_READS),
-    # the layer and its caches: the layers of one key build the same pair (their
-    # caches enter only through their strides, in the key)
-    ignore=("method", "layer", "args", "built"),
-    expect=PAIR_SPEC,
-    name=MIXED_SPARSE_NAME,
-)
-def _mixed_pair(
-    swa_metadata: Any,
-    layout: tuple[object, ...],
-    run: int,
-    token: int,
-    buffer: torch.Tensor,
-    table: torch.Tensor,
-    method: Any,
-    layer: Any,
-    args: tuple[Any, ...],
-    built: list[Any],
+def per_run_cache(
+    name: str, reads: tuple[str, ...] = (), expect: Any = None
+) -> Callable[..., Any]:
+    """The cache (stats row ``name``) of a value computed from the shared
+    ``topk_indices_buffer``: ``cached(swa_metadata, layout, run, token, buffer, table,
+    compute, args)`` returns ``compute(*args)``, kept on the step's SWA metadata per
+    ``layout`` (the key: what else the computation reads) while the run is the same
+    (no indexer has rewritten the buffer since: a kernel's write, which no version
+    counter shows), the dict token too (vLLM has not cleared the step's dict: a draft
+    step's rewrite), the buffer and the KV source's block table are the same objects,
+    and so are the SWA metadata's fields ``reads``."""
+
+    @stepcache.step_cached(
+        key="layout",
+        owner="swa_metadata",
+        depends_on=("run", "token", "buffer", "table", *reads),
+        ignore=("compute", "args"),
+        expect=expect,
+        name=name,
+    )
+    def cached(
+        swa_metadata: Any,
+        layout: tuple[object, ...],
+        run: int,
+        token: int,
+        buffer: torch.Tensor,
+        table: torch.Tensor,
+        compute: Callable[..., Any],
+        args: tuple[Any, ...],
+    ) -> Any:
+        return compute(*args)
+
+    return cached
+
+
+_mixed_pair = per_run_cache(MIXED_SPARSE_NAME, _MIXED_READS, PAIR_SPEC)
+
+
+def _built_pair(
+    method: Any, layer: Any, args: tuple[Any, ...], built: list[Any]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A V4.1 compressed layer's ``(sparse_indices, sparse_topk_lens)`` for the run,
-    the dict token and the layout given, built by vLLM's ``method`` (its whole result
-    goes to ``built``)."""
+    """A compressed layer's ``(sparse_indices, sparse_topk_lens)``, built by vLLM's
+    ``method`` (its whole result goes to ``built``). The layers of one key build the
+    same pair: their caches enter only through their strides, in the key."""
     result = built[0] = method(layer, *args)
     return result[2], result[3]
 
@@ -319,10 +327,8 @@ def _mixed_sparse_index(
         token,
         buffer,
         table,
-        stock,
-        layer,
-        args,
-        built,
+        _built_pair,
+        (stock, layer, args, built),
     )
     if built[0] is not None:  # computed in this call: vLLM's whole result
         return built[0]  # type: ignore[no-any-return]

@@ -64,7 +64,6 @@ from typing import Any, Final
 
 import torch
 
-import stepcache
 from stepcache.kit import place
 
 from ..patching import (
@@ -75,7 +74,7 @@ from ..patching import (
     expect_dataclass_fields,
     expect_function,
 )
-from .dsv4 import OwnedIndexCache, TokenedIndexCache, index_runs
+from .dsv4 import index_runs, owned_index_cache, per_run_cache
 
 __all__ = [
     "BACKENDS",
@@ -93,7 +92,6 @@ __all__ = [
     "find_mega_global_topk",
     "find_mega_layer",
     "runs",
-    "stock_global_topk",
 ]
 
 GLOBAL_TOPK_NAME: Final = "vllm.dsv41.decode_global_topk"
@@ -161,10 +159,6 @@ MEGA: Final = Backend(
 )
 BACKENDS: Final = (FLASHINFER, FLASHMLA, MEGA)
 
-#: vLLM's functions, kept by the patches that call them
-_original: dict[str, Callable[..., Any]] = {}
-
-
 #: the process's indexer runs, shared with the SM100 backend's patch (a run counted
 #: by any backend's layers invalidates every cache)
 _runs = index_runs
@@ -183,72 +177,13 @@ _decode: contextvars.ContextVar[tuple[str, Any, Any, Any] | None] = (
 )
 
 
-def _token(swa_metadata: Any) -> int:
-    """The token of ``swa_metadata``'s own sparse-index dict, renewed by vLLM's
-    ``clear()``. A dict that is not its own tokened one is replaced; the pairs of one
-    bound to it (the DSv4 patch's) are kept, a plain dict's are not (they may be
-    another object's, carried over by ``dataclasses.replace``)."""
-    cache = getattr(swa_metadata, _FIELD)
-    if cache.__class__ is TokenedIndexCache and cache.owner() is swa_metadata:
-        token: int = cache.token
-        return token
-    fresh = TokenedIndexCache(swa_metadata)
-    if isinstance(cache, OwnedIndexCache) and cache.owner() is swa_metadata:
-        fresh.update(cache)
-    setattr(swa_metadata, _FIELD, fresh)
-    return fresh.token
-
-
-def _rule(name: str) -> Callable[..., Pair]:
-    """The cache of one backend's pairs (its stats row is ``name``): one rule for all
-    backends, a cache each (each serves only its own module's function)."""
-
-    @stepcache.step_cached(
-        key="layout",
-        owner="swa_metadata",
-        # the run: no indexer has rewritten the buffer since; the token: vLLM has not
-        # cleared the step's dict (a draft step's rewrite); the tensors read, as objects
-        depends_on=(
-            "run",
-            "token",
-            "buffer",
-            "table",
-            "token_to_req_indices",
-            "is_valid_token",
-        ),
-        ignore=("compute", "args"),
-        name=name,
+#: one cache per backend (each serves only its own module's function), one rule
+_cached: Final = {
+    backend.name: per_run_cache(
+        backend.name, ("token_to_req_indices", "is_valid_token")
     )
-    def cached_pair(
-        swa_metadata: Any,
-        layout: tuple[object, ...],
-        run: int,
-        token: int,
-        buffer: torch.Tensor,
-        table: torch.Tensor,
-        compute: Callable[..., Pair],
-        args: tuple[Any, ...],
-    ) -> Pair:
-        return compute(*args)
-
-    return cached_pair
-
-
-_cached: Final = {backend.name: _rule(backend.name) for backend in BACKENDS}
-
-
-def stock_global_topk(
-    topk_indices: torch.Tensor,
-    token_to_req_indices: torch.Tensor,
-    block_table: torch.Tensor,
-    block_size: int,
-    is_valid_token: torch.Tensor,
-) -> Pair:
-    """FlashInfer's module's function as the patch found it (verify mode's stock)."""
-    result: Pair = _original[GLOBAL_TOPK_NAME](
-        topk_indices, token_to_req_indices, block_table, block_size, is_valid_token
-    )
-    return result
+    for backend in BACKENDS
+}
 
 
 def _serve(name: str, compute: Callable[..., Pair], args: tuple[Any, ...]) -> Pair:
@@ -274,29 +209,17 @@ def _serve(name: str, compute: Callable[..., Pair], args: tuple[Any, ...]) -> Pa
         block_size,
         place(is_valid_token),
     )
-    return _cached[name](
+    pair: Pair = _cached[name](
         swa_metadata,
         layout,
         _runs.n,
-        _token(swa_metadata),
+        owned_index_cache(swa_metadata).token,
         buffer,
         table,
         compute,
         args,
     )
-
-
-def global_topk(
-    topk_indices: torch.Tensor,
-    token_to_req_indices: torch.Tensor,
-    block_table: torch.Tensor,
-    block_size: int,
-    is_valid_token: torch.Tensor,
-) -> Pair:
-    """FlashInfer's module's ``compute_global_topk_indices_and_lens``, cached per run
-    and step when called by a patched layer's decode (see the module's docstring)."""
-    args = (topk_indices, token_to_req_indices, block_table, block_size, is_valid_token)
-    return _serve(GLOBAL_TOPK_NAME, stock_global_topk, args)
+    return pair
 
 
 def _stand_in(name: str, original: Callable[..., Pair]) -> Callable[..., Pair]:
@@ -332,11 +255,7 @@ def _find_function(backend: Backend, module: ModuleType) -> Target:
     )
     original = expect_function(module, _FUNCTION, params)
     _layer_class(backend, module)  # the caller it serves must be there too
-    _original[backend.name] = original
-    stand_in = (
-        global_topk if backend is FLASHINFER else _stand_in(backend.name, original)
-    )
-    return Target(module, _FUNCTION, original, stand_in)
+    return Target(module, _FUNCTION, original, _stand_in(backend.name, original))
 
 
 def _layer_class(backend: Backend, module: ModuleType) -> type:
@@ -367,7 +286,6 @@ def _find_layer(backend: Backend, module: ModuleType) -> Target:
         getattr(swa_module, "DeepseekSparseSWAMetadata", None),
         (_FIELD, "token_to_req_indices", "is_valid_token"),
     )
-    _original[backend.layer_name] = original
     wrapper: Callable[..., Any]
     if backend.params == _DECODE_PARAMS:
         wrapper = _decode_wrapper(backend.name, original)
@@ -435,14 +353,14 @@ def _mega_wrapper(name: str, original: Callable[..., Triple]) -> Callable[..., T
 
 
 def find_decode_global_topk(module: ModuleType) -> Target:
-    """The FlashInfer V4.1 module's ``compute_global_topk_indices_and_lens``, replaced
-    by :func:`global_topk`."""
+    """The FlashInfer V4.1 module's ``compute_global_topk_indices_and_lens``, cached
+    per run in the decodes its layer patch names."""
     return _find_function(FLASHINFER, module)
 
 
 def find_decode_layer(module: ModuleType) -> Target:
     """``DeepseekV4FlashInferSM120Attention._forward_decode``, wrapped to count the
-    indexer runs and name the decode for :func:`global_topk`."""
+    indexer runs and name the decode for its module's function."""
     return _find_layer(FLASHINFER, module)
 
 
