@@ -25,13 +25,11 @@ on one's machine); ``STEPCACHE_VLLM_ADD`` names the patches off by default to ap
 (``PLUGIN.opt_in``: :data:`SPLIT_NAME` and :data:`PREFILL_NAME`, whose caches made the
 builds they serve slower than stock vLLM's on both model runners; docs/integrations.md,
 "Measurements"; and :data:`CHUNKS_NAME`, which serves only engines with several Mamba
-groups per build; :data:`GLOBAL_TOPK_LAYER_NAME` and :data:`GLOBAL_TOPK_NAME`,
-DeepSeek V4.1's decode global top-k, which serves only with both named and has not
-been timed on a GPU, and the same pairs for FlashMLA's layers
-(:data:`FLASHMLA_TOPK_LAYER_NAME`, :data:`FLASHMLA_TOPK_NAME`) and its Mega-attention
-ones (:data:`MEGA_TOPK_LAYER_NAME`, :data:`MEGA_TOPK_NAME`); :data:`MIXED_SPARSE_NAME`, the same for the mixed sparse
-indices of the SM100 backend's compressed layers, served by
-:data:`SPARSE_INDEX_V41_NAME`). A name that is no patch,
+groups per build; DeepSeek V4.1's decode global top-k, two patches per backend that
+computes it (:data:`~stepcache.integrations.vllm.global_topk.PATCHES`), which serve
+only with both named and have not been timed on a GPU; :data:`MIXED_SPARSE_NAME`,
+the same for the mixed sparse indices of the SM100 backend's compressed layers,
+served by :data:`SPARSE_INDEX_V41_NAME`). A name that is no patch,
 or one both name, is logged the same way. :func:`register` is
 idempotent, imports nothing of vLLM (each patch waits for its module to be imported by
 vLLM, see :mod:`stepcache.integrations.patching`), checks every target's shape
@@ -79,20 +77,7 @@ from .dsv4 import (
     stock_sparse_index_v41,
 )
 from .gdn import CHUNK_NAME, SPLIT_NAME, find_chunk_metadata, find_split
-from .global_topk import (
-    FLASHMLA_TOPK_LAYER_NAME,
-    FLASHMLA_TOPK_NAME,
-    GLOBAL_TOPK_LAYER_NAME,
-    GLOBAL_TOPK_NAME,
-    MEGA_TOPK_LAYER_NAME,
-    MEGA_TOPK_NAME,
-    find_decode_global_topk,
-    find_decode_layer,
-    find_flashmla_global_topk,
-    find_flashmla_layer,
-    find_mega_global_topk,
-    find_mega_layer,
-)
+from .global_topk import PATCHES as GLOBAL_TOPK_PATCHES
 from .mamba import (
     CHUNKS_NAME,
     PREFILL_NAME,
@@ -160,8 +145,6 @@ _DSV4_COMPRESSOR = "vllm.models.deepseek_v4.compressor"
 _GDN = "vllm.v1.attention.backends.gdn_attn"
 _MAMBA2 = "vllm.v1.attention.backends.mamba2_attn"
 _V41_FLASHINFER = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
-_V41_FLASHMLA = "vllm.models.deepseek_v41.nvidia.flashmla"
-_V41_MEGA = "vllm.models.deepseek_v41.nvidia.flash_mla_mega_attn"
 
 #: Every patch, in the order they are applied. The scopes wait for the modules of the
 #: model runners (:mod:`stepcache.integrations.vllm.scopes`). The
@@ -252,29 +235,9 @@ PATCHES: tuple[Patch, ...] = (
     # off by default as the one above, until a benchmark shows where it pays: it
     # serves only engines with more than one Mamba group per build
     Patch(CHUNKS_NAME, _MAMBA2, find_chunk_metadata_tensors, Verify(), opt_in=True),
-    # DeepSeek V4.1's decode global top-k, once per indexer run: off by default until
-    # a GPU shows that a hit costs less than the kernel launch it saves; the cache
-    # serves only with its layer patch (which counts the runs) applied as well
-    Patch(GLOBAL_TOPK_LAYER_NAME, _V41_FLASHINFER, find_decode_layer, opt_in=True),
-    Patch(
-        GLOBAL_TOPK_NAME,
-        _V41_FLASHINFER,
-        find_decode_global_topk,
-        Verify(),
-        opt_in=True,
-    ),
-    # the same per run for FlashMLA's layers and for its Mega-attention subclass's,
-    # which binds the function in its own module and calls it from its own method
-    Patch(FLASHMLA_TOPK_LAYER_NAME, _V41_FLASHMLA, find_flashmla_layer, opt_in=True),
-    Patch(
-        FLASHMLA_TOPK_NAME,
-        _V41_FLASHMLA,
-        find_flashmla_global_topk,
-        Verify(),
-        opt_in=True,
-    ),
-    Patch(MEGA_TOPK_LAYER_NAME, _V41_MEGA, find_mega_layer, opt_in=True),
-    Patch(MEGA_TOPK_NAME, _V41_MEGA, find_mega_global_topk, Verify(), opt_in=True),
+    # DeepSeek V4.1's decode global top-k, once per indexer run, on each backend that
+    # computes it (FlashInfer SM120, FlashMLA, Mega-attention): two opt-in patches each
+    *GLOBAL_TOPK_PATCHES,
     # the SM100 backend's compressed layers' mixed sparse indices, once per indexer
     # run: off by default for the same reason; the sparse-index patch above serves
     # them (and parity mode compares them with stock there)

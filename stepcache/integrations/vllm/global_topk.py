@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -69,8 +70,10 @@ from stepcache.kit import place
 from ..patching import (
     MARK,
     REQUIRED,
+    Patch,
     SkipPatch,
     Target,
+    Verify,
     expect_dataclass_fields,
     expect_function,
 )
@@ -84,13 +87,8 @@ __all__ = [
     "GLOBAL_TOPK_NAME",
     "MEGA_TOPK_LAYER_NAME",
     "MEGA_TOPK_NAME",
+    "PATCHES",
     "Backend",
-    "find_decode_global_topk",
-    "find_decode_layer",
-    "find_flashmla_global_topk",
-    "find_flashmla_layer",
-    "find_mega_global_topk",
-    "find_mega_layer",
     "runs",
 ]
 
@@ -130,6 +128,7 @@ class Backend:
 
     name: str
     layer_name: str
+    module: str
     cls: str
     method: str
     params: tuple[str, ...]
@@ -138,6 +137,7 @@ class Backend:
 FLASHINFER: Final = Backend(
     GLOBAL_TOPK_NAME,
     GLOBAL_TOPK_LAYER_NAME,
+    "vllm.models.deepseek_v41.nvidia.flashinfer_sparse",
     "DeepseekV4FlashInferSM120Attention",
     "_forward_decode",
     _DECODE_PARAMS,
@@ -145,6 +145,7 @@ FLASHINFER: Final = Backend(
 FLASHMLA: Final = Backend(
     FLASHMLA_TOPK_NAME,
     FLASHMLA_TOPK_LAYER_NAME,
+    "vllm.models.deepseek_v41.nvidia.flashmla",
     "DeepseekV4FlashMLAAttention",
     "_forward_decode",
     _DECODE_PARAMS,
@@ -153,6 +154,7 @@ FLASHMLA: Final = Backend(
 MEGA: Final = Backend(
     MEGA_TOPK_NAME,
     MEGA_TOPK_LAYER_NAME,
+    "vllm.models.deepseek_v41.nvidia.flash_mla_mega_attn",
     "DeepseekV4MegaAttnAttention",
     "_decode_compressed_kv_and_topk",
     _MEGA_PARAMS,
@@ -352,34 +354,20 @@ def _mega_wrapper(name: str, original: Callable[..., Triple]) -> Callable[..., T
     return _decode_compressed_kv_and_topk
 
 
-def find_decode_global_topk(module: ModuleType) -> Target:
-    """The FlashInfer V4.1 module's ``compute_global_topk_indices_and_lens``, cached
-    per run in the decodes its layer patch names."""
-    return _find_function(FLASHINFER, module)
-
-
-def find_decode_layer(module: ModuleType) -> Target:
-    """``DeepseekV4FlashInferSM120Attention._forward_decode``, wrapped to count the
-    indexer runs and name the decode for its module's function."""
-    return _find_layer(FLASHINFER, module)
-
-
-def find_flashmla_global_topk(module: ModuleType) -> Target:
-    """The FlashMLA V4.1 module's ``compute_global_topk_indices_and_lens``."""
-    return _find_function(FLASHMLA, module)
-
-
-def find_flashmla_layer(module: ModuleType) -> Target:
-    """``DeepseekV4FlashMLAAttention._forward_decode``, wrapped as FlashInfer's."""
-    return _find_layer(FLASHMLA, module)
-
-
-def find_mega_global_topk(module: ModuleType) -> Target:
-    """The Mega-attention V4.1 module's ``compute_global_topk_indices_and_lens``."""
-    return _find_function(MEGA, module)
-
-
-def find_mega_layer(module: ModuleType) -> Target:
-    """``DeepseekV4MegaAttnAttention._decode_compressed_kv_and_topk``, wrapped to
-    count the indexer runs and name its call."""
-    return _find_layer(MEGA, module)
+#: Two patches per backend, both off by default (no GPU has timed a hit against the
+#: kernel launch it saves): its layer method, which counts the runs and names the
+#: call, and its module's function, cached only with the first applied as well
+PATCHES: Final = tuple(
+    patch
+    for b in BACKENDS
+    for patch in (
+        Patch(b.layer_name, b.module, functools.partial(_find_layer, b), opt_in=True),
+        Patch(
+            b.name,
+            b.module,
+            functools.partial(_find_function, b),
+            Verify(),
+            opt_in=True,
+        ),
+    )
+)
