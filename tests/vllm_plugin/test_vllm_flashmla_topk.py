@@ -26,6 +26,7 @@ from v41_model import (
     TOKENS,
     Harness,
     Launches,
+    called_outside_a_decode,
     calls_around_a_draft,
     calls_with_kept_metadata,
     counted_global_topk,
@@ -290,15 +291,7 @@ def test_calls_outside_a_patched_decode_are_vllms(
     module = importlib.import_module(_MODULES[counts.backend.name])
     model = FlashMLAModel(counts)
     step = new_step(model)
-    args = (
-        model.buffer,
-        step.swa.token_to_req_indices,
-        step.flashmla[1].block_table,
-        16,
-        step.swa.is_valid_token,
-    )
-    first = module.compute_global_topk_indices_and_lens(*args)
-    second = module.compute_global_topk_indices_and_lens(*args)
+    first, second = called_outside_a_decode(module, model.buffer, step)
     assert counts.computed == 2 and first[0] is not second[0]
     same(first, second)
 

@@ -27,6 +27,7 @@ from v41_model import (
     TOPK,
     Harness,
     Launches,
+    called_outside_a_decode,
     calls_around_a_draft,
     calls_in_one_step,
     calls_with_caching_off,
@@ -289,15 +290,7 @@ def test_calls_outside_a_patched_decode_are_vllms(
     register_plugin()
     model = Model()
     step = new_step(model)
-    args = (
-        model.buffer,
-        step.swa.token_to_req_indices,
-        step.flashmla[1].block_table,
-        16,
-        step.swa.is_valid_token,
-    )
-    first = flashinfer_sparse.compute_global_topk_indices_and_lens(*args)
-    second = flashinfer_sparse.compute_global_topk_indices_and_lens(*args)
+    first, second = called_outside_a_decode(flashinfer_sparse, model.buffer, step)
     assert counts.computed == 2 and first[0] is not second[0]
     same(first, second)
 

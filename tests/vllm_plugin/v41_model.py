@@ -312,6 +312,20 @@ def calls_around_a_draft(h: Harness, register_plugin: Any) -> tuple[int, int, in
     return first, second, h.calls()
 
 
+def called_outside_a_decode(module: Any, buffer: torch.Tensor, step: Any) -> Any:
+    """``module``'s global top-k called twice with one step's arguments, outside any
+    patched decode: both results."""
+    args = (
+        buffer,
+        step.swa.token_to_req_indices,
+        step.flashmla[1].block_table,
+        16,
+        step.swa.is_valid_token,
+    )
+    fn = module.compute_global_topk_indices_and_lens
+    return fn(*args), fn(*args)
+
+
 @contextlib.contextmanager
 def registered_with(
     monkeypatch: pytest.MonkeyPatch, add: str | None
