@@ -10,12 +10,13 @@ recording the attributes a function reads patches the owner's class for the call
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 import re
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, cast, overload
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias, cast, overload
 
 import numpy as np
 import torch
@@ -27,15 +28,13 @@ from stepcache._entry import Entry, tensors, walk
 from stepcache._errors import CacheValidationError, StaleCacheError
 from stepcache._guard import guarded
 from stepcache._owners import closed_error, held
-from stepcache._recorder import Recording, data_read
+from stepcache._recorder import Watch, data_read, watch
 from stepcache._scope import Scope, open_here
 from stepcache._spec import normalize_device
 from stepcache._store import StepCache
 from stepcache._switches import STEPCACHE_DEBUG_GUARD, Switches
 
 if TYPE_CHECKING:
-    from typing import TypeAlias
-
     from numpy.typing import NDArray
 
     from stepcache._decorator import Args
@@ -49,7 +48,6 @@ if TYPE_CHECKING:
     #: a dependency as `_record` keeps it: (name, object, view, address, state); the
     #: object is a tensor, a numpy array, a list, dict or set (a tensor where
     #: ``address`` is set)
-    # its object is a tensor wherever its address is not None
     _Dep: TypeAlias = tuple[str, Any, _View | None, int | None, _State]
     #: debug mode's `_tag` of a cached tensor: its version, or an inference tensor's
     #: (tag, contents)
@@ -58,8 +56,7 @@ if TYPE_CHECKING:
     _Versioned: TypeAlias = tuple[torch.Tensor, _Tag, int | None]
 
 _MAX_REPORT = 10_000
-_MISSING = object()
-_NO_VIEWS = (None, None)
+_UNSET = object()  # an owner attribute deleted since it was read
 #: CPU tensors and numpy arrays up to this many elements have their contents compared
 DEEP_CONTENT_LIMIT = 4096
 #: the integer dtype of each size, to read a tensor's bits through numpy
@@ -257,12 +254,11 @@ class _Info:
     refs: tuple[object, ...]  # what `expect`'s references held when it was validated
     #: nothing to check on a hit in checks mode (the slow path serves it at once)
     quiet: bool
-    value: object
     #: what calls through each store hand out (by the store's id: its weak reference
     #: and the value, its tensors guarded)
     handed: dict[int, tuple[weakref.ref[StepCache], object]]
     #: the last of them handed out: the store a step's calls go through
-    last: tuple[weakref.ref[StepCache] | None, object] = _NO_VIEWS
+    last: tuple[weakref.ref[StepCache] | None, object] = (None, None)
 
 
 def _view(x: object) -> _View | None:
@@ -299,13 +295,11 @@ def _record(names: Sequence[str], deps: Args) -> list[_Dep]:
     (a scalar cannot change)."""
     found: dict[int, _Dep] = {}
     for name, x in zip(names, deps, strict=True):
-        mutable = (
-            isinstance(x, (torch.Tensor, np.ndarray)) or fp.snapshot(x) is not None
-        )
-        if mutable and x.__class__ is not tuple and id(x) not in found:
+        if x.__class__ is not tuple and id(x) not in found:
             before = _deep(x, view := _view(x))
             address = before[2] if len(before) == 4 else None
-            found[id(x)] = (name, x, view, address, before)
+            if before != (None,):  # not a scalar, nor an object kept by identity
+                found[id(x)] = (name, x, view, address, before)
     return list(found.values())
 
 
@@ -313,7 +307,7 @@ def _check_deps(kind: str, fn: Cached, key: object, records: Iterable[_Dep]) -> 
     """Raise ``kind`` for the first recorded dependency no longer in its state (at
     its address with its contents: not read further)."""
     for name, x, view, address, before in records:
-        same = address is not None and cast("torch.Tensor", x).data_ptr() == address
+        same = address is not None and x.data_ptr() == address
         if same and (view is None or view.tobytes() == before[3]):
             continue
         if (after := _deep(x, view)) != before:
@@ -369,8 +363,7 @@ def _check_tag(fn: Cached, key: object, t: torch.Tensor, old: Any) -> None:
             change = f"an inference tensor, moved: {old[0]} -> {new[0]}"
         else:
             change = "an inference tensor, its contents written in place"
-        tensor = describe(t)
-        raise detect("buffer-overwritten", fn, key, tensor=tensor, change=change)
+        raise detect("buffer-overwritten", fn, key, tensor=describe(t), change=change)
 
 
 #: what else a difference inside a scope may mean
@@ -381,23 +374,17 @@ _IN_SCOPE = (
 
 
 def _recheck(
-    kind: str,
-    fn: Cached,
-    a: Args,
-    key: object,
-    entry: Entry,
-    fingerprints: dict[str, fp.Print],
-    read: Callable[[str], object],
-) -> None:
+    kind: str, fn: Cached, a: Args, key: object, entry: Entry, inputs: list[Any]
+) -> dict[str, fp.Print]:
     """Where an input nothing declares (an owner attribute the function read, an
-    ignored argument: ``read(name)``) no longer matches its fingerprint, compute
-    again: raise ``kind`` if the value differs, else remember the new input."""
-    changed = [n for n, (o, v) in fingerprints.items() if not fp.match(read(n), o, v)]
-    if not changed:
-        return
-    if diff := _recompute(fn, a, entry):
-        raise detect(kind, fn, key, names=_names(changed), diff=diff)
-    fingerprints.update((n, fp.fingerprint(read(n))) for n in changed)
+    ignored argument: each ``(name, value, fingerprint)`` of ``inputs``) no longer
+    matches its fingerprint, compute again: raise ``kind`` if the value differs; each
+    input's fingerprint, taken again where it changed."""
+    changed = [n for n, x, (o, v) in inputs if not fp.match(x, o, v)]
+    if changed and (diff := _recompute(fn, a, entry)):
+        names = ", ".join(f"'{n}'" for n in changed)
+        raise detect(kind, fn, key, names=names, diff=diff)
+    return {n: fp.fingerprint(x) if n in changed else f for n, x, f in inputs}
 
 
 def _recompute(fn: Cached, a: Args, entry: Entry) -> str | None:
@@ -438,10 +425,6 @@ def _canonical(key: object) -> object:
     return key
 
 
-def _names(names: Iterable[str]) -> str:
-    return ", ".join(f"'{n}'" for n in names)
-
-
 # Debug mode's hooks, called by the slow path (every call takes it in debug mode):
 # each checks what it can see of the call and raises a recorded detection.
 
@@ -450,8 +433,7 @@ def bypassed(fn: Cached, a: Args) -> None:
     """A bypassed call: use-after-close, if its owner's store was closed (as in
     production, a bypass makes no store)."""
     owner = a[fn.owner_index]
-    store = held(owner)
-    if store is not None and store.closed and store.belongs_to(owner):
+    if (store := held(owner)) is not None and store.closed and store.belongs_to(owner):
         raise detect("use-after-close", fn, BYPASS, str(closed_error(owner)))
 
 
@@ -475,10 +457,10 @@ def hit(
         return entry.value
     # the class, not isinstance(): this runs on every debug-mode hit
     store: StepCache = place.store if place.__class__ is Scope else place  # type: ignore[union-attr,assignment]
-    scope = store.scope
-    if scope is not None and scope.open and not open_here(scope):
+    if (scope := store.scope) is not None and scope.open and not open_here(scope):
         raise detect("scope-thread", fn, key)  # another thread's scope
-    swapped = False  # a value's storage swapped behind its version (`.data =`)
+    # validated when stored: again where it may fail now (or stored in production)
+    recheck = info is None
     if info is not None:
         for _, x, view, address, before in info.deps:  # `_check_deps`, inline
             if (address is not None and x.data_ptr() != address) or (
@@ -489,33 +471,23 @@ def hit(
             # guard_result: the hit tested a version counter already
             if tag.__class__ is not int or (not fn.guard and fp.version(t) != tag):
                 _check_tag(fn, key, t, tag)
-            swapped = swapped or (address is not None and t.data_ptr() != address)
+            # its storage swapped behind its version (`.data =`)
+            recheck = recheck or (address is not None and t.data_ptr() != address)
         if info.watched:
             owner = a[fn.owner_index]
-            read = lambda n: getattr(owner, n, _MISSING)  # noqa: E731
-            _recheck("undeclared-input", fn, a, key, entry, info.watched, read)
-    # an ignored argument that is another object (a buffer on another device)
-    if moved is None:
-        ignored = () if info is None else info.ignored
-        moved = not all(fp.match(a[i], o, v) for i, o, v in ignored)
-    # validated when stored: again where it may fail now (a reference or an ignored
-    # argument holds another object, the value's storage was swapped behind its
-    # version: `.data =`)
-    recheck = fn.expect is not None and (
-        info is None
-        or swapped
-        or moved
-        or (
-            info.refs
-            and any(map(operator.is_not, fn.refs_of(a[fn.owner_index]), info.refs))
-        )
-    )
-    if recheck and (wrong := fn.violation(entry.value, a)):
+            now = [(n, getattr(owner, n, _UNSET), f) for n, f in info.watched.items()]
+            info.watched = _recheck("undeclared-input", fn, a, key, entry, now)
+        # an ignored argument that is another object (a buffer on another device)
+        if moved is None:
+            moved = not all(fp.match(a[i], o, v) for i, o, v in info.ignored)
+        if info.refs and not (recheck or moved):  # a reference holds another object
+            refs = fn.refs_of(a[fn.owner_index])
+            recheck = any(map(operator.is_not, refs, info.refs))
+    if (recheck or moved) and (wrong := fn.violation(entry.value, a)):
         raise detect("validation", fn, key, error=wrong)
     if moved and info is not None:
-        prints = {fn.names[j]: (p, q) for j, p, q in info.ignored}
-        read = lambda n: a[fn.index[n]]  # noqa: E731
-        _recheck("ignored-argument", fn, a, key, entry, prints, read)
+        now = [(fn.names[j], a[j], (o, v)) for j, o, v in info.ignored]
+        prints = _recheck("ignored-argument", fn, a, key, entry, now)
         # what it remembered, for the next hit
         info.ignored = tuple((fn.index[n], *f) for n, f in prints.items())
     if Switches.mode == "verify" and (diff := _recompute(fn, a, entry)):
@@ -541,13 +513,13 @@ def compute(
             raise detect("device-alias", fn, key, cached=cached)
     owner, skip = a[fn.owner_index], {*fn.dep_names, "_stepcache"}
     recorded = _record(fn.dep_names, deps)
-    reads = Recording(owner)
+    reads = watch(owner) or Watch(owner, None)
     try:
         value = fn.run(a)
     finally:
         reads.stop()
     if fn.key_fn is not None and fn.dep_names:
-        key_reads = Recording(owner)
+        key_reads = watch(owner) or Watch(owner, None)
         try:
             fn.key_of(a)
         finally:
@@ -562,12 +534,10 @@ def compute(
     refs = fn.refs_of(owner) if fn.expect is not None else ()
     # a hit matches tensors and arrays by identity: they are checked on hits; a list
     # or dict is matched by its contents in every mode
-    arrays = (torch.Tensor, np.ndarray)
-    kept = [record for record in recorded if isinstance(record[1], arrays)]
-    quiet = not (kept or versions or watched or ignored or refs)
-    quiet = quiet and store.scope is None
+    kept = [dep for dep in recorded if isinstance(dep[1], (torch.Tensor, np.ndarray))]
+    quiet = store.scope is None and not (kept or versions or watched or ignored or refs)
     # nothing handed out yet
-    return value, _Info(kept, versions, watched, ignored, refs, quiet, value, {})
+    return value, _Info(kept, versions, watched, ignored, refs, quiet, {})
 
 
 def hand_out(fn: Cached, key: object, entry: Entry, store: StepCache) -> object:
@@ -577,23 +547,17 @@ def hand_out(fn: Cached, key: object, entry: Entry, store: StepCache) -> object:
     info: _Info | None = entry.info
     if info is None or not info.versions or not STEPCACHE_DEBUG_GUARD:
         return entry.value
-    ref_made, made = info.handed.get(id(store), _NO_VIEWS)
-    if ref_made is not None and ref_made() is store:
-        info.last = ref_made, made
-        return made
-    index = {id(t): i for i, (t, _, _) in enumerate(info.versions)}
-    ref = weakref.ref(store)
+    ref, handed = info.handed.get(id(store), (None, None))
+    if ref is None or ref() is not store:  # the first call through this store
+        ref = weakref.ref(store)
+        index = {id(t): i for i, (t, _, _) in enumerate(info.versions)}
 
-    def guard_of(t: torch.Tensor) -> Callable[[torch.Tensor], None]:
-        i = index[id(t)]
-
-        def guard(view: torch.Tensor) -> None:
+        def guard(i: int, view: torch.Tensor) -> None:  # of the tensor at ``i``
             if (held := ref()) is not None and held.closed:
                 raise detect("use-after-close", fn, key)
             _check_tag(fn, key, view, info.versions[i][1])
 
-        return guard
-
-    handed = guarded(info.value, guard_of)
-    info.handed[id(store)] = info.last = (ref, handed)
+        handed = guarded(entry.value, lambda t: functools.partial(guard, index[id(t)]))
+        info.handed[id(store)] = ref, handed
+    info.last = ref, handed
     return handed

@@ -26,7 +26,6 @@ from stepcache._errors import (
 )
 from stepcache._kinds import Print, fingerprint, fingerprints
 from stepcache._owners import held, mark_class
-from stepcache._registry import Counts
 from stepcache._scope import Scope, cache_of, innermost
 from stepcache._spec import Arg, Spec, TensorSpec, check, of_args
 from stepcache._store import NO_KEY, NO_STORE, StepCache
@@ -79,7 +78,7 @@ class CachedFunction:
             )
         self.fn, self.guard, self.expect = fn, guard_result, expect
         self.fid = _registry.new_id()
-        self.counts = Counts()
+        self.counts = _registry.Counts()
         try:
             self.signature = inspect.signature(fn)
         except (TypeError, ValueError) as exc:
@@ -94,11 +93,9 @@ class CachedFunction:
         self.key_fn = key if callable(key) else None
         names: Sequence[str] = () if key is None or callable(key) else key
         names = (names,) if isinstance(names, str) else names
-        self.dep_names = _names(depends_on)
-        self.ignored = _names(ignore)
-        problem = next(self._problems(key, names, plain, only), None)
-        if problem is not None:
-            raise self.error(*problem)
+        self.dep_names, self.ignored = _names(depends_on), _names(ignore)
+        for what, fix in self._problems(key, names, plain, only):
+            raise self.error(what, fix)  # the first problem
         self.owner_index = self.index[self.owner_name]
         self.key_names: tuple[str, ...] = tuple(names)
         specs = (expect,) if isinstance(expect, TensorSpec) else expect or ()
@@ -109,20 +106,17 @@ class CachedFunction:
         self.of_args: Spec | None = of_args(expect) if self.arg_refs else None
         loose = sorted({r.name for r in refs if type(r) is not Arg} - {*self.dep_names})
         #: the owner attributes only `expect` reads (debug mode checks them again)
-        self.refs_of: Callable[[object], tuple[object, ...]] = lambda o: tuple(
+        self.refs_of: Callable[[object], Args] = lambda o: tuple(
             [getattr(o, n, None) for n in loose]
         )
         self.only: dict[str, Container[object]] = dict(only or {})
         self._deps_checked = False
         #: the user's function called with a call's arguments: the one place it runs
-        self.run: Callable[[Args], object] = (
-            (lambda a: fn(*a))
-            if all(p.kind < p.VAR_POSITIONAL for p in self.params)
-            else functools.partial(self._bound_call, fn)
-        )
+        self.run: Callable[[Args], object] = functools.partial(self._bound_call, fn)
+        if all(p.kind < p.VAR_POSITIONAL for p in self.params):
+            self.run = lambda a: fn(*a)  # no binding to do
         self.compiled = Compiled(self)
-        self.wrapper = self.compiled.wrapper
-        functools.update_wrapper(self.wrapper, fn)
+        self.wrapper = functools.update_wrapper(self.compiled.wrapper, fn)
         setattr(self.wrapper, "__stepcache__", self)  # noqa: B010
         with _registry.lock:  # what a switch flipped meanwhile finds it
             _registry.by_id[self.fid] = self
@@ -180,9 +174,7 @@ class CachedFunction:
                 f"owner={self.owner_name!r} is not a parameter {listing}",
                 "name the parameter that holds the step's metadata object",
             )
-        if not isinstance(names, Sequence) or not all(
-            isinstance(k, str) for k in names
-        ):
+        if not (isinstance(names, Sequence) and all(isinstance(k, str) for k in names)):
             yield (
                 f"key must be a callable, a parameter name or a tuple of parameter "
                 f"names (got {key!r})",
@@ -271,9 +263,8 @@ class CachedFunction:
     def _bound_call(self, fn: Callable[..., object], a: Args) -> object:
         """``fn`` called with ``a`` as the decorated signature binds it (``*args``,
         keyword-only parameters, ``**kwargs``)."""
-        bound = inspect.BoundArguments(
-            self.signature, dict(zip(self.names, a, strict=True))
-        )
+        arguments = dict(zip(self.names, a, strict=True))
+        bound = inspect.BoundArguments(self.signature, arguments)
         return fn(*bound.args, **bound.kwargs)
 
     def key_of(self, a: Args) -> object:
@@ -293,10 +284,9 @@ class CachedFunction:
                 return self._bound_call(self.key_fn, a)
             except Exception as exc:
                 raise self.key_error(exc) from exc
-        if not self.key_names:
-            return NO_KEY
-        values = tuple(a[self.index[n]] for n in self.key_names)
-        return values[0] if len(values) == 1 else values
+        if len(self.key_names) == 1:
+            return a[self.index[self.key_names[0]]]
+        return tuple([a[self.index[n]] for n in self.key_names]) or NO_KEY
 
     def deps_of(self, a: Args, owner: object) -> Args:
         """The call's dependencies, in `depends_on` order."""
@@ -333,12 +323,13 @@ class CachedFunction:
         self._check_kind(i, x)
         return fingerprint(x, scoped=store.scope is not None)
 
-    def violation(self, value: object, a: Args) -> str | None:
-        """What ``value`` breaks of ``expect`` (``": result ..."``), or ``None``."""
-        if self.expect is None:
+    def violation(self, value: object, a: Args, spec: Expect = None) -> str | None:
+        """What ``value`` breaks of ``spec`` (default: ``expect``), as ``": result
+        ..."``, or ``None``."""
+        if (spec := spec or self.expect) is None:
             return None
         try:
-            check(self.expect, value, (a, self.index, a[self.owner_index]))
+            check(spec, value, (a, self.index, a[self.owner_index]))
         except CacheValidationError as exc:
             return f": {exc}"
         return None
@@ -354,11 +345,7 @@ class CachedFunction:
         """Whether a cached ``value`` meets what `expect` reads of the caller's
         arguments ``a`` (another buffer: on its device, of its dtype, long enough);
         the rest of it held when the value was stored."""
-        try:
-            check(self.of_args, value, (a, self.index, a[self.owner_index]))  # type: ignore[arg-type]
-        except CacheValidationError:
-            return False
-        return True
+        return self.violation(value, a, self.of_args) is None
 
     # -- the slow path ------------------------------------------------------------------
     def call(self, a: Args, key: object = UNKNOWN) -> object:
@@ -377,19 +364,45 @@ class CachedFunction:
         owner = a[self.owner_index]
         store = self.place_of(owner, key, debugging)
         deps = self.deps_of(a, owner)
-        entry, stale = self.find(store, key, owner, deps)
-        if entry is None:
-            return self.miss(a, key, store, deps, stale)
+        try:
+            found = store.lookup(self.fid, key)
+        except TypeError as exc:  # the lookup hashes every key
+            named = f"parameter {self.key_names[0]!r}" if self.key_names else ""
+            raise self.error(
+                f"the key {key!r} is unhashable ({exc})",
+                f"pass a hashable value for key {named} (a tuple, not a list)"
+                if named
+                else "return a tuple of ints/strings from the key function (e.g. "
+                "tuple(values) instead of a list)",
+            ) from None
+        if found is not None and found.serves(owner, deps):  # a hit
+            if debugging:
+                return _debug.hit(self, a, key, found, store)
+            value = found.value
+            if self.arg_refs and (wrong := self.violation(value, a)) is not None:
+                raise CacheValidationError(
+                    f"{self.where(key)}: on a hit, the cached value does not meet "
+                    f"expect for this call's arguments{wrong}"
+                )
+            self.counts.hits += 1
+            return value
+        # a miss: compute, validate and store the value (in place of `found`, stale)
+        fps = fingerprints(deps, scoped=store.scope is not None)
         if debugging:
-            return _debug.hit(self, a, key, entry, store)
-        value = entry.value
-        if self.arg_refs and (wrong := self.violation(value, a)) is not None:
-            raise CacheValidationError(
-                f"{self.where(key)}: on a hit, the cached value does not meet expect "
-                f"for this call's arguments{wrong}"
-            )
-        self.counts.hits += 1
-        return value
+            value, info = _debug.compute(self, a, key, store, deps)
+        else:
+            value, info = self.run(a), None
+        if self.expect is not None:
+            self.validate(value, a, key)
+        args = tuple([a[self.index[n]] for n in self.arg_refs]) or None
+        try:
+            entry = Entry(value, owner, fps, self.guard, info, args)
+        except OwnerError as exc:
+            raise self.owner_error(exc) from None
+        if store.put(self.fid, key, entry, found):
+            self.counts.invalidations += 1
+        self.counts.misses += 1
+        return _debug.hand_out(self, key, entry, store) if debugging else value
 
     def place_of(self, owner: object, key: object, debugging: bool) -> StepCache:
         """Where a call looks and stores, as the generated code decides: the owner's
@@ -409,50 +422,6 @@ class CachedFunction:
             raise _debug.detect("use-after-close", self, key, str(exc)) from None
         except OwnerError as exc:
             raise self.owner_error(exc) from None
-
-    def find(
-        self, store: StepCache, key: object, owner: object, deps: Args
-    ) -> tuple[Entry | None, Entry | None]:
-        """The entry that serves the call, or ``None`` and the entry found that no
-        longer serves it (``None``: none found)."""
-        try:
-            entry = store.lookup(self.fid, key)
-        except TypeError as exc:  # the lookup hashes every key
-            named = f"parameter {self.key_names[0]!r}" if self.key_names else ""
-            raise self.error(
-                f"the key {key!r} is unhashable ({exc})",
-                f"pass a hashable value for key {named} (a tuple, not a list)"
-                if named
-                else "return a tuple of ints/strings from the key function (e.g. "
-                "tuple(values) instead of a list)",
-            ) from None
-        if entry is None or entry.serves(owner, deps):
-            return entry, None
-        return None, entry
-
-    def miss(
-        self, a: Args, key: object, store: StepCache, deps: Args, stale: Entry | None
-    ) -> object:
-        """Compute, validate and store the call's value: every miss of the slow path
-        (``stale``: the entry found that no longer serves it)."""
-        fps = fingerprints(deps, scoped=store.scope is not None)
-        debugging = Switches.mode != "off"
-        info = None
-        if debugging:
-            value, info = _debug.compute(self, a, key, store, deps)
-        else:
-            value = self.run(a)
-        if self.expect is not None:
-            self.validate(value, a, key)
-        args = tuple([a[self.index[n]] for n in self.arg_refs]) or None
-        try:
-            entry = Entry(value, a[self.owner_index], fps, self.guard, info, args)
-        except OwnerError as exc:
-            raise self.owner_error(exc) from None
-        if store.put(self.fid, key, entry, stale):
-            self.counts.invalidations += 1
-        self.counts.misses += 1
-        return _debug.hand_out(self, key, entry, store) if debugging else value
 
     def bypass(self, a: Args) -> object:
         """A call left out of the cache (a `BYPASS` key, only=, or caching off)."""
@@ -569,9 +538,8 @@ def step_cached(
     """
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        wrapper: Callable[P, R] = CachedFunction(
+        return CachedFunction(
             fn, key, owner, depends_on, expect, name, guard_result, only, ignore
         ).wrapper
-        return wrapper
 
     return decorate

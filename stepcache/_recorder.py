@@ -3,7 +3,7 @@
 profiler.
 
 A watch patches a recording ``__getattribute__`` into the object's class. Every user
-(debug mode's `Recording`, the profiler's ``ReadRecorder``) goes through `watch`, so
+(debug mode, the profiler's ``ReadRecorder``) goes through `watch`, so
 a class has at most one such patch, shared and counted: the class gets its own
 ``__getattribute__`` back when the last watch on it stops, in whatever order its
 users stop (two recorders that each patched and restored for themselves left one
@@ -95,7 +95,7 @@ class Watch:
 
     __slots__ = ("_patch", "names", "obj")
 
-    def __init__(self, obj: object, patch: _Patch) -> None:
+    def __init__(self, obj: object, patch: _Patch | None) -> None:
         #: held, so that no other object takes its ``id`` while it is watched
         self.obj = obj
         self.names: set[str] = set()
@@ -118,7 +118,7 @@ class Watch:
 
 def watch(obj: object) -> Watch | None:
     """Start recording the attributes read on ``obj``; ``None`` when its class cannot
-    be patched (a built-in class)."""
+    be patched (a built-in class: ``Watch(obj, None)`` records nothing)."""
     cls = type(obj)
     with _lock:
         patch = _patched.get(cls) or _patch(cls)
@@ -127,21 +127,6 @@ def watch(obj: object) -> Watch | None:
         w = Watch(obj, patch)
         patch.watchers.setdefault(id(obj), []).append(w.names)
         return w
-
-
-class Recording:
-    """The names of ``owner``'s attributes read from its start to :meth:`stop`: debug
-    mode's use of `watch`."""
-
-    def __init__(self, owner: object) -> None:
-        self._watch = watch(owner)
-        self.names: set[str] = set() if self._watch is None else self._watch.names
-
-    def stop(self) -> set[str]:
-        """Stop recording (again: nothing more); the names read."""
-        if self._watch is not None:
-            self._watch.stop()
-        return self.names
 
 
 def data_read(owner: object, names: set[str], skip: set[str]) -> list[str]:

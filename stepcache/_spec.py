@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, TypeAlias, TypeVar, cast
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias, TypeGuard, TypeVar, cast
 
 import torch
 
 from stepcache._errors import CacheValidationError, StepCacheError
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class _Ref:
     name: str
 
@@ -95,7 +95,7 @@ def normalize_device(device: torch.device | str | int) -> torch.device:
     return torch.device(d.type, _current_index(d.type))
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@dataclass(frozen=True, repr=False)
 class TensorSpec:
     """What a cached tensor must look like: the `expect=` of a step-cached function.
 
@@ -130,9 +130,8 @@ class TensorSpec:
     ndim: int | None = None
     shape: tuple[Dim, ...] | None = None
     min_shape: tuple[Dim, ...] | None = None
-    fixed_device: torch.device | Arg | Attr | None = dataclasses.field(
-        init=False, repr=False, compare=False
-    )
+    # `device` as a torch.device where it is fixed: what `check` and `quick` compare
+    fixed_device: torch.device | Arg | Attr | None = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         # checked here, so a wrong argument fails at decoration with its field named,
@@ -140,11 +139,7 @@ class TensorSpec:
         for name in ("shape", "min_shape"):
             if (dims := getattr(self, name)) is not None:
                 object.__setattr__(self, name, _dims(name, dims))
-        if self.ndim is not None and (
-            self.ndim.__class__ is bool
-            or not isinstance(self.ndim, int)
-            or self.ndim < 0
-        ):
+        if self.ndim is not None and not (_is_int(self.ndim) and self.ndim >= 0):
             raise _bad("ndim", "an int >= 0 or None", self.ndim, "ndim=2")
         object.__setattr__(self, "fixed_device", _fixed_device(self.device))
         if not isinstance(self.dtype, torch.dtype | None | Arg | Attr):
@@ -170,11 +165,7 @@ class TensorSpec:
                 and x.device != want
                 and normalize_device(x.device) != normalize_device(want)
             ):
-                label = _device_label(self.device, scope, want)
-                want = normalize_device(want)
-                text = f"expected {want}{label}, actual {x.device}. Fix: "
-                text += f"compute into a buffer on {want}, or key the cache by device."
-                raise _fail(item, f"device mismatch. {text}")
+                raise _fail(item, _device_text(self.device, scope, want, x.device))
         if self.dtype is not None:
             dtype = _want(self.dtype, scope, "dtype")
             if dtype is not None and x.dtype != dtype:
@@ -189,11 +180,13 @@ class TensorSpec:
             _sizes(x.shape, self.min_shape, "at least ", scope, item)
 
     def __repr__(self) -> str:
-        fields = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
-        items = (
-            f"{k}={v!r}" for k, v in fields if v is not None and k != "fixed_device"
-        )
+        shown = dict(vars(self), fixed_device=None)  # derived from device: not shown
+        items = (f"{k}={v!r}" for k, v in shown.items() if v is not None)
         return f"TensorSpec({', '.join(items)})"
+
+
+def _is_int(x: object) -> TypeGuard[int]:  # bool is an int to isinstance
+    return isinstance(x, int) and x.__class__ is not bool
 
 
 def _label(item: Any, note: str = "") -> str:
@@ -202,28 +195,26 @@ def _label(item: Any, note: str = "") -> str:
     return f" (from {kind} '{item.name}'{note})" if kind else ""
 
 
-def _device_label(item: object, scope: Refs, want: torch.device) -> str:
-    """``item``'s label in a device mismatch; an int it resolved to is named, since
-    torch reads an int as an accelerator's device index. Only on a failure: the
-    reference is read again."""
-    if item.__class__ not in _REFS:
-        return ""
+def _device_text(ref: Any, scope: Refs, want: torch.device, got: torch.device) -> str:
+    """The text of a device mismatch, ``ref`` the spec's device. An int a reference
+    resolved to is named, since torch reads an int as an accelerator's device index.
+    Only on a failure: the reference is read again."""
     args, index, owner = scope
     try:
-        raw = args[index[item.name]] if type(item) is Arg else getattr(owner, item.name)
-    except Exception:
-        return _label(item)
-    if isinstance(raw, int) and raw.__class__ is not bool:
-        type_ = want.type.upper()
-        return _label(item, f", the int {raw} read as a {type_} device index")
-    return _label(item)
+        raw = args[index[ref.name]] if type(ref) is Arg else getattr(owner, ref.name)
+    except Exception:  # a fixed device has no name; a reference may fail this time
+        raw = None
+    want = normalize_device(want)
+    note = f", the int {raw} read as a {want.type.upper()} device index"
+    text = f"expected {want}{_label(ref, note if _is_int(raw) else '')}, actual {got}"
+    fix = f"compute into a buffer on {want}, or key the cache by device."
+    return f"device mismatch. {text}. Fix: {fix}"
 
 
-def _bad(field: str, expected: str, got: object, fix: str) -> StepCacheError:
-    return StepCacheError(
-        f"TensorSpec {field} must be {expected} (got {got!r:.60} that is a "
-        f"{type(got)!r}). Fix: {fix}"
-    )
+def _bad(name: str, want: str, got: object, fix: str) -> StepCacheError:
+    # ``name`` must be ``want``: ``got`` is not
+    shown = f"{got!r:.60} that is a {type(got)!r}"
+    return StepCacheError(f"TensorSpec {name} must be {want} (got {shown}). Fix: {fix}")
 
 
 def _dims(name: str, dims: object) -> tuple[Dim, ...]:
@@ -236,12 +227,11 @@ def _dims(name: str, dims: object) -> tuple[Dim, ...]:
     out = tuple(dims)
     for i, d in enumerate(out):
         if d.__class__ is bool or not isinstance(d, Dim):
+            fix = "an int size, None to skip the dim, or Arg/Attr to read it"
             if isinstance(d, str):
                 fix = (
                     f"Attr({d!r}) for the owner's attribute, Arg({d!r}) for an argument"
                 )
-            else:
-                fix = "an int size, None to skip the dim, or Arg/Attr to read it"
             raise _bad(f"{name}[{i}]", "an int, None, Arg or Attr", d, fix)
         if isinstance(d, int) and d < 0:
             raise _bad(f"{name}[{i}]", "a size >= 0", d, "None skips a dim")
@@ -251,25 +241,22 @@ def _dims(name: str, dims: object) -> tuple[Dim, ...]:
 def _fixed_device(device: object) -> torch.device | Arg | Attr | None:
     """``device`` as a `torch.device` if it is fixed (a reference as it is), or a
     `StepCacheError` that says what is wrong with it."""
-    if device is None or device.__class__ in _REFS:
-        return cast("Arg | Attr | None", device)  # the classes of _REFS
-    if isinstance(device, torch.device):
-        return device
+    if device is None or device.__class__ in _REFS or isinstance(device, torch.device):
+        return cast("torch.device | Arg | Attr | None", device)
     if not isinstance(device, str):
         fix = (
             "a device such as 'cpu', 'cuda:1' or torch.device('cuda'), or Arg('buffer')"
         )
-        if isinstance(device, int) and device.__class__ is not bool:
+        if _is_int(device):
             fix = f"device='cuda:{device}' (an int is not taken as a device here)"
         raise _bad("device", "a str, torch.device, Arg, Attr or None", device, fix)
     try:
         return torch.device(device)
     except (RuntimeError, ValueError) as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise StepCacheError(
-            f"TensorSpec device {device!r} is not a device torch knows ({why}). "
-            "Fix: a device string such as 'cpu', 'cuda' or 'cuda:1'"
-        ) from None
+        text = f"TensorSpec device {device!r} is not a device torch knows ({why})"
+        fix = "a device string such as 'cpu', 'cuda' or 'cuda:1'"
+        raise StepCacheError(f"{text}. Fix: {fix}") from None
 
 
 def _dtype_fix(dtype: object) -> str:
@@ -293,9 +280,8 @@ def _sizes(
         want = _want(dim, scope, "shape")
         if want is not None and (shape[i] < want if least else shape[i] != want):
             text = f"expected {least}{want}{_label(dim)}, actual {shape[i]}"
-            raise _fail(
-                item, f"size mismatch at index {i}. {text} (shape {list(shape)})"
-            )
+            text += f" (shape {list(shape)})"
+            raise _fail(item, f"size mismatch at index {i}. {text}")
 
 
 def _kind(value: object) -> str:
@@ -337,8 +323,8 @@ def of_args(expect: Spec | None) -> Spec | None:
     TensorSpec(device=Arg('buf'))
     """
     if isinstance(expect, tuple):
-        parts = tuple(_of_args(s) for s in expect)
-        return parts if any(p is not None for p in parts) else None
+        parts = tuple(map(_of_args, expect))
+        return parts if any(parts) else None
     return _of_args(expect)
 
 
@@ -362,14 +348,12 @@ def check(expect: Spec, value: object, scope: Refs) -> None:
     if isinstance(expect, TensorSpec):
         return expect.check(value, scope)
     if not isinstance(value, (tuple, list)) or len(value) != len(expect):
-        raise CacheValidationError(
-            f"expected a tuple of {len(expect)} values, got {_kind(value)}. Fix: return "
-            "a tuple that matches `expect`, or change `expect`."
-        )
+        text = f"expected a tuple of {len(expect)} values, got {_kind(value)}"
+        fix = "return a tuple that matches `expect`, or change `expect`."
+        raise CacheValidationError(f"{text}. Fix: {fix}")
     for i, (spec, x) in enumerate(zip(expect, value, strict=True)):
         if spec is not None:
             spec.check(x, scope, i)
-    return None
 
 
 # A spec's common case as one Python expression, which the generated call inlines.
@@ -389,38 +373,34 @@ def quick(expect: Spec, value: str, ref: RefText, names: dict[str, object]) -> s
         names[name] = x
         return name
 
-    def dim(v: str, i: int, d: int | Arg | Attr, op: str) -> str:
-        if isinstance(d, int):
-            return f"{v}.shape[{i}] {op} {d}"
-        r = ref(d)  # an int here; a tensor (its first dim), None, ...: the full check
-        return f"{r}.__class__ is _sc_q_int and {v}.shape[{i}] {op} {r}"
+    def same(left: str, op: str, item: object, cls: str, attr: str = "") -> str:
+        """``left op item``, for a fixed item (an int inline, any other a constant) or
+        for a reference that holds a ``cls`` (a tensor: its ``attr``): other values
+        (a tensor for a size: its first dim, None, ...) go to the full check."""
+        if isinstance(item, Arg | Attr):
+            r = ref(item)
+            return f"{r}.__class__ is {cls} and {left} {op} {r}{attr}"
+        return f"{left} {op} {item if isinstance(item, int) else const(item)}"
 
     def one(spec: TensorSpec, v: str) -> str:
         parts = [f"{v}.__class__ is _sc_q_Tensor"]
-        device = spec.fixed_device
-        if isinstance(device, torch.device):
-            # an unindexed accelerator device equals no tensor's: the full check
-            parts.append(f"{v}.device == {const(device)}")
-        elif device is not None:
-            r = ref(device)
-            parts.append(f"{r}.__class__ is _sc_q_Tensor and {v}.device == {r}.device")
-        if isinstance(spec.dtype, torch.dtype):
-            parts.append(f"{v}.dtype is {const(spec.dtype)}")
-        elif spec.dtype is not None:
-            r = ref(spec.dtype)
-            parts.append(f"{r}.__class__ is _sc_q_Tensor and {v}.dtype is {r}.dtype")
+        # an unindexed accelerator device equals no tensor's: the full check
+        tensor = (("device", "==", spec.fixed_device), ("dtype", "is", spec.dtype))
+        for attr, op, item in tensor:
+            if item is not None:
+                parts.append(same(f"{v}.{attr}", op, item, "_sc_q_Tensor", f".{attr}"))
         if spec.ndim is not None:
             parts.append(f"{v}.dim() == {spec.ndim}")
         for dims, op in ((spec.shape or (), "=="), (spec.min_shape or (), ">=")):
             if dims and (spec.ndim is None or spec.ndim < len(dims)):
                 parts.append(f"{v}.dim() >= {len(dims)}")  # a skipped dim counts
-            parts += [dim(v, i, d, op) for i, d in enumerate(dims) if d is not None]
+            for i, d in enumerate(dims):
+                if d is not None:
+                    parts.append(same(f"{v}.shape[{i}]", op, d, "_sc_q_int"))
         return " and ".join(parts)
 
     if isinstance(expect, TensorSpec):
-        text = one(expect, value)
-    else:
-        items = [one(s, f"{value}[{i}]") for i, s in enumerate(expect) if s is not None]
-        head = [f"{value}.__class__ is _sc_q_tuple", f"len({value}) == {len(expect)}"]
-        text = " and ".join(head + items)
-    return f"({text})"
+        return f"({one(expect, value)})"
+    items = [one(s, f"{value}[{i}]") for i, s in enumerate(expect) if s is not None]
+    head = [f"{value}.__class__ is _sc_q_tuple", f"len({value}) == {len(expect)}"]
+    return f"({' and '.join(head + items)})"

@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 import stepcache
-from stepcache._recorder import Recording
+from stepcache._recorder import Watch, watch
 from stepcache.profiler._reads import ReadRecorder
 
 
@@ -36,7 +36,7 @@ class Debug:
     """Debug mode's recorder (debug mode starts one per miss)."""
 
     def __init__(self, obj: object) -> None:
-        self.recording = Recording(obj)
+        self.recording = watch(obj) or Watch(obj, None)  # as debug mode starts it
 
     def stop(self) -> set[str]:
         return self.recording.stop()
@@ -62,7 +62,8 @@ def assert_restored(cls: type, obj: object) -> None:
     recorder started and stopped sees only what is read while it runs."""
     assert cls.__dict__.get("__getattribute__") is ORIGINAL[cls]
     assert type(obj).__getattribute__(obj, "a") == 1
-    probe = Recording(obj)
+    probe = watch(obj)
+    assert probe is not None
     assert probe.stop() == set()
     _ = obj.b  # type: ignore[attr-defined]
     assert probe.names == set()
