@@ -79,13 +79,16 @@ def _code(label: str, text: str) -> types.CodeType:
     return compile(text, label, "exec")
 
 
+def _function(head: str, body: Sequence[str]) -> str:
+    """The text of the function ``def {head}:`` with the lines of ``body``."""
+    return f"def {head}:\n" + "".join(f"    {line}\n" for line in body)
+
+
 def method(label: str, head: str, body: Sequence[str], names: dict[str, object]) -> Any:
     """The function ``def {head}:`` with the lines of ``body``, which read ``names``."""
-    name = head.split("(", 1)[0]
-    text = f"def {head}:\n" + "".join(f"    {line}\n" for line in body)
     namespace = dict(names)
-    exec(_code(label, text), namespace)
-    return namespace[name]
+    exec(_code(label, _function(head, body)), namespace)
+    return namespace[head.split("(", 1)[0]]
 
 
 #: the versions of a call: production's, debug mode's, caching off's
@@ -109,52 +112,54 @@ def source(
     def ref(r: Arg | Attr) -> str:  # how it reads a reference of `expect`
         return r.name if type(r) is Arg else f"{owner}.{r.name}"
 
-    owner, head = fn.owner_name, f"def {name}({signature(fn.params)}):"
+    def unchanged(x: str, o: str, v: str) -> str:  # still the object o, or `match`es
+        return f"({QUICK.format(x=x, o=o, v=v)} or _sc_match({x}, {o}, {v}))"
+
+    owner, head = fn.owner_name, f"{name}({signature(fn.params)})"
     packed = "(" + "".join(f"{n}, " for n in fn.names) + ")"
     s, e, w, r, h = local("s"), local("e"), local("w"), local("r"), local("hit")
     if variant == "disabled":  # every call computes, uncached
         body = ["_sc_counts.bypasses += 1", f"return _sc_fn({passed(fn.params)})"]
-        return "".join(f"{x}\n" for x in (head, *(f"    {b}" for b in body)))
-    out = [head]
-    key = "_sc_NO_KEY"
+        return _function(head, body)
+    out, key = [], "_sc_NO_KEY"
     if fn.only:  # a value it leaves out is a bypass
         skip = local("skip")
         outside = " or ".join(f"{n} not in _sc_only_{i}" for i, n in enumerate(fn.only))
-        out += ["    try:", f"        {skip} = {outside}", "    except _sc_Exception:"]
-        out += [f"        return _sc_call({packed})", f"    if {skip}:"]
-        out += [f"        return _sc_call({packed}, _sc_BYPASS)"]
+        out += ["try:", f"    {skip} = {outside}", "except _sc_Exception:"]
+        out += [f"    return _sc_call({packed})", f"if {skip}:"]
+        out += [f"    return _sc_call({packed}, _sc_BYPASS)"]
     if fn.key_fn is not None:  # called once; what it raises is chained once
         key, exc = local("k"), local("exc")
-        out += ["    try:", f"        {key} = _sc_key({passed(fn.params)})"]
-        out += [f"    except _sc_Exception as {exc}:"]
-        out += [f"        raise _sc_key_error({exc}) from {exc}"]
-        out += [f"    if {key} is _sc_BYPASS:"]
-        out += [f"        return _sc_call({packed}, {key})"]
+        out += ["try:", f"    {key} = _sc_key({passed(fn.params)})"]
+        out += [f"except _sc_Exception as {exc}:"]
+        out += [f"    raise _sc_key_error({exc}) from {exc}"]
+        out += [f"if {key} is _sc_BYPASS:", f"    return _sc_call({packed}, {key})"]
     elif fn.key_names:
         names = fn.key_names
         key = names[0] if len(names) == 1 else "(" + ", ".join(names) + ")"
+    slow = f"return _sc_call({packed}, {key})"
     xs = [local(f"x{i}") for i in range(len(fn.dep_names))]
     lookup = f".get({fn.fid}, _sc_EMPTY).get({key})" if fn.keyed else f".get({fn.fid})"
     # An owner without a store holds the placeholder: it looks in the open scope's
     # table (`stepcache._scope.innermost`; none open: the placeholder's, empty).
-    out += ["    try:", f"        {s} = {owner}._stepcache"]
+    out += ["try:", f"    {s} = {owner}._stepcache"]
     for x, d in zip(xs, fn.dep_names, strict=True):  # a parameter, or the owner's
-        out.append(f"        {x} = {d if d in fn.index else f'{owner}.{d}'}")
-    out += [f"        if {s} is _sc_NO_STORE:", f"            {s} = _sc_innermost()"]
-    out += [f"        {e} = {s}.table{lookup}", f"        if {e} is not None:"]
-    tests = []
+        out.append(f"    {x} = {d if d in fn.index else f'{owner}.{d}'}")
+    out += [f"    if {s} is _sc_NO_STORE:", f"        {s} = _sc_innermost()"]
+    out += [f"    {e} = {s}.table{lookup}", f"    if {e} is not None:"]
+    # an entry without dependencies serves only its owner (`Entry.bound`)
+    tests = [] if xs else [f"{e}.bound is {owner}.__weakref__"]
     if xs:
         prints = [(local(f"o{i}"), local(f"v{i}")) for i in range(len(xs))]
-        unpack = ", ".join(f"{o}, {v}" for o, v in prints) + f" = {e}.deps"
-        out.append(f"            {unpack}")
-        for x, (o, v) in zip(xs, prints, strict=True):
-            tests.append(f"({QUICK.format(x=x, o=o, v=v)} or _sc_match({x}, {o}, {v}))")
-    else:  # an entry without dependencies serves only its owner (`Entry.bound`)
-        tests.append(f"{e}.bound is {owner}.__weakref__")
+        unpack = ", ".join(f"{o}, {v}" for o, v in prints)
+        out.append(f"        {unpack} = {e}.deps")
+        tests += [unchanged(x, o, v) for x, (o, v) in zip(xs, prints, strict=True)]
     if fn.guard:  # no tensor of the result was written since it was stored
         tests.append(f"{e}.guard._version == {e}.gtag")
-    test = " and ".join(tests)
-    fits = ""
+    hit = ["_sc_counts.hits += 1", f"return {e}.value"]
+    if variant == "debug":  # its observer checks the hit, outside the try
+        out.insert(0, f"{h} = None")
+        hit = [f"{h} = {e}"]
     if fn.arg_refs:  # what expect reads of the arguments (`_spec.quick`: its plain
         # case inline): other objects are checked; a value they fail is the slow
         # path's to report
@@ -163,84 +168,60 @@ def source(
         if fn.of_args is not None:
             plain = quick(fn.of_args, f"{e}.value", ref, values)
         fits = f"({same} or {plain} or _sc_args_ok({e}.value, {packed}))"
-    if variant == "debug":  # its observer checks the hit, outside the try
-        out.insert(1, f"    {h} = None")
-        out += [f"            if {test}{' and ' + fits if fits else ''}:"]
-        out += [f"                {h} = {e}"]
-    elif fits:
-        out += [f"            if {test}:", f"                if {fits}:"]
-        out += ["                    _sc_counts.hits += 1"]
-        out += [f"                    return {e}.value", f"                {s} = None"]
-    else:
-        out += [f"            if {test}:", "                _sc_counts.hits += 1"]
-        out += [f"                return {e}.value"]
-    out += ["    except _sc_Exception:", f"        {s} = None"]
+        if variant == "debug":
+            tests.append(fits)
+        else:
+            hit = [f"if {fits}:", *(f"    {x}" for x in hit), f"{s} = None"]
+    out += [f"        if {' and '.join(tests)}:", *(f"            {x}" for x in hit)]
+    out += ["except _sc_Exception:", f"    {s} = None"]
     if variant == "debug":
-        out += [f"    if {h} is not None and {s} is not None:"]
+        out += [f"if {h} is not None and {s} is not None:"]
         moved = "None"  # debug mode's own entry: its observer tests them
         if fn.ignored:  # each ignored argument still the object recorded (`QUICK`)
-            info, moved = local("info"), local("moved")
-            out += [f"        {moved} = False", f"        {info} = {h}.info"]
-            out += [f"        if {info} is not None:"]
-            prints = [
-                (local(f"io{j}"), local(f"iv{j}")) for j in range(len(fn.ignored))
-            ]
-            at = local("at")
-            unpack = "".join(f"({at}, {o}, {v}), " for o, v in prints)
-            out += [f"            {unpack}= {info}.ignored"]
-            same = " and ".join(
-                f"({QUICK.format(x=n, o=o, v=v)} or _sc_match({n}, {o}, {v}))"
-                for n, (o, v) in zip(fn.ignored, prints, strict=True)
-            )
-            out += [f"            {moved} = not ({same})"]
-        out += [
-            f"        return _sc_observed(_sc_self, {packed}, {key}, {h}, {s}, {moved})"
-        ]
-        out += [f"    return _sc_call({packed}, {key})"]
-        return "".join(f"{x}\n" for x in out)
-    out += [f"    if {s} is None:", f"        return _sc_call({packed}, {key})"]
+            info, moved, at = local("info"), local("moved"), local("at")
+            out += [f"    {moved} = False", f"    {info} = {h}.info"]
+            unpack, kept = "", []
+            for j, n in enumerate(fn.ignored):  # its (position in the call, print)
+                o, v = local(f"io{j}"), local(f"iv{j}")
+                unpack += f"({at}, {o}, {v}), "
+                kept.append(unchanged(n, o, v))
+            out += [f"    if {info} is not None:", f"        {unpack}= {info}.ignored"]
+            out += [f"        {moved} = not ({' and '.join(kept)})"]
+        observed = f"_sc_observed(_sc_self, {packed}, {key}, {h}, {s}, {moved})"
+        return _function(head, [*out, f"    return {observed}", slow])
+    out += [f"if {s} is None:", f"    {slow}"]
     # the miss: into the owner's own store, a new one or the open scope's
     # an owner's first miss (its class holds the placeholder, no scope is open): a
     # store of its own, past a frozen class's __setattr__
-    out += [f"    if {s} is _sc_NO_STORE:", f"        {w} = _sc_StepCache({owner})"]
-    out += ["        try:"]
-    out += [f"            if {owner}.__class__.__setattr__ is _sc_setattr:"]
-    out += [f"                {owner}._stepcache = {w}"]  # a plain class: no call
-    out += ["            else:"]
-    out += [f"                _sc_setattr({owner}, '_stepcache', {w})"]
-    out += ["        except _sc_Exception:", f"            {w} = None"]
-    out += ["    else:", f"        {w} = _sc_miss_store({s}, {owner})"]
-    out += [f"    if {w} is None:", f"        return _sc_call({packed}, {key})"]
-    fps = []
-    for i, x in enumerate(xs):  # a tensor with a version counter inline (`_kinds`)
-        f = local(f"f{i}")
-        fps.append(f)
-        out += [
-            f"    if {x}.__class__ is _sc_Tensor and not {x}.is_inference():",
-            f"        {f} = ({x}, {x}._version)",
-            f"    elif {x}.__class__ is _sc_Tensor:",
-            f"        {f} = _sc_inference_print({x}, {w}.scope is not None)",
-            f"    elif {x}.__class__ in _sc_VALUE_CLASSES:",
-            f"        {f} = ({x}, _sc_VAL)",
-            "    else:",
-            f"        {f} = _sc_fingerprint({i}, {x}, {w})",
-        ]
+    out += [f"if {s} is _sc_NO_STORE:", f"    {w} = _sc_StepCache({owner})"]
+    out += ["    try:", f"        if {owner}.__class__.__setattr__ is _sc_setattr:"]
+    out += [f"            {owner}._stepcache = {w}"]  # a plain class: no call
+    out += ["        else:", f"            _sc_setattr({owner}, '_stepcache', {w})"]
+    out += ["    except _sc_Exception:", f"        {w} = None"]
+    out += ["else:", f"    {w} = _sc_miss_store({s}, {owner})"]
+    out += [f"if {w} is None:", f"    {slow}"]
+    fps = [local(f"f{i}") for i in range(len(xs))]
+    for i, (x, f) in enumerate(zip(xs, fps, strict=True)):  # a tensor's version inline
+        out += [f"if {x}.__class__ is _sc_Tensor and not {x}.is_inference():"]
+        out += [f"    {f} = ({x}, {x}._version)", f"elif {x}.__class__ is _sc_Tensor:"]
+        out += [f"    {f} = _sc_inference_print({x}, {w}.scope is not None)"]
+        out += [f"elif {x}.__class__ in _sc_VALUE_CLASSES:"]
+        out += [f"    {f} = ({x}, _sc_VAL)", "else:"]
+        out += [f"    {f} = _sc_fingerprint({i}, {x}, {w})"]
     deps = fps[0] if len(fps) == 1 else "(" + "".join(f"*{f}, " for f in fps) + ")"
-    out += [f"    {r} = _sc_fn({passed(fn.params)})"]
+    out += [f"{r} = _sc_fn({passed(fn.params)})"]
     if fn.expect is not None:  # its plain case inline; the full check says why
         ok = local("ok")
-        out += ["    try:", f"        {ok} = {quick(fn.expect, r, ref, values)}"]
-        out += ["    except _sc_Exception:", f"        {ok} = False"]
-        out += [f"    if not {ok}:", f"        _sc_validate({r}, {packed}, {key})"]
-    args = "(" + "".join(f"{n}, " for n in fn.arg_refs) + ")" if fn.arg_refs else "None"
-    extra = (
-        f", {fn.guard}, None, {args}" if fn.arg_refs else ", True" if fn.guard else ""
-    )
+        out += ["try:", f"    {ok} = {quick(fn.expect, r, ref, values)}"]
+        out += ["except _sc_Exception:", f"    {ok} = False"]
+        out += [f"if not {ok}:", f"    _sc_validate({r}, {packed}, {key})"]
+    extra = ", True" if fn.guard else ""  # Entry's guard, then its info and args
+    if fn.arg_refs:
+        extra = f", {fn.guard}, None, (" + "".join(f"{n}, " for n in fn.arg_refs) + ")"
     entry = f"_sc_Entry({r}, {owner}, {deps}{extra})"
-    out += [f"    if {w}.put({fn.fid}, {key}, {entry}, {e}):"]
-    out += ["        _sc_counts.invalidations += 1"]
-    out += ["    _sc_counts.misses += 1", f"    return {r}"]
-    return "".join(f"{x}\n" for x in out)
+    out += [f"if {w}.put({fn.fid}, {key}, {entry}, {e}):"]
+    out += ["    _sc_counts.invalidations += 1"]
+    return _function(head, [*out, "_sc_counts.misses += 1", f"return {r}"])
 
 
 #: the slow path's methods the generated code calls, each as ``_sc_{name}``

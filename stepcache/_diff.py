@@ -82,13 +82,10 @@ def first_difference(
         keys = [sorted(map(repr, d)) for d in (expected, got)]
         return f"'{path}' keys mismatch. expected {keys[0]}, actual {keys[1]}"
     if isinstance(expected, (tuple, list, dict)):
-        if len(expected) != len(got):
-            return (
-                f"'{path}' length mismatch. expected {len(expected)}, actual {len(got)}"
-            )
-        for k in expected if isinstance(expected, dict) else range(len(expected)):
-            found = first_difference(expected[k], got[k], f"{path}[{k!r}]", seen)
-            if found:
+        if (n := len(expected)) != (m := len(got)):
+            return f"'{path}' length mismatch. expected {n}, actual {m}"
+        for k in expected if isinstance(expected, dict) else range(n):
+            if found := first_difference(expected[k], got[k], f"{path}[{k!r}]", seen):
                 return found
         return None
     pair = (id(expected), id(actual))

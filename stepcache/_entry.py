@@ -78,23 +78,21 @@ def result_guard(value: Any) -> tuple[Any, Any]:
     return several, several._version  # noqa: SLF001 (what a hit reads)
 
 
-def no_weakref(owner: object) -> OwnerError:
-    """The error for an owner without weak references, which an entry without
-    dependencies (and a shared store) needs to tell it from other owners."""
-    cls = type(owner)
-    return OwnerError(
-        f"is a {cls.__module__}.{cls.__qualname__}, which supports no weak "
-        "references. Fix: give the class a __weakref__ slot "
-        "(@dataclass(slots=True, weakref_slot=True); attrs classes have one)."
-    )
-
-
-def weak(owner: object) -> weakref.ref[object]:
-    """A weak reference to ``owner``, or the `OwnerError` that says how to allow one."""
+def weak(
+    owner: object, callback: Callable[[weakref.ref[object]], object] | None = None
+) -> weakref.ref[object]:
+    """A weak reference to ``owner`` (``callback``: called as it dies), or the
+    `OwnerError` that says how to allow one: an entry without dependencies (and a
+    shared store) needs one to tell its owner from other owners."""
     try:
-        return weakref.ref(owner)
+        return weakref.ref(owner, callback)
     except TypeError:
-        raise no_weakref(owner) from None
+        cls = type(owner)
+        raise OwnerError(
+            f"is a {cls.__module__}.{cls.__qualname__}, which supports no weak "
+            "references. Fix: give the class a __weakref__ slot "
+            "(@dataclass(slots=True, weakref_slot=True); attrs classes have one)."
+        ) from None
 
 
 class Entry:
@@ -131,10 +129,8 @@ class Entry:
     def serves(self, owner: object, xs: Sequence[object]) -> bool:
         """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``:
         the rule the generated hit inlines."""
-        if xs:
-            ok = matches(xs, self.deps)
-        else:
-            ok = self.bound is not None and self.bound() is owner
+        # no dependencies: an entry bound to the owner that computed it
+        ok = matches(xs, self.deps) if xs else self.owner() is owner
         return ok and (self.guard is None or version(self.guard) == self.gtag)
 
     def owner(self) -> object:

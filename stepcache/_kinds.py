@@ -16,13 +16,12 @@ from __future__ import annotations
 import enum
 import operator
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
     from contextlib import AbstractContextManager
 
 Place = tuple[int, torch.Size, tuple[int, ...], torch.dtype, torch.device]
@@ -35,9 +34,6 @@ Prints = tuple[object, ...]
 Typed = tuple[type, object]
 #: what `snapshot` takes of a tuple, list, dict or set: its class and its items, typed
 Snapshot = tuple[type, Typed]
-#: a `Kind`'s test of a new input ``x`` against the stored ``o``: each is read as the
-#: kind knows it (``o[0]``, a tensor's `place`), so both stay `Any`
-KindTest = Callable[[Any, Any], bool]
 
 
 class Kind:
@@ -46,7 +42,9 @@ class Kind:
 
     __slots__ = ("name", "test")
 
-    def __init__(self, name: str, test: KindTest) -> None:
+    # each of ``x`` and ``o`` is read as the kind knows it (``o[0]``, a tensor's
+    # `place`), so both stay `Any`
+    def __init__(self, name: str, test: Callable[[Any, Any], bool]) -> None:
         self.name, self.test = name, test
 
     def __repr__(self) -> str:
@@ -123,11 +121,10 @@ def unsnapshot(snap: Snapshot) -> object:
     {'a': (1, 2.0)}
     """
 
-    def plain(typed: Typed) -> object:  # (class, value), a tuple's items typed in turn
+    # (class, value), a tuple's items typed in turn: the value read as its class says
+    def plain(typed: tuple[type, Any]) -> object:
         cls, v = typed
-        return (
-            cls(map(plain, cast("Iterable[Typed]", v))) if cls in _VALUE_TUPLES else v
-        )
+        return cls(map(plain, v)) if cls in _VALUE_TUPLES else v
 
     return snap[0](plain(snap[1]))
 
@@ -185,9 +182,7 @@ def fingerprint(x: object, scoped: bool = False) -> Print:
     if cls in VALUE_CLASSES:
         return x, VAL
     if isinstance(x, torch.Tensor):
-        if not x.is_inference():
-            return x, version(x)
-        return inference_fingerprint(x, scoped)
+        return inference_fingerprint(x, scoped) if x.is_inference() else (x, version(x))
     if isinstance(x, _SCALARS):
         return x, VAL
     snap = snapshot(x)

@@ -12,7 +12,7 @@ from typing import Final, cast
 
 import torch
 
-from stepcache._entry import no_weakref
+from stepcache._entry import weak
 from stepcache._errors import OwnerError, StaleCacheError
 from stepcache._store import NO_STORE, StepCache
 
@@ -45,11 +45,7 @@ def write(owner: object, store: StepCache) -> None:
             return
     # a tensor, a class, a module: kept beside it (its hits take the slow path)
     key = id(owner)  # the callback runs as the owner dies, before its id is reused
-    try:
-        ref = weakref.ref(owner, lambda _: _side.pop(key, None))
-    except TypeError:
-        raise no_weakref(owner) from None
-    _side[key] = (ref, store)
+    _side[key] = (weak(owner, lambda _: _side.pop(key, None)), store)
 
 
 def mark_class(owner: object) -> None:

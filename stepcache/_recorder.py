@@ -32,8 +32,9 @@ class _Patch:
     #: the ``__getattribute__`` the recording one calls
     original: _GetAttribute
     #: id(object) -> the name set of each watch on it: the watches on this class
-    watchers: dict[int, list[set[str]]] = dataclasses.field(default_factory=dict)
-    wrapper: _GetAttribute | None = None
+    watchers: dict[int, list[set[str]]]
+    #: the recording ``__getattribute__``
+    wrapper: _GetAttribute
 
 
 _patched: dict[type, _Patch] = {}
@@ -46,8 +47,7 @@ def _patch(cls: type) -> _Patch | None:
     own = cls.__dict__.get("__getattribute__")
     # the instances' method: mypy reads ``cls.__getattribute__`` as the class's own
     original = cast("_GetAttribute", cls.__getattribute__)
-    patch = _Patch(cls, own, original)
-    watchers = patch.watchers
+    watchers: dict[int, list[set[str]]] = {}
 
     def recording(obj: object, name: str) -> object:
         sets = watchers.get(id(obj))
@@ -60,8 +60,7 @@ def _patch(cls: type) -> _Patch | None:
         setattr(cls, "__getattribute__", recording)  # noqa: B010
     except (TypeError, AttributeError):
         return None
-    patch.wrapper = recording
-    _patched[cls] = patch
+    patch = _patched[cls] = _Patch(cls, own, original, watchers, recording)
     return patch
 
 

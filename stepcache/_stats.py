@@ -133,9 +133,8 @@ def stats(*, include_idle: bool = False) -> StatsTable:
         counts = [c.hits, c.misses, c.bypasses, c.invalidations]
         rows.append((fn.fid, counts + list(live.get(fn.fid, (0, 0)))))
     merged = (FunctionStats(n, *c) for n, c in by_name(rows).items())
-    return StatsTable(
-        tuple(r for r in merged if include_idle or r.calls or r.live_entries)
-    )
+    kept = tuple(r for r in merged if include_idle or r.calls or r.live_entries)
+    return StatsTable(kept)
 
 
 #: called just before `reset_stats()` zeroes the counters (the pytest plugin adds

@@ -56,9 +56,8 @@ def _set(disabled: bool | None = None, mode: str | None = None) -> tuple[bool, s
             Switches.disabled = disabled
         if mode is not None:
             Switches.mode = mode
-        variant = Switches.variant()
         for fn in list(_registry.by_id.values()):
-            fn.compiled.use(variant)
+            fn.compiled.use(Switches.variant())
     return before
 
 
