@@ -219,7 +219,11 @@ def source(
     if fn.arg_refs:
         extra = f", {fn.guard}, None, (" + "".join(f"{n}, " for n in fn.arg_refs) + ")"
     entry = f"_sc_Entry({r}, {owner}, {deps}{extra})"
-    out += [f"if {w}.put({fn.fid}, {key}, {entry}, {e}):"]
+    # a store made above is open, empty and replaces no entry: its first entry is
+    # one write (into `_store.CLOSED`, which drops it, if the store was closed since)
+    slot = f"{{{key}: {entry}}}" if fn.keyed else entry
+    out += [f"if {s} is _sc_NO_STORE:", f"    {w}.table[{fn.fid}] = {slot}"]
+    out += [f"elif {w}.put({fn.fid}, {key}, {entry}, {e}):"]
     out += ["    _sc_counts.invalidations += 1"]
     return _function(head, [*out, "_sc_counts.misses += 1", f"return {r}"])
 

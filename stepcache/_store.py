@@ -34,6 +34,19 @@ _tracking_lock = threading.Lock()
 Slot = Entry | dict[object, Entry]
 
 
+class _ClosedTable(dict[int, Slot]):
+    """A closed store's table (`CLOSED`): empty, and what a miss that finishes after
+    the close writes into it is dropped, so that no write needs to test the store."""
+
+    __slots__ = ()
+
+    def __setitem__(self, fid: int, slot: Slot) -> None:
+        pass
+
+
+CLOSED: Final = _ClosedTable()
+
+
 class NoStore:
     """What an owner's class holds as its ``_stepcache`` until the owner has a store
     of its own (`NO_STORE`), and what `stepcache._scope` names while no scope is
@@ -78,7 +91,6 @@ class StepCache:
 
     __slots__ = (
         "__weakref__",
-        "_closed",
         "_counts",
         "_first",
         "_kept",
@@ -98,12 +110,11 @@ class StepCache:
     _kept: list[object] | None  # made by keep_alive()
 
     def __init__(self, owner: object | None = None, scope: Scope | None = None) -> None:
-        #: function id -> its `Slot`: what a hit reads
+        #: function id -> its `Slot`: what a hit reads (`CLOSED` once closed)
         self.table: dict[int, Slot] = {}
         # the id of the owner that made it: an object that holds this store and has
         # this id is that owner (a copy that holds it was made while it was alive)
         self._first = None if owner is None else id(owner)
-        self._closed = False
         #: the scope whose store this is (`stepcache.scope`), or ``None``
         self.scope = scope
         if TRACKING[0]:
@@ -112,12 +123,12 @@ class StepCache:
     @property
     def closed(self) -> bool:
         """Whether [`close()`][stepcache.StepCache.close] was called (the step is over)."""
-        return self._closed
+        return self.table is CLOSED
 
     def keep_alive(self, obj: object) -> None:
         """Hold a reference to ``obj`` until the step ends (close, or the owner goes):
         a pinned staging tensor that a ``non_blocking`` copy still reads, say."""
-        if self._closed:
+        if self.table is CLOSED:
             raise StaleCacheError(
                 "keep_alive() on a closed StepCache (its step is over)"
             )
@@ -126,15 +137,18 @@ class StepCache:
 
     def clear(self) -> None:
         """Drop every entry (and kept object); the store stays open for the same owner."""
-        for fid, slot in list(self.table.items()):  # their misses stay counted
-            self._count(fid, len(slot) if slot.__class__ is dict else 1)
-        self.table.clear()  # in place: an open scope reads this table too
-        self._kept = None
+        self._drop(self.table)
 
     def close(self) -> None:
         """End the step: drop every entry and refuse any later use."""
-        self._closed = True  # first: a miss that inserts meanwhile then clears again
-        self.clear()
+        table, self.table = self.table, CLOSED  # first: later writes are dropped
+        self._drop(table)
+
+    def _drop(self, table: dict[int, Slot]) -> None:
+        for fid, slot in list(table.items()):  # their misses stay counted
+            self._count(fid, len(slot) if slot.__class__ is dict else 1)
+        table.clear()  # in place: an open scope reads this table too
+        self._kept = None
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per-function entries, bytes, misses and invalidations in this store (hits and
@@ -152,7 +166,7 @@ class StepCache:
         return sum(1 for _ in self.entries())
 
     def __repr__(self) -> str:
-        return f"<StepCache {'closed' if self._closed else f'{len(self)} entries'}>"
+        return f"<StepCache {'closed' if self.closed else f'{len(self)} entries'}>"
 
     def __copy__(self) -> StepCache:
         return self  # shared, not copied: a copy would claim the same owner
@@ -171,7 +185,7 @@ class StepCache:
     def made_by(self, owner: object) -> bool:
         """Whether this is ``owner``'s own open store, outside any scope: the one a
         generated miss may write without the slow path."""
-        return self._first == id(owner) and self.scope is None and not self._closed
+        return self._first == id(owner) and self.scope is None and not self.closed
 
     def share_unbound(self, original: StepCache) -> None:
         """Start with what ``original`` (the store a copied owner carried) holds that
@@ -204,18 +218,19 @@ class StepCache:
         """Store ``entry`` (``key``: `NO_KEY` for an unkeyed function) in place of
         ``stale``, the entry found that no longer served (or ``None``), and count its
         miss (a live entry counts as one); return whether it was an invalidation
-        (``stale`` was its owner's). No lock: each write is one dict operation, and a
-        store closed meanwhile is emptied again."""
+        (``stale`` was its owner's). No lock: each write is one dict operation, and
+        what it wrote into a table that a close replaced meanwhile is dropped again."""
+        table = self.table
         if key is NO_KEY:
-            self.table[fid] = entry
+            table[fid] = entry
         else:
-            slot = self.table.get(fid)
+            slot = table.get(fid)
             if slot is None:
-                self.table[fid] = {key: entry}
+                table[fid] = {key: entry}
             else:
                 slot[key] = entry  # type: ignore[index]
-        if self._closed:
-            self.clear()
+        if table is not self.table:
+            self._drop(table)
         if stale is None:  # its miss is the entry it stored
             return False
         # it replaced ``stale``: that entry's miss no longer shows

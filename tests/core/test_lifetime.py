@@ -124,13 +124,15 @@ class Closing:
         return torch.zeros(2)
 
 
+@pytest.mark.parametrize("fresh", [False, True], ids=["store", "fresh owner"])
 @pytest.mark.parametrize("call", [Closing.index, lambda o: Closing.pair(o, "a")])
-def test_a_store_closed_during_a_miss_keeps_nothing(call: object) -> None:
-    owner = Closing()
-    store = stepcache.cache_of(owner)
+def test_a_store_closed_during_a_miss_keeps_nothing(call: object, fresh: bool) -> None:
+    owner = Closing()  # fresh: its store is made by the call that closes it
+    store = None if fresh else stepcache.cache_of(owner)
     assert callable(call)
     value = call(owner)
     assert isinstance(value, torch.Tensor)  # the caller still gets its value
+    store = store or vars(owner)["_stepcache"]
     assert store.closed and len(store) == 0 and list(store.entries()) == []
     with pytest.raises(StaleCacheError, match="closed"):
         call(owner)
