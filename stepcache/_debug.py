@@ -375,13 +375,15 @@ _IN_SCOPE = (
 
 def _recheck(
     kind: str, fn: Cached, a: Args, key: object, entry: Entry, inputs: list[Any]
-) -> dict[str, fp.Print]:
+) -> dict[str, fp.Print] | None:
     """Where an input nothing declares (an owner attribute the function read, an
     ignored argument: each ``(name, value, fingerprint)`` of ``inputs``) no longer
     matches its fingerprint, compute again: raise ``kind`` if the value differs; each
-    input's fingerprint, taken again where it changed."""
+    input's fingerprint, taken again where it changed (``None``: none changed)."""
     changed = [n for n, x, (o, v) in inputs if not fp.match(x, o, v)]
-    if changed and (diff := _recompute(fn, a, entry)):
+    if not changed:
+        return None
+    if diff := _recompute(fn, a, entry):
         names = ", ".join(f"'{n}'" for n in changed)
         raise detect(kind, fn, key, names=names, diff=diff)
     return {n: fp.fingerprint(x) if n in changed else f for n, x, f in inputs}
@@ -476,7 +478,8 @@ def hit(
         if info.watched:
             owner = a[fn.owner_index]
             now = [(n, getattr(owner, n, _UNSET), f) for n, f in info.watched.items()]
-            info.watched = _recheck("undeclared-input", fn, a, key, entry, now)
+            if prints := _recheck("undeclared-input", fn, a, key, entry, now):
+                info.watched = prints
         # an ignored argument that is another object (a buffer on another device)
         if moved is None:
             moved = not all(fp.match(a[i], o, v) for i, o, v in info.ignored)
@@ -487,9 +490,9 @@ def hit(
         raise detect("validation", fn, key, error=wrong)
     if moved and info is not None:
         now = [(fn.names[j], a[j], (o, v)) for j, o, v in info.ignored]
-        prints = _recheck("ignored-argument", fn, a, key, entry, now)
-        # what it remembered, for the next hit
-        info.ignored = tuple((fn.index[n], *f) for n, f in prints.items())
+        if prints := _recheck("ignored-argument", fn, a, key, entry, now):
+            # what it remembered, for the next hit
+            info.ignored = tuple((fn.index[n], *f) for n, f in prints.items())
     if Switches.mode == "verify" and (diff := _recompute(fn, a, entry)):
         fix = _fix(fn, info) + ("" if scope is None else _IN_SCOPE)
         raise detect("key-too-coarse", fn, key, diff=diff, fix=fix)

@@ -199,10 +199,9 @@ def _device_text(ref: Any, scope: Refs, want: torch.device, got: torch.device) -
     """The text of a device mismatch, ``ref`` the spec's device. An int a reference
     resolved to is named, since torch reads an int as an accelerator's device index.
     Only on a failure: the reference is read again."""
-    args, index, owner = scope
-    try:
-        raw = args[index[ref.name]] if type(ref) is Arg else getattr(owner, ref.name)
-    except Exception:  # a fixed device has no name; a reference may fail this time
+    try:  # a fixed device is not read; a reference may fail to read this time
+        raw = _read(ref, scope) if isinstance(ref, Arg | Attr) else None
+    except Exception:
         raw = None
     want = normalize_device(want)
     note = f", the int {raw} read as a {want.type.upper()} device index"
@@ -290,6 +289,12 @@ def _kind(value: object) -> str:
     return f"{value!r:.60} that is a {type(value)!r}"
 
 
+def _read(ref: Arg | Attr, scope: Refs) -> Any:
+    """What ``ref`` holds in ``scope``: the call's argument, or the owner's attribute."""
+    args, index, owner = scope
+    return args[index[ref.name]] if type(ref) is Arg else getattr(owner, ref.name)
+
+
 def _want(item: _T | Arg | Attr, scope: Refs, attr: str) -> _T | None:
     """A fixed item as it is; a reference resolved in ``scope`` (a tensor stands for
     its ``attr``: device, dtype, or shape, whose first dim a size stands for), of the
@@ -297,12 +302,10 @@ def _want(item: _T | Arg | Attr, scope: Refs, attr: str) -> _T | None:
     is not checked."""
     if not isinstance(item, (Arg, Attr)):
         return item
-    args, index, owner = scope
     try:
-        arg = type(item) is Arg
         # what the argument or attribute holds, read as the item needs (`Any`: it
         # is made of the fixed items' type below)
-        want: Any = args[index[item.name]] if arg else getattr(owner, item.name)
+        want: Any = _read(item, scope)
         if want.__class__ not in _PLAIN and isinstance(want, _Tensor):
             want = getattr(want, attr)
         if attr == "shape" and want.__class__ is not int and want is not None:

@@ -128,7 +128,7 @@ class StepCache:
     def keep_alive(self, obj: object) -> None:
         """Hold a reference to ``obj`` until the step ends (close, or the owner goes):
         a pinned staging tensor that a ``non_blocking`` copy still reads, say."""
-        if self.table is CLOSED:
+        if self.closed:
             raise StaleCacheError(
                 "keep_alive() on a closed StepCache (its step is over)"
             )
