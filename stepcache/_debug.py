@@ -28,11 +28,11 @@ from stepcache._entry import Entry, tensors, walk
 from stepcache._errors import CacheValidationError, StaleCacheError
 from stepcache._guard import guarded
 from stepcache._owners import closed_error, held
-from stepcache._recorder import Watch, data_read, watch
 from stepcache._scope import Scope, open_here
 from stepcache._spec import normalize_device
 from stepcache._store import StepCache
 from stepcache._switches import STEPCACHE_DEBUG_GUARD, Switches
+from stepcache._watch import Watch, data_read, watch
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray

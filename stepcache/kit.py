@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from stepcache._codegen import defaults, method, passed, signature
 from stepcache._kinds import place
-from stepcache._recorder import unrecorded
+from stepcache._watch import unrecorded
 
 __all__ = [
     "defaults",

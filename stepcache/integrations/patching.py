@@ -9,7 +9,7 @@ them eagerly would slow every process down). Its ``find`` checks the target it
 replaces (:func:`expect_function`, :func:`expect_dataclass_fields`; a reshaped target
 raises :class:`SkipPatch` and is left alone) and names it in a :class:`Target`; its
 ``wrap`` says what is installed there: the original run inside a
-:func:`stepcache.scope` (:class:`Scope`), a stand-in that verify mode compares with the
+:func:`stepcache.scope` (:class:`InScope`), a stand-in that verify mode compares with the
 original (:class:`Verify`), or the stand-in as is (:class:`Unwrapped`).
 :func:`install` puts it in place, marked with :data:`MARK`, and returns how to undo
 it; :data:`counters` counts events of patches whose cache is the engine's own.
@@ -45,7 +45,7 @@ __all__ = [
     "UNWRAPPED",
     "Counters",
     "Patch",
-    "Scope",
+    "InScope",
     "SkipPatch",
     "StockCheck",
     "Target",
@@ -84,7 +84,7 @@ class Target:
     """What a patch replaces, found and checked by its ``find``: ``owner.attr``
     (a module or a class), whose value is ``original``. ``stand_in`` is what a
     :class:`Verify` or :class:`Unwrapped` patch installs in its place (a
-    :class:`Scope` patch wraps ``original`` itself). ``everywhere``: also rebind it in
+    :class:`InScope` patch wraps ``original`` itself). ``everywhere``: also rebind it in
     every module that bound it by ``from owner import attr``
     (:func:`replace_everywhere`). ``descriptor``: what the installed function is
     wrapped in on a class (``classmethod`` for a target that is one: ``original``
@@ -125,7 +125,7 @@ class StockCheck:
 
 
 @dataclasses.dataclass(frozen=True)
-class Scope:
+class InScope:
     """Wrap the original in a :func:`stepcache.scope` (:func:`scoped`), unless its
     parameter ``unless`` is true in the call. Counted under ``count_as`` (default:
     the patch's name), so patches of one lifetime in several classes share a row."""
@@ -171,7 +171,7 @@ class Unwrapped:
 
 
 #: How a patch is wrapped: in a scope, verified, or not at all.
-Wrap = Scope | Verify | Unwrapped
+Wrap = InScope | Verify | Unwrapped
 
 UNWRAPPED: Final = Unwrapped()
 
@@ -181,7 +181,7 @@ class Patch:
     """One replacement in an engine, applied when ``module`` is imported. ``find``
     checks the target and returns it (:class:`Target`), or raises :class:`SkipPatch`
     with the reason it left the engine alone; ``wrap`` says what is installed there
-    (:class:`Scope`, :class:`Verify` or :class:`Unwrapped`); ``opt_in``: applied only
+    (:class:`InScope`, :class:`Verify` or :class:`Unwrapped`); ``opt_in``: applied only
     where the plugin's ``add_env`` names it (a cache that costs more build time than
     it saves where it was measured)."""
 

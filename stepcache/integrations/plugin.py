@@ -66,8 +66,8 @@ from typing import Final, Protocol
 
 from .patching import (
     Hook,
+    InScope,
     Patch,
-    Scope,
     SkipPatch,
     StockCheck,
     Undo,
@@ -486,7 +486,7 @@ class EnginePlugin:
         names |= {
             p.wrap.count_as
             for p in self.patches
-            if isinstance(p.wrap, Scope) and p.wrap.count_as is not None
+            if isinstance(p.wrap, InScope) and p.wrap.count_as is not None
         }
         return names
 

@@ -4,7 +4,7 @@
 While a call is recorded, the class of each object argument gets a recording
 ``__getattribute__`` (the class's own one is put back when the last recorded call
 using it returns, or the last of debug mode's recordings on it stops: both use
-``stepcache._recorder``). Only the first few calls of each function are recorded, so the
+``stepcache._watch``). Only the first few calls of each function are recorded, so the
 cost stays small. Like stepcache's debug mode this patches classes process-wide: it is
 not meant for threads racing on the same classes.
 
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepcache._recorder import Watch, watch
+from stepcache._watch import Watch, watch
 
 __all__ = ["ReadRecorder"]
 
@@ -60,7 +60,7 @@ _SKIP = (
 
 class ReadRecorder:
     """Records attribute reads on chosen objects, across nested calls, through
-    stepcache's one recorder (``stepcache._recorder``): a class that debug mode
+    stepcache's one recorder (``stepcache._watch``): a class that debug mode
     watches at the same time is patched once and restored when the last of them
     stops, whatever the order."""
 

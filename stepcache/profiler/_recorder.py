@@ -30,7 +30,7 @@ from collections.abc import Callable, Hashable
 from inspect import Parameter, Signature
 from typing import Any, Final
 
-from stepcache._recorder import Watch
+from stepcache._watch import Watch
 from stepcache.profiler import _argprint
 from stepcache.profiler._reads import ReadRecorder
 

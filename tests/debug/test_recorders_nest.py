@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 import stepcache
-from stepcache._recorder import Watch, watch
+from stepcache._watch import Watch, watch
 from stepcache.profiler._reads import ReadRecorder
 
 

@@ -20,14 +20,19 @@ import torch
 import stepcache
 from stepcache.integrations.patching import (
     REQUIRED,
+    InScope,
     Patch,
-    Scope,
     Target,
     Verify,
     expect_function,
 )
 from stepcache.integrations.plugin import EnginePlugin, SwitchError
-from stepcache.integrations.vllm.builders import Builders, BuildScope, Sharer, builders
+from stepcache.integrations.vllm.builders import (
+    Builders,
+    InBuildScope,
+    Sharer,
+    builders,
+)
 
 ENV = "STEPCACHE_FAKEENGINE"
 BUILD = "fakeengine.build_metadata"
@@ -103,7 +108,7 @@ PLUGIN = EnginePlugin(
     env=ENV,
     supported=(("fakeengine", (1, 2)),),
     patches=(
-        Patch(BUILD, "fakeengine.attn", find_build, Scope()),
+        Patch(BUILD, "fakeengine.attn", find_build, InScope()),
         Patch(LENS, "fakeengine.attn", find_lens, Verify()),
     ),
     logger=logging.getLogger("stepcache.fakeengine"),
@@ -337,7 +342,7 @@ def test_builds_of_decodes_open_no_scope_until_a_builder_shares_there(
     lazy = dataclasses.replace(
         PLUGIN,
         patches=(
-            Patch(STEP, "fakeengine.attn", find_step, BuildScope(longest="longest")),
+            Patch(STEP, "fakeengine.attn", find_step, InBuildScope(longest="longest")),
         )
         + PLUGIN.patches[1:],
         gate=builders(
@@ -384,7 +389,7 @@ def test_a_builder_that_shares_in_decodes_made_first_opens_every_builds_scope(
     lazy = dataclasses.replace(
         PLUGIN,
         patches=(
-            Patch(STEP, "fakeengine.attn", find_step, BuildScope(longest="longest")),
+            Patch(STEP, "fakeengine.attn", find_step, InBuildScope(longest="longest")),
         ),
         gate=builders(
             Sharer("fakeengine.attn", "Builder", decode=False),
@@ -487,7 +492,7 @@ def test_a_builder_that_shares_in_decodes_through_a_patch_left_out_does_not(
     plugin = dataclasses.replace(
         PLUGIN,
         patches=(
-            Patch(STEP, "fakeengine.attn", find_step, BuildScope(longest="longest")),
+            Patch(STEP, "fakeengine.attn", find_step, InBuildScope(longest="longest")),
             dataclasses.replace(lens, opt_in=left_out == "off by default"),
         ),
         gate=builders(

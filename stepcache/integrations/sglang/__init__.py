@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from ..patching import Patch, Scope, StockCheck, Verify
+from ..patching import InScope, Patch, StockCheck, Verify
 from ..plugin import EnginePlugin, PluginFunctions
 from . import fp4, gdn, scopes, tbo
 
@@ -83,7 +83,7 @@ PATCHES: tuple[Patch, ...] = (
     # off by default: the scope costs every pass, and only an FP4 KV cache's decode
     # shares a value in it
     Patch(
-        scopes.FORWARD_NAME, scopes.MODULE, scopes.find_forward, Scope(), opt_in=True
+        scopes.FORWARD_NAME, scopes.MODULE, scopes.find_forward, InScope(), opt_in=True
     ),
     Patch(fp4.HOST_ROWS_NAME, fp4.MODULE, fp4.find_host_rows, Verify(), opt_in=True),
 )

