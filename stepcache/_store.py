@@ -185,7 +185,7 @@ class StepCache:
     def made_by(self, owner: object) -> bool:
         """Whether this is ``owner``'s own open store, outside any scope: the one a
         generated miss may write without the slow path."""
-        return self._first == id(owner) and self.scope is None and not self.closed
+        return self._first == id(owner) and self.scope is None and self.table is not CLOSED
 
     def share_unbound(self, original: StepCache) -> None:
         """Start with what ``original`` (the store a copied owner carried) holds that
