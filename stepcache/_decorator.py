@@ -98,7 +98,7 @@ class CachedFunction:
             raise self.error(what, fix)  # the first problem
         self.owner_index = self.index[self.owner_name]
         self.key_names: tuple[str, ...] = tuple(names)
-        specs = (expect,) if isinstance(expect, TensorSpec) else expect or ()
+        specs = expect if isinstance(expect, tuple) else (expect,)
         refs = [r for s in specs if s is not None for r in s.refs()]
         #: the parameters `expect` reads (`Arg`): a hit checks the cached value against
         #: the caller's, as the value was checked against the computing call's
@@ -148,7 +148,8 @@ class CachedFunction:
             unless ``owner``)."""
             besides = "" if owner else " besides the owner"
             what = f"{said}, which is not a parameter{besides} {listing}"
-            return what, _did_you_mean(name, self.names[0 if owner else 1 :], where)
+            others = [n for n in self.names if owner or n != self.owner_name]
+            return what, _did_you_mean(name, others, where)
 
         if any(n.startswith("_sc_") for n in self.names):
             yield "parameter names starting with '_sc_' are reserved", "rename them"
@@ -204,15 +205,13 @@ class CachedFunction:
                     f"ignore= names {n!r}, which key= or depends_on names too",
                     f"leave {n!r} out of ignore=",
                 )
-        specs = (self.expect,) if isinstance(self.expect, TensorSpec) else self.expect
-        if not isinstance(specs, tuple | None) or not all(
-            s is None or isinstance(s, TensorSpec) for s in specs or ()
-        ):
+        specs = self.expect if isinstance(self.expect, tuple) else (self.expect,)
+        if not all(s is None or isinstance(s, TensorSpec) for s in specs):
             yield (
                 f"expect must be a TensorSpec or a tuple of them (got {self.expect!r})",
                 "pass expect=stepcache.TensorSpec(...)",
             )
-        for ref in (r for s in specs or () if s is not None for r in s.refs()):
+        for ref in (r for s in specs if s is not None for r in s.refs()):
             if isinstance(ref, Arg) and ref.name not in self.index:
                 yield unknown(f"expect refers to Arg({ref.name!r})", ref.name, "Arg()")
         if not isinstance(self.guard, bool):
@@ -290,13 +289,12 @@ class CachedFunction:
 
     def deps_of(self, a: Args, owner: object) -> Args:
         """The call's dependencies, in `depends_on` order."""
-        names, index = self.dep_names, self.index
+        names, pos = self.dep_names, self.index  # a parameter, else the owner's
         try:
-            deps = tuple(
-                a[index[d]] if d in index else getattr(owner, d) for d in names
-            )
+            deps = tuple(a[pos[d]] if d in pos else getattr(owner, d) for d in names)
         except AttributeError as exc:
-            missing = next((d for d in names if not hasattr(owner, d)), str(exc))
+            gone = [d for d in names if d not in pos and not hasattr(owner, d)]
+            missing = gone[0] if gone else str(exc)
             raise self.error(
                 f"depends_on names {missing!r}, an attribute the owner "
                 f"{type(owner).__qualname__} does not have",
@@ -326,10 +324,9 @@ class CachedFunction:
     def violation(self, value: object, a: Args, spec: Expect = None) -> str | None:
         """What ``value`` breaks of ``spec`` (default: ``expect``), as ``": result
         ..."``, or ``None``."""
-        if (spec := spec or self.expect) is None:
-            return None
         try:
-            check(spec, value, (a, self.index, a[self.owner_index]))
+            if (spec := spec or self.expect) is not None:
+                check(spec, value, (a, self.index, a[self.owner_index]))
         except CacheValidationError as exc:
             return f": {exc}"
         return None
@@ -438,8 +435,7 @@ def _attributes(owner: object) -> list[str]:
 
 def _did_you_mean(name: str, choices: Sequence[str], where: str) -> str:
     """A fix that names the closest of ``choices`` to ``name``."""
-    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.6)
-    if close:
+    if close := difflib.get_close_matches(name, list(choices), n=3, cutoff=0.6):
         return f"did you mean {' or '.join(repr(c) for c in close)}? Name it in {where}"
     return f"name one of {', '.join(map(repr, choices))} in {where}"
 

@@ -185,6 +185,29 @@ def test_a_missing_dependency_names_the_closest_attributes() -> None:
         Layout().lens()
 
 
+def test_a_missing_dependency_is_named_past_the_parameters_depends_on_names() -> None:
+    class Layout:
+        query_start_loc = 1
+
+    # the parameter ``n`` is no attribute of the owner, and is not what is missing
+    @step_cached(owner="md", depends_on=("n", "query_start_lco"))
+    def lens(n: int, md: object) -> int:
+        return n
+
+    with pytest.raises(StepCacheError, match="depends_on names 'query_start_lco'"):
+        lens(1, Layout())
+
+
+def test_a_misnamed_ignore_suggests_no_owner() -> None:
+    with pytest.raises(StepCacheError) as raised:
+
+        @step_cached(owner="md", key="n", ignore=("mdd",))
+        def lens(n: int, md: object) -> int:
+            return n
+
+    assert "'md'" not in str(raised.value).split("Fix:")[1], raised.value
+
+
 def test_an_unhashable_key_named_by_parameter_gets_a_parameter_s_fix() -> None:
     @step_cached(key="lens", name="errors.param_key")
     def total(md: object, lens: Any) -> int:
