@@ -15,7 +15,7 @@ import operator
 import re
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, cast, overload
 
 import numpy as np
@@ -317,8 +317,8 @@ def _check_deps(kind: str, fn: Cached, key: object, records: Iterable[_Dep]) -> 
 
 
 def _deep_difference(before: _State, after: _State) -> str:
-    if len(before) == 1:  # snapshots, shown as the values they were of; tags
-        b, a = (_shown(s[0]) for s in (before, after))
+    if len(before) == 1:  # snapshots, shown as the values they were of; tags as such
+        b, a = (fp.unsnapshot(s) if type(s) is tuple else s for (s,) in (before, after))
         return f"expected {b!r:.80}, actual {a!r:.80}"
     for name, b, a in zip(("shape", "dtype", "address"), before, after, strict=False):
         if b != a:
@@ -326,16 +326,9 @@ def _deep_difference(before: _State, after: _State) -> str:
     dtype, b, a = before[1], before[3], after[3]  # the first element whose bytes differ
     j = next(i for i, (p, q) in enumerate(zip(b, a, strict=True)) if p != q)
     j //= dtype.itemsize
-    if isinstance(dtype, torch.dtype):
-        b, a = (torch.frombuffer(bytearray(c), dtype=dtype) for c in (b, a))
-    else:
-        b, a = (np.frombuffer(c, dtype) for c in (b, a))
+    decode = torch.frombuffer if isinstance(dtype, torch.dtype) else np.frombuffer
+    b, a = (decode(bytearray(c), dtype=dtype) for c in (b, a))
     return f"contents mismatch at flat index {j}. expected {b[j].item()}, actual {a[j].item()}"
-
-
-def _shown(v: object) -> object:
-    """A snapshot (a pair) as the value it was taken of; a tag as it is."""
-    return fp.unsnapshot(v) if v.__class__ is tuple and len(v) == 2 else v
 
 
 def _tag(t: torch.Tensor) -> _Tag:
@@ -427,6 +420,15 @@ def _canonical(key: object) -> object:
     return key
 
 
+def _reading(owner: object, call: Callable[[], object]) -> tuple[object, set[str]]:
+    """``call()``, and the names of the attributes it read on ``owner``."""
+    reads = watch(owner) or Watch(owner, None)
+    try:
+        return call(), reads.names
+    finally:
+        reads.stop()
+
+
 # Debug mode's hooks, called by the slow path (every call takes it in debug mode):
 # each checks what it can see of the call and raises a recorded detection.
 
@@ -465,9 +467,8 @@ def hit(
     recheck = info is None
     if info is not None:
         for _, x, view, address, before in info.deps:  # `_check_deps`, inline
-            if (address is not None and x.data_ptr() != address) or (
-                view is not None and view.tobytes() != before[3]
-            ):
+            here = address is None or x.data_ptr() == address
+            if not here or (view is not None and view.tobytes() != before[3]):
                 _check_deps("dependency-changed", fn, key, info.deps)
         for t, tag, address in info.versions:
             # guard_result: the hit tested a version counter already
@@ -516,21 +517,13 @@ def compute(
             raise detect("device-alias", fn, key, cached=cached)
     owner, skip = a[fn.owner_index], {*fn.dep_names, "_stepcache"}
     recorded = _record(fn.dep_names, deps)
-    reads = watch(owner) or Watch(owner, None)
-    try:
-        value = fn.run(a)
-    finally:
-        reads.stop()
+    value, reads = _reading(owner, lambda: fn.run(a))
     if fn.key_fn is not None and fn.dep_names:
-        key_reads = watch(owner) or Watch(owner, None)
-        try:
-            fn.key_of(a)
-        finally:
-            names = data_read(owner, key_reads.stop(), skip)
-        if names:
+        key_reads = _reading(owner, lambda: fn.key_of(a))[1]
+        if names := data_read(owner, key_reads, skip):
             raise detect("key-reads-undeclared", fn, key, names=names)
     _check_deps("builder-mutates-dependency", fn, key, recorded)
-    read = data_read(owner, reads.names, skip)
+    read = data_read(owner, reads, skip)
     watched = {name: fp.fingerprint(getattr(owner, name)) for name in read}
     ignored = tuple((fn.index[n], *fp.fingerprint(a[fn.index[n]])) for n in fn.ignored)
     versions = [_versioned(t) for t in tensors(value)]

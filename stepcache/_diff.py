@@ -21,8 +21,8 @@ def describe(x: object) -> str:
     if isinstance(x, torch.Tensor):
         state = "inference tensor" if x.is_inference() else f"version={version(x)}"
         shape = "nested" if x.is_nested else list(x.shape)
-        text = f"tensor(shape={shape}, dtype={x.dtype}, device={x.device}, "
-        text, small = text + state, strided(x) and x.is_cpu and x.numel() <= 16
+        text = f"tensor(shape={shape}, dtype={x.dtype}, device={x.device}, {state}"
+        small = strided(x) and x.is_cpu and x.numel() <= 16
     elif isinstance(x, np.ndarray):
         text, small = f"ndarray(shape={list(x.shape)}, dtype={x.dtype}", x.size <= 16
     else:
@@ -88,8 +88,7 @@ def first_difference(
             if found := first_difference(expected[k], got[k], f"{path}[{k!r}]", seen):
                 return found
         return None
-    pair = (id(expected), id(actual))
-    if pair in seen:  # a cycle: these two are compared further up
+    if (pair := (id(expected), id(actual))) in seen:  # a cycle: compared further up
         return None
     if (fields := _fields(expected)) is not None:  # field by field, as a tuple is
         if (other := _fields(actual)) is None or other.keys() != fields.keys():
