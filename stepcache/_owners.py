@@ -22,13 +22,19 @@ ATTR: Final = "_stepcache"
 _side: dict[int, tuple[weakref.ref[object], StepCache]] = {}
 
 
-def write(owner: object, store: StepCache) -> None:
+def write(owner: object, store: StepCache | None) -> None:
     """Keep ``store`` in ``owner`` (an attribute or declared slot; a tensor's in the
     side table); the owner's class gets `NO_STORE` as its attribute, unless it has one.
+    ``None`` takes its store away: it has none until its next miss.
 
     Raises:
         OwnerError: The owner has no room for a store.
     """
+    if store is None:
+        _side.pop(id(owner), None)
+        with contextlib.suppress(AttributeError, TypeError):
+            object.__delattr__(owner, ATTR)
+        return
     # not in a tensor: torch.save writes its __dict__, and weights_only loads refuse it
     if not isinstance(owner, torch.Tensor):
         try:
@@ -56,13 +62,6 @@ def mark_class(owner: object) -> None:
     if not isinstance(owner, torch.Tensor) and not hasattr(cls, ATTR):
         with contextlib.suppress(Exception):  # a builtin type may refuse
             setattr(cls, ATTR, NO_STORE)
-
-
-def forget(owner: object) -> None:
-    """Take ``owner``'s store away: it has none until its next miss."""
-    _side.pop(id(owner), None)
-    with contextlib.suppress(AttributeError, TypeError):
-        object.__delattr__(owner, ATTR)
 
 
 def _no_room(owner: object) -> OwnerError:

@@ -8,15 +8,11 @@ from __future__ import annotations
 import threading
 import weakref
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
 
 from stepcache._entry import weak
 from stepcache._errors import StaleCacheError, StepCacheError
-from stepcache._owners import closed_error, forget, held, write
-from stepcache._store import NO_STORE, NoStore, StepCache
-
-if TYPE_CHECKING:
-    from stepcache._store import Slot
+from stepcache._owners import closed_error, held, write
+from stepcache._store import NO_STORE, NoStore, Slot, StepCache
 
 _attach_lock = threading.Lock()
 
@@ -69,6 +65,7 @@ class Scope:
         return self._store
 
     def remember(self, owner: object, before: StepCache | None) -> None:
+        """Keep the store ``owner`` had (``before``) as it joins the scope."""
         if self._joined is None:
             self._joined = []
         self._joined.append((weakref.ref(owner), before))
@@ -77,24 +74,23 @@ class Scope:
         if self._entered:
             raise StepCacheError("a scope is entered once (make a new scope())")
         self._entered = self.open = True
-        outer = innermost()
-        if outer is not NO_STORE:
-            outer = self.outer = current()
-            if outer is not NO_STORE:
+        if innermost() is not NO_STORE:
+            self.outer = current()
+            if self.outer is not NO_STORE:
                 self.table = None  # nested: the slow path joins owners to it
         _INNERMOST.set(self)
         return self
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
         inner = innermost()
-        if inner is not self:
-            if not open_here(self):  # closed, never entered, or another thread's
-                raise StepCacheError(
-                    "a scope is closed in the thread that opened it, innermost first"
-                )
-            while inner is not self:  # an inner one left open: closed with it
-                inner.__exit__(None, None, None)  # type: ignore[union-attr]
-                inner = innermost()
+        # not open here: closed, never entered, or another thread's
+        if inner is not self and not open_here(self):
+            raise StepCacheError(
+                "a scope is closed in the thread that opened it, innermost first"
+            )
+        while inner is not self:  # an inner one left open: closed with it
+            inner.__exit__(None, None, None)  # type: ignore[union-attr]
+            inner = innermost()
         _INNERMOST.set(self.outer)
         self.open = False
         self.table = None
@@ -103,10 +99,7 @@ class Scope:
             return
         for ref, before in reversed(self._joined or ()):
             if (owner := ref()) is not None and held(owner) is store:
-                if before is not None:
-                    write(owner, before)
-                else:
-                    forget(owner)
+                write(owner, before)  # or takes its store away (it had none)
         self._joined = None
         store.clear()
 
@@ -133,11 +126,9 @@ def current() -> Scope | NoStore:
 def open_here(scope: Scope) -> bool:
     """Whether ``scope`` is open in this context (innermost or enclosing)."""
     inner = innermost()
-    while isinstance(inner, Scope):
-        if inner is scope:
-            return scope.open
+    while isinstance(inner, Scope) and inner is not scope:
         inner = inner.outer
-    return False
+    return inner is scope and scope.open
 
 
 def miss_store(place: StepCache | Scope, owner: object) -> StepCache | None:
@@ -240,21 +231,22 @@ def cache_of(owner: object) -> StepCache:
         )
     inner = current()
     own = held(owner)
-    mine = own is not None and own.belongs_to(owner)
-    if own is not None and own.scope is not None:
-        if mine and own.scope.open:
-            return own  # joined (an owner of an enclosing scope stays in it)
-        own, mine = None, False  # a scope that is over, or a copy's: nothing to seed
-    if own is not None and mine and own.closed:
-        raise closed_error(owner)
+    if own is not None and own.belongs_to(owner):  # its own, or one it joined
+        if own.scope is not None:
+            if own.scope.open:
+                return own  # joined (an owner of an enclosing scope stays in it)
+        elif own.closed:
+            raise closed_error(owner)
+        elif not isinstance(inner, Scope):
+            return own
     if isinstance(inner, Scope):  # a scope is open here: join the innermost
         return attach(owner, inner.store)
-    if own is not None and mine:
-        return own
     fresh = StepCache(owner)
     write(owner, fresh)
-    if own is not None and not own.closed:
-        fresh.share_unbound(own)  # carried by copy.copy
+    # carried by copy.copy (a closed one holds nothing); not a scope's store, whether
+    # the scope is over or a copy carried it: nothing to seed
+    if own is not None and own.scope is None:
+        fresh.share_unbound(own)
     return fresh
 
 

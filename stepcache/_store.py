@@ -176,29 +176,25 @@ class StepCache:
 
     def belongs_to(self, owner: object) -> bool:
         """Whether ``owner`` made this store or was attached to it."""
-        if self._first == id(owner):
-            return True
-        members = getattr(self, "_members", None)
-        member = None if members is None else members.get(id(owner))
-        return member is not None and member() is owner
+        member = (getattr(self, "_members", None) or {}).get(id(owner))
+        return self._first == id(owner) or (member is not None and member() is owner)
 
     def made_by(self, owner: object) -> bool:
-        """Whether this is ``owner``'s own open store, outside any scope: the one a
-        generated miss may write without the slow path."""
-        return self._first == id(owner) and self.scope is None and self.table is not CLOSED
+        """Whether this is ``owner``'s own open store, outside any scope (a scope's
+        store was made by no owner): the one a generated miss may write without the
+        slow path."""
+        return self._first == id(owner) and self.table is not CLOSED
 
     def share_unbound(self, original: StepCache) -> None:
         """Start with what ``original`` (the store a copied owner carried) holds that
         may serve another owner: its kept objects and its entries with dependencies."""
         self._kept = getattr(original, "_kept", None)
         for fid, slot in list(original.table.items()):
-            if isinstance(slot, dict):
-                if shared := {k: e for k, e in list(slot.items()) if e.bound is None}:
-                    self.table[fid] = shared
-                    self._count(fid, -len(shared))  # not misses here
-            elif slot.bound is None:
-                self.table[fid] = slot
-                self._count(fid, -1)
+            pairs = list(slot.items()) if isinstance(slot, dict) else [(NO_KEY, slot)]
+            for key, entry in pairs:
+                if entry.bound is None:
+                    self.put(fid, key, entry, None)
+                    self._count(fid, -1)  # not a miss here
 
     def add_member(self, owner: object, ref: weakref.ref[object]) -> None:
         """Count ``owner`` (``ref``: a weak reference to it) among this store's."""
@@ -208,11 +204,9 @@ class StepCache:
         """The entry of function ``fid`` and ``key`` (`NO_KEY`: it is not keyed), or
         ``None``; an unhashable key raises `TypeError`, whether or not the function
         has entries."""
-        slot = self.table.get(fid)
         if key is NO_KEY:
-            return slot  # type: ignore[return-value]
-        hash(key)
-        return None if slot is None else slot.get(key)  # type: ignore[union-attr]
+            return self.table.get(fid)  # type: ignore[return-value]
+        return self.table.get(fid, {}).get(key)  # type: ignore[union-attr]
 
     def put(self, fid: int, key: object, entry: Entry, stale: Entry | None) -> bool:
         """Store ``entry`` (``key``: `NO_KEY` for an unkeyed function) in place of
@@ -223,12 +217,10 @@ class StepCache:
         table = self.table
         if key is NO_KEY:
             table[fid] = entry
+        elif (slot := table.get(fid)) is None:
+            table[fid] = {key: entry}
         else:
-            slot = table.get(fid)
-            if slot is None:
-                table[fid] = {key: entry}
-            else:
-                slot[key] = entry  # type: ignore[index]
+            slot[key] = entry  # type: ignore[index]
         if table is not self.table:
             self._drop(table)
         if stale is None:  # its miss is the entry it stored
@@ -284,18 +276,13 @@ def measure(stores: Iterable[StepCache]) -> dict[int, tuple[int, int]]:
     """Function id -> (entries, bytes of strided tensors' and arrays' data) in
     ``stores``, each entry counted once."""
     out: dict[int, tuple[int, int]] = {}
-    seen: set[int] = set()  # a copied owner's store shares the original's entries
-    for store in stores:
-        for fid, entry in store.entries():
-            if id(entry) in seen:
-                continue
-            seen.add(id(entry))
-            # a view counts its own elements, not its storage
-            found: list[torch.Tensor | np.ndarray] = []
-            walk(entry.value, found.append, (torch.Tensor, np.ndarray))
-            entries, size = out.get(fid, (0, 0))
-            size += sum(
-                x.nbytes for x in found if not isinstance(x, torch.Tensor) or strided(x)
-            )
-            out[fid] = (entries + 1, size)
+    # by id: a copied owner's store shares the original's entries
+    unique = {id(e): (fid, e) for store in stores for fid, e in store.entries()}
+    for fid, entry in unique.values():
+        found: list[torch.Tensor | np.ndarray] = []
+        walk(entry.value, found.append, (torch.Tensor, np.ndarray))
+        # a view counts its own elements, not its storage
+        data = [x for x in found if not isinstance(x, torch.Tensor) or strided(x)]
+        entries, size = out.get(fid, (0, 0))
+        out[fid] = (entries + 1, size + sum(x.nbytes for x in data))
     return out
