@@ -47,8 +47,7 @@ class _Default(str):
     """A default value, written in the signature as the name of the global holding
     it."""
 
-    def __repr__(self) -> str:
-        return str(self)
+    __repr__ = str.__str__
 
 
 def signature(params: Sequence[inspect.Parameter]) -> str:
@@ -102,10 +101,9 @@ def source(
     mode's finds a hit as production's does and hands it to its observer
     (`stepcache._debug.hit`); its misses take the slow path. The values it
     reads besides `_globals` go to ``values``."""
-    taken = set(fn.names)
 
     def local(base: str) -> str:  # a local name no parameter has
-        while base in taken:
+        while base in fn.index:
             base += "_"
         return base
 
@@ -160,13 +158,11 @@ def source(
     if variant == "debug":  # its observer checks the hit, outside the try
         out.insert(0, f"{h} = None")
         hit = [f"{h} = {e}"]
-    if fn.arg_refs:  # what expect reads of the arguments (`_spec.quick`: its plain
-        # case inline): other objects are checked; a value they fail is the slow
-        # path's to report
+    if fn.of_args is not None:  # what expect reads of the arguments (`_spec.quick`:
+        # its plain case inline): other objects are checked; a value they fail is the
+        # slow path's to report
         same = " and ".join(f"{n} is {e}.args[{i}]" for i, n in enumerate(fn.arg_refs))
-        plain = "False"
-        if fn.of_args is not None:
-            plain = quick(fn.of_args, f"{e}.value", ref, values)
+        plain = quick(fn.of_args, f"{e}.value", ref, values)
         fits = f"({same} or {plain} or _sc_args_ok({e}.value, {packed}))"
         if variant == "debug":
             tests.append(fits)
@@ -180,11 +176,10 @@ def source(
         if fn.ignored:  # each ignored argument still the object recorded (`QUICK`)
             info, moved, at = local("info"), local("moved"), local("at")
             out += [f"    {moved} = False", f"    {info} = {h}.info"]
-            unpack, kept = "", []
-            for j, n in enumerate(fn.ignored):  # its (position in the call, print)
-                o, v = local(f"io{j}"), local(f"iv{j}")
-                unpack += f"({at}, {o}, {v}), "
-                kept.append(unchanged(n, o, v))
+            # each ignored argument's (position in the call, print)
+            pairs = [(local(f"io{j}"), local(f"iv{j}")) for j in range(len(fn.ignored))]
+            unpack = "".join(f"({at}, {o}, {v}), " for o, v in pairs)
+            kept = [unchanged(n, *p) for n, p in zip(fn.ignored, pairs, strict=True)]
             out += [f"    if {info} is not None:", f"        {unpack}= {info}.ignored"]
             out += [f"        {moved} = not ({' and '.join(kept)})"]
         observed = f"_sc_observed(_sc_self, {packed}, {key}, {h}, {s}, {moved})"
@@ -228,19 +223,18 @@ def source(
     return _function(head, [*out, "_sc_counts.misses += 1", f"return {r}"])
 
 
-#: the slow path's methods the generated code calls, each as ``_sc_{name}``
-_SLOW = ("call", "key_error", "args_ok", "validate", "fingerprint")
+#: what the generated code reads of the decorated function, each as ``_sc_{name}``:
+#: the function itself, its counts, and the slow path's methods it calls
+_READ = ("fn", "counts", "call", "key_error", "args_ok", "validate", "fingerprint")
 
 
 def _globals(fn: CachedFunction) -> dict[str, object]:
     """The values the generated code reads, by name."""
     return {
-        **{f"_sc_{name}": getattr(fn, name) for name in _SLOW},
-        "_sc_fn": fn.fn,
+        **{f"_sc_{name}": getattr(fn, name) for name in _READ},
         # debug mode's observer of a hit, and the function it observes
         "_sc_observed": _debug.hit,
         "_sc_self": fn,
-        "_sc_counts": fn.counts,
         "_sc_key": fn.key_fn,
         "_sc_NO_STORE": NO_STORE,
         "_sc_NO_KEY": NO_KEY,

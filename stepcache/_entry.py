@@ -17,9 +17,7 @@ _Tensor = torch.Tensor
 
 
 def walk(
-    value: Any,
-    leaf: Callable[[Any], Any],
-    kinds: type | tuple[type, ...] = torch.Tensor,
+    value: Any, leaf: Callable[[Any], Any], kinds: type | tuple[type, ...] = _Tensor
 ) -> Any:
     """``value`` with ``leaf(x)`` in place of each ``x`` of ``kinds`` (tensors by
     default): the value itself, or inside plain tuples, named tuples, lists and dicts
@@ -47,18 +45,15 @@ def tensors(value: object) -> list[torch.Tensor]:
     return found
 
 
-class _Tags:
-    """The tags of several tensors (or of one inference tensor), read together as one
+class _Tags(tuple[torch.Tensor, ...]):
+    """Several tensors (or one inference tensor), whose tags are read together as one
     ``_version``, so that a hit compares any result's guard as ``g._version == v``."""
 
-    __slots__ = ("tensors",)
-
-    def __init__(self, tensors: tuple[torch.Tensor, ...]) -> None:
-        self.tensors = tensors
+    __slots__ = ()
 
     @property
     def _version(self) -> tuple[int | Place | str, ...]:
-        return tuple([tag(t) for t in self.tensors])
+        return tuple([tag(t) for t in self])
 
 
 def result_guard(value: Any) -> tuple[Any, Any]:
@@ -71,7 +66,7 @@ def result_guard(value: Any) -> tuple[Any, Any]:
     """
     if value.__class__ is _Tensor and not value.is_inference():
         return value, version(value)  # the common case, without a walk
-    found = tuple(tensors(value))
+    found = tensors(value)
     if len(found) == 1 and not found[0].is_inference():
         return found[0], version(found[0])
     several = _Tags(found)
@@ -126,8 +121,7 @@ class Entry:
                 self.bound = weakref.ref(owner)
             except TypeError:
                 self.bound = weak(owner)  # raises the error that says what to fix
-        self.guard: Any = None
-        self.gtag: Any = None
+        self.guard = self.gtag = None  # the result's guard, where guard_result
         if guard:
             self.guard, self.gtag = result_guard(value)
 

@@ -13,7 +13,12 @@ import torch
 from stepcache._entry import walk
 from stepcache._kinds import plain_torch, strided
 
+#: how `__torch_function__` is called: an op, its positional and keyword arguments
+Op = Callable[..., object]
 OpArgs = tuple[object, ...]
+OpKwargs = Mapping[str, object] | None
+#: a guarded view's check (`GuardedTensor._sc_guard`)
+Guard = Callable[[torch.Tensor], None]
 
 
 class GuardedTensor(torch.Tensor):
@@ -44,15 +49,11 @@ class GuardedTensor(torch.Tensor):
     """
 
     #: raises unless this view may still be used (set by `guarded`)
-    _sc_guard: Callable[[torch.Tensor], None]
+    _sc_guard: Guard
 
     @classmethod
     def __torch_function__(
-        cls,
-        func: Callable[..., object],
-        types: Iterable[type],
-        args: OpArgs = (),
-        kwargs: Mapping[str, object] | None = None,
+        cls, func: Op, types: Iterable[type], args: OpArgs = (), kwargs: OpKwargs = None
     ) -> object:
         kwargs = kwargs or {}
         with plain_torch():
@@ -84,9 +85,7 @@ class GuardedTensor(torch.Tensor):
         return plain.__reduce_ex__(protocol)
 
 
-def guarded(
-    value: object, guard_of: Callable[[torch.Tensor], Callable[[torch.Tensor], None]]
-) -> object:
+def guarded(value: object, guard_of: Callable[[torch.Tensor], Guard]) -> object:
     """``value`` with each tensor in it (as `walk` finds them) handed out as a
     `GuardedTensor` view whose guard is ``guard_of(tensor)``; tensors with no plain
     memory (sparse, nested) and guarded views are handed out as they are."""

@@ -16,13 +16,11 @@ from __future__ import annotations
 import enum
 import operator
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from contextlib import AbstractContextManager
+from typing import Any, Final
 
 import numpy as np
 import torch
-
-if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
 
 Place = tuple[int, torch.Size, tuple[int, ...], torch.dtype, torch.device]
 #: a fingerprint ``(o, v)``: what was stored, and a version counter (an ``int``) or
@@ -105,12 +103,11 @@ def snapshot(x: object) -> Snapshot | None:
     """A comparable copy of a tuple, list, dict or set of scalars, each with its class
     (``None`` if it holds anything else)."""
     if isinstance(x, (list, bytearray)) or x.__class__ is tuple:
-        items: tuple[object, ...] | frozenset[object] = tuple(x)
+        typed = _typed(tuple(x))
     elif isinstance(x, (dict, set, frozenset)):
-        items = tuple(x.items()) if isinstance(x, dict) else frozenset(x)
+        typed = _typed(tuple(x.items()) if isinstance(x, dict) else frozenset(x))
     else:
         return None
-    typed = _typed(items)
     return None if typed is None else (type(x), typed)
 
 

@@ -42,8 +42,8 @@ def by_name(rows: Iterable[tuple[int, Sequence[int]]]) -> dict[str, list[int]]:
     factory's, say) share its row."""
     out: dict[str, list[int]] = {}
     for fid, counts in rows:
-        fn = by_id.get(fid)
-        name = fn.name if fn is not None else f"<function #{fid}>"
+        # a function gone since is named by its id
+        name = fn.name if (fn := by_id.get(fid)) is not None else f"<function #{fid}>"
         row = out.setdefault(name, [0] * len(counts))
         row[:] = map(sum, zip(row, counts, strict=True))
     return out

@@ -223,18 +223,20 @@ def _dims(name: str, dims: object) -> tuple[Dim, ...]:
         one = f"Attr({dims!r})" if isinstance(dims, str) else repr(dims)
         fix = f"a tuple with one entry per leading dim, e.g. {name}=({one},)"
         raise _bad(name, "a tuple of int, None, Arg or Attr", dims, fix)
-    out = tuple(dims)
-    for i, d in enumerate(out):
-        if d.__class__ is bool or not isinstance(d, Dim):
-            fix = "an int size, None to skip the dim, or Arg/Attr to read it"
-            if isinstance(d, str):
-                fix = (
-                    f"Attr({d!r}) for the owner's attribute, Arg({d!r}) for an argument"
-                )
-            raise _bad(f"{name}[{i}]", "an int, None, Arg or Attr", d, fix)
-        if isinstance(d, int) and d < 0:
-            raise _bad(f"{name}[{i}]", "a size >= 0", d, "None skips a dim")
-    return out
+    return tuple(_dim(f"{name}[{i}]", d) for i, d in enumerate(dims))
+
+
+def _dim(at: str, d: object) -> Dim:
+    """``d``, the entry ``at`` of a ``shape`` or ``min_shape``, or a `StepCacheError`
+    that says what is wrong with it."""
+    if d.__class__ is bool or not isinstance(d, Dim):
+        fix = "an int size, None to skip the dim, or Arg/Attr to read it"
+        if isinstance(d, str):
+            fix = f"Attr({d!r}) for the owner's attribute, Arg({d!r}) for an argument"
+        raise _bad(at, "an int, None, Arg or Attr", d, fix)
+    if isinstance(d, int) and d < 0:
+        raise _bad(at, "a size >= 0", d, "None skips a dim")
+    return d
 
 
 def _fixed_device(device: object) -> torch.device | Arg | Attr | None:
@@ -339,7 +341,7 @@ def _of_args(spec: TensorSpec | None) -> TensorSpec | None:
         return x if type(x) is Arg else None
 
     def dims(d: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
-        return tuple(map(arg, d)) if d and any(type(x) is Arg for x in d) else None
+        return tuple(map(arg, d)) if d and any(map(arg, d)) else None
 
     shape, least = dims(spec.shape), dims(spec.min_shape)
     return TensorSpec(arg(spec.device), arg(spec.dtype), None, shape, least)

@@ -97,10 +97,9 @@ class StatsTable(Mapping[str, FunctionStats]):
             lines.append((name, *map(str, counts), _human(size)))
         widths = [max(map(len, column)) for column in zip(*lines, strict=True)]
         lines.insert(1, tuple("-" * w for w in widths))
-        return "\n".join(
-            "  ".join([line[0].ljust(widths[0]), *map(str.rjust, line[1:], widths[1:])])
-            for line in lines
-        )
+        # the names left-aligned, the numbers right-aligned
+        fmt = "  ".join([f"%-{widths[0]}s", *(f"%{w}s" for w in widths[1:])])
+        return "\n".join(fmt % line for line in lines)
 
 
 def _human(n: int) -> str:
@@ -129,9 +128,8 @@ def stats(*, include_idle: bool = False) -> StatsTable:
     """
     live, rows = measure(live_caches()), []
     for fn in all_functions():
-        c = fn.counts
-        counts = [c.hits, c.misses, c.bypasses, c.invalidations]
-        rows.append((fn.fid, counts + list(live.get(fn.fid, (0, 0)))))
+        c, held = fn.counts, live.get(fn.fid, (0, 0))
+        rows.append((fn.fid, [c.hits, c.misses, c.bypasses, c.invalidations, *held]))
     merged = (FunctionStats(n, *c) for n, c in by_name(rows).items())
     kept = tuple(r for r in merged if include_idle or r.calls or r.live_entries)
     return StatsTable(kept)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Final
+from typing import Final, Literal
 
 from stepcache import _registry
 
@@ -44,33 +44,27 @@ class Switches:
         return "production" if cls.mode == "off" else "debug"
 
 
-def _set(disabled: bool | None = None, mode: str | None = None) -> tuple[bool, str]:
-    """Set a switch; return both as they were."""
-    if disabled is not None and not isinstance(disabled, bool):
-        raise TypeError(f"set_disabled() takes a bool (got {disabled!r})")
-    if mode is not None and mode not in DEBUG_MODES:
-        raise ValueError(f"debug mode must be one of {DEBUG_MODES} (got {mode!r})")
+def _set(name: Literal["disabled", "mode"], value: bool | str) -> bool | str:
+    """Set the switch ``name`` to ``value``; return its value before."""
+    if name == "disabled" and not isinstance(value, bool):
+        raise TypeError(f"set_disabled() takes a bool (got {value!r})")
+    if name == "mode" and value not in DEBUG_MODES:
+        raise ValueError(f"debug mode must be one of {DEBUG_MODES} (got {value!r})")
     with _registry.lock:
-        before = Switches.disabled, Switches.mode
-        if disabled is not None:
-            Switches.disabled = disabled
-        if mode is not None:
-            Switches.mode = mode
+        before: bool | str = getattr(Switches, name)
+        setattr(Switches, name, value)
         for fn in list(_registry.by_id.values()):
             fn.compiled.use(Switches.variant())
     return before
 
 
 @contextlib.contextmanager
-def _switched(disabled: bool | None = None, mode: str | None = None) -> Iterator[None]:
-    was_disabled, was_mode = _set(disabled, mode)
+def _switched(name: Literal["disabled", "mode"], value: bool | str) -> Iterator[None]:
+    before = _set(name, value)
     try:
         yield
     finally:
-        _set(
-            None if disabled is None else was_disabled,
-            None if mode is None else was_mode,
-        )
+        _set(name, before)
 
 
 def set_disabled(value: bool) -> None:
@@ -85,7 +79,7 @@ def set_disabled(value: bool) -> None:
         True
         >>> stepcache.set_disabled(False)
     """
-    _set(disabled=value)
+    _set("disabled", value)
 
 
 def get_disabled() -> bool:
@@ -114,7 +108,7 @@ def disabled() -> contextlib.AbstractContextManager[None]:
         >>> stepcache.stats()["ex.disabled"].bypasses
         1
     """
-    return _switched(disabled=True)
+    return _switched("disabled", True)
 
 
 def set_debug(mode: str) -> None:
@@ -130,7 +124,7 @@ def set_debug(mode: str) -> None:
         'checks'
         >>> stepcache.set_debug("off")
     """
-    _set(mode=mode)
+    _set("mode", mode)
 
 
 def get_debug() -> str:
@@ -157,4 +151,4 @@ def debug(mode: str = "checks") -> contextlib.AbstractContextManager[None]:
         'checks'
         'verify'
     """
-    return _switched(mode=mode)
+    return _switched("mode", mode)

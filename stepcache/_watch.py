@@ -13,6 +13,7 @@ code that patches the same class.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable
@@ -68,24 +69,21 @@ def _unpatch(patch: _Patch) -> None:
     """Put the class's own ``__getattribute__`` back (under ``_lock``), unless other
     code replaced the recording one meanwhile: that one is left as it was set."""
     del _patched[patch.cls]
-    cls = patch.cls
-    if cls.__dict__.get("__getattribute__") is not patch.wrapper:
+    if patch.cls.__dict__.get("__getattribute__") is not patch.wrapper:
         return
     if patch.own is not None:
-        setattr(cls, "__getattribute__", patch.own)  # noqa: B010
+        setattr(patch.cls, "__getattribute__", patch.own)  # noqa: B010
     else:
-        delattr(cls, "__getattribute__")  # noqa: B010
+        delattr(patch.cls, "__getattribute__")  # noqa: B010
 
 
 def unrecorded(obj: object, name: str) -> Any:
     """``getattr(obj, name)``, unseen by any watch: for a read that checks a value
     and is no input of it (debug mode would watch an input on every hit)."""
-    patch = _patched.get(type(obj))
-    if patch is not None:
-        try:
+    if (patch := _patched.get(type(obj))) is not None:
+        # a class's __getattr__ answers what the original does not: through getattr
+        with contextlib.suppress(AttributeError):
             return patch.original(obj, name)
-        except AttributeError:
-            pass  # a class's __getattr__ answers: through getattr
     return getattr(obj, name)
 
 
@@ -99,6 +97,8 @@ class Watch:
         self.obj = obj
         self.names: set[str] = set()
         self._patch: _Patch | None = patch
+        if patch is not None:  # one of the watches on its class (`watch` holds _lock)
+            patch.watchers.setdefault(id(obj), []).append(self.names)
 
     def stop(self) -> set[str]:
         """Stop watching (again: nothing more); the names read. The last watch on a
@@ -118,14 +118,9 @@ class Watch:
 def watch(obj: object) -> Watch | None:
     """Start recording the attributes read on ``obj``; ``None`` when its class cannot
     be patched (a built-in class: ``Watch(obj, None)`` records nothing)."""
-    cls = type(obj)
     with _lock:
-        patch = _patched.get(cls) or _patch(cls)
-        if patch is None:
-            return None
-        w = Watch(obj, patch)
-        patch.watchers.setdefault(id(obj), []).append(w.names)
-        return w
+        patch = _patched.get(type(obj)) or _patch(type(obj))
+        return Watch(obj, patch) if patch is not None else None
 
 
 def data_read(owner: object, names: set[str], skip: set[str]) -> list[str]:
