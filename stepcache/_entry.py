@@ -115,12 +115,7 @@ class Entry:
         self.info = info
         self.args = args
         # nothing else tells the owner's calls from another owner's of its store
-        self.bound: weakref.ref[object] | None = None
-        if not deps:
-            try:
-                self.bound = weakref.ref(owner)
-            except TypeError:
-                self.bound = weak(owner)  # raises the error that says what to fix
+        self.bound: weakref.ref[object] | None = None if deps else weak(owner)
         self.guard = self.gtag = None  # the result's guard, where guard_result
         if guard:
             self.guard, self.gtag = result_guard(value)

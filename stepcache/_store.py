@@ -176,8 +176,10 @@ class StepCache:
 
     def belongs_to(self, owner: object) -> bool:
         """Whether ``owner`` made this store or was attached to it."""
+        if self._first == id(owner):
+            return True
         member = (getattr(self, "_members", None) or {}).get(id(owner))
-        return self._first == id(owner) or (member is not None and member() is owner)
+        return member is not None and member() is owner
 
     def made_by(self, owner: object) -> bool:
         """Whether this is ``owner``'s own open store, outside any scope (a scope's

@@ -8,7 +8,7 @@ should pay neither. :class:`Builders` is the plugin's
 until the engine makes one of the builders its :class:`Sharer` list names (it watches
 their ``__init__``), and each patch a sharer names in ``shares`` until a builder of
 that sharer is made. The Mamba family's builders share only prefill rows: while they
-are the only ones made, a :class:`InBuildScope` build of decodes only (its longest query
+are the only ones made, an :class:`InBuildScope` build of decodes only (its longest query
 one token) opens no scope; once a builder that shares in decodes is made, every build
 opens one. What it saw is kept for the process (the engine makes its builders once),
 across :func:`~stepcache.integrations.vllm.unregister`.
@@ -35,7 +35,7 @@ from ..patching import (
 if TYPE_CHECKING:
     from ..plugin import EnginePlugin
 
-__all__ = ["InBuildScope", "Builders", "Sharer", "builders"]
+__all__ = ["Builders", "InBuildScope", "Sharer", "builders"]
 
 
 class Sharer(NamedTuple):
@@ -104,7 +104,7 @@ class Builders:
                 self.plugin.on_import(sharer.module, self._watcher(sharer))
 
     def installed(self, patch: Patch) -> Patch:
-        """``patch``; a :class:`InBuildScope` opens in every build once a builder that
+        """``patch``; an :class:`InBuildScope` opens in every build once a builder that
         shares in decodes was made."""
         wrap = patch.wrap
         if isinstance(wrap, InBuildScope) and wrap.longest and self.decode_wanted:
