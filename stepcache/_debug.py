@@ -127,12 +127,10 @@ class DebugReport(Sequence[Detection]):
         return self.detections[i]
 
     def __str__(self) -> str:
-        if not self.detections:
-            return "stepcache debug report: nothing detected"
         more = f" ({self.dropped} more not kept)" if self.dropped else ""
-        lines = [f"stepcache debug report: {len(self)} detection(s){more}"]
-        lines += (f"{i}. [{d.kind}] {d.message}" for i, d in enumerate(self, 1))
-        return "\n".join(lines)
+        head = f"{len(self)} detection(s){more}" if self else "nothing detected"
+        lines = (f"\n{i}. [{d.kind}] {d.message}" for i, d in enumerate(self, 1))
+        return f"stepcache debug report: {head}" + "".join(lines)
 
 
 _report: list[Detection] = []
@@ -264,17 +262,14 @@ class _Info:
 def _view(x: object) -> _View | None:
     """A numpy array sharing the memory of ``x``, a small CPU tensor or numpy array
     (else ``None``), through which its contents are read again."""
-    if isinstance(x, np.ndarray):
-        return x if x.size <= DEEP_CONTENT_LIMIT else None
-    if not isinstance(x, torch.Tensor) or not fp.strided(x) or not x.is_cpu:
-        return None  # sparse and nested tensors: no plain memory to read
-    if x.numel() > DEEP_CONTENT_LIMIT:
-        return None
-    try:  # a real dtype as its bits: numpy lacks some (bfloat16)
-        t = x.detach()
-        return t.numpy() if t.is_complex() else t.view(_BITS[t.itemsize]).numpy()
-    except Exception:  # not on the CPU, not strided, a conjugate view: not read
-        return None
+    # sparse and nested tensors: no plain memory to read
+    if isinstance(x, torch.Tensor) and fp.strided(x) and x.is_cpu:
+        try:  # a real dtype as its bits: numpy lacks some (bfloat16); no copy made
+            t = x.detach()
+            x = t.numpy() if t.is_complex() else t.view(_BITS[t.itemsize]).numpy()
+        except Exception:  # a conjugate view: not read
+            return None
+    return x if isinstance(x, np.ndarray) and x.size <= DEEP_CONTENT_LIMIT else None
 
 
 def _deep(x: object, view: _View | None) -> _State:
@@ -324,8 +319,7 @@ def _deep_difference(before: _State, after: _State) -> str:
         if b != a:
             return f"{name} mismatch. expected {b}, actual {a}"
     dtype, b, a = before[1], before[3], after[3]  # the first element whose bytes differ
-    j = next(i for i, (p, q) in enumerate(zip(b, a, strict=True)) if p != q)
-    j //= dtype.itemsize
+    j = next(i for i in range(len(b)) if b[i] != a[i]) // dtype.itemsize
     decode = torch.frombuffer if isinstance(dtype, torch.dtype) else np.frombuffer
     b, a = (decode(bytearray(c), dtype=dtype) for c in (b, a))
     return f"contents mismatch at flat index {j}. expected {b[j].item()}, actual {a[j].item()}"

@@ -37,7 +37,7 @@ Expect = TensorSpec | tuple[TensorSpec | None, ...] | None
 KeyArg = Callable[..., Hashable] | str | Sequence[str] | None
 Only = Mapping[str, Container[object]]  # only=: the values of each parameter to cache
 Args = tuple[object, ...]  # a call's arguments: each parameter's value, in order
-Problem = tuple[str, str]  # what is wrong with a decoration, and its fix
+Problems = Iterator[tuple[str, str]]  # what is wrong with a decoration, and its fix
 #: ``call()``'s key before it is known (``NO_KEY``: the function has none)
 UNKNOWN: Final = object()
 _STARS = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
@@ -138,18 +138,19 @@ class CachedFunction:
 
     def _problems(
         self, key: KeyArg, names: Sequence[str], plain: list[str], only: Only | None
-    ) -> Iterator[Problem]:
+    ) -> Problems:
         """What makes the decoration unworkable, and its fix, in order (the first is
         raised; later checks may assume the earlier ones passed)."""
         listing = f"(parameters: {', '.join(self.names)})"
 
-        def unknown(said: str, name: str, where: str, owner: bool = True) -> Problem:
-            """``said``: it names ``name``, which is no parameter (besides the owner,
-            unless ``owner``)."""
-            besides = "" if owner else " besides the owner"
-            what = f"{said}, which is not a parameter{besides} {listing}"
-            others = [n for n in self.names if owner or n != self.owner_name]
-            return what, _did_you_mean(name, others, where)
+        def unknown(said: str, name: str, where: str, owner: bool = True) -> Problems:
+            """The problem, if ``name`` (named as ``said`` formats it) is no parameter
+            (besides the owner, unless ``owner``)."""
+            if name not in self.index or (not owner and name == self.owner_name):
+                others = [n for n in self.names if owner or n != self.owner_name]
+                tail = listing if owner else f"besides the owner {listing}"
+                what = f"{said.format(name)}, which is not a parameter {tail}"
+                yield what, _did_you_mean(name, others, where)
 
         if any(n.startswith("_sc_") for n in self.names):
             yield "parameter names starting with '_sc_' are reserved", "rename them"
@@ -184,8 +185,7 @@ class CachedFunction:
         if not names and self.keyed and not callable(key):
             yield "key=() names no parameter", "leave key out for one entry per owner"
         for k in names:
-            if k not in self.index:
-                yield unknown(f"key names {k!r}", k, "key")
+            yield from unknown("key names {!r}", k, "key")
         for d in self.dep_names:
             if not isinstance(d, str) or not d.isidentifier() or keyword.iskeyword(d):
                 yield (
@@ -198,9 +198,8 @@ class CachedFunction:
                     "name the owner's attributes that the value is computed from",
                 )
         for n in self.ignored:
-            if n not in self.index or n == self.owner_name:
-                yield unknown(f"ignore= names {n!r}", n, "ignore=", owner=False)
-            elif n in names or n in self.dep_names:
+            yield from unknown("ignore= names {!r}", n, "ignore=", owner=False)
+            if n in names or n in self.dep_names:
                 yield (
                     f"ignore= names {n!r}, which key= or depends_on names too",
                     f"leave {n!r} out of ignore=",
@@ -212,8 +211,8 @@ class CachedFunction:
                 "pass expect=stepcache.TensorSpec(...)",
             )
         for ref in (r for s in specs if s is not None for r in s.refs()):
-            if isinstance(ref, Arg) and ref.name not in self.index:
-                yield unknown(f"expect refers to Arg({ref.name!r})", ref.name, "Arg()")
+            if isinstance(ref, Arg):
+                yield from unknown("expect refers to Arg({!r})", ref.name, "Arg()")
         if not isinstance(self.guard, bool):
             yield (
                 f"guard_result must be True or False (got {self.guard!r})",
@@ -226,8 +225,7 @@ class CachedFunction:
                 "pass only={'kind': frozenset({...})}",
             )
         for n, values in (only or {}).items():
-            if n not in self.index or n == self.owner_name:
-                yield unknown(f"only= names {n!r}", n, "only=", owner=False)
+            yield from unknown("only= names {!r}", n, "only=", owner=False)
             if isinstance(values, (str, bytes)) or not hasattr(values, "__contains__"):
                 yield (
                     f"only={{{n!r}: ...}} must be a collection of the values to cache "
@@ -235,14 +233,13 @@ class CachedFunction:
                     "pass a frozenset of the values",
                 )
         covered = {self.owner_name, *names, *self.dep_names, *self.ignored}
-        for n in self.names if not callable(key) else ():
-            if n not in covered:
-                yield (
-                    f"parameter {n!r} is in neither key= nor depends_on, so every call "
-                    f"would share one cached value whatever {n!r} is",
-                    "add it to key= (one entry per value), or name it in ignore= if "
-                    "it does not change the result (an output buffer, say)",
-                )
+        for n in [] if callable(key) else [n for n in self.names if n not in covered]:
+            yield (
+                f"parameter {n!r} is in neither key= nor depends_on, so every call "
+                f"would share one cached value whatever {n!r} is",
+                "add it to key= (one entry per value), or name it in ignore= if "
+                "it does not change the result (an output buffer, say)",
+            )
 
     def owner_error(self, exc: OwnerError) -> StepCacheError:
         """``exc`` (what is wrong with an owner) naming this function's owner."""
@@ -270,9 +267,8 @@ class CachedFunction:
         """The call's key (`BYPASS` for a call that ``only=`` leaves out); `NO_KEY`
         for an unkeyed function."""
         try:
-            for name, allowed in self.only.items():
-                if a[self.index[name]] not in allowed:
-                    return BYPASS
+            if any(a[self.index[n]] not in allowed for n, allowed in self.only.items()):
+                return BYPASS
         except Exception as exc:
             raise self.error(
                 f"its only= test raised {type(exc).__name__}: {exc}",
@@ -295,10 +291,14 @@ class CachedFunction:
         except AttributeError as exc:
             gone = [d for d in names if d not in pos and not hasattr(owner, d)]
             missing = gone[0] if gone else str(exc)
+            try:  # the owner's attributes, for the fix (a dir() may raise)
+                have = [n for n in dir(owner) if not n.startswith("__")]
+            except Exception:
+                have = []
             raise self.error(
                 f"depends_on names {missing!r}, an attribute the owner "
                 f"{type(owner).__qualname__} does not have",
-                _did_you_mean(missing, _attributes(owner), "depends_on"),
+                _did_you_mean(missing, have, "depends_on"),
             ) from None
         if not self._deps_checked:  # the first call: what kinds the dependencies are
             for i, x in enumerate(deps):
@@ -349,15 +349,16 @@ class CachedFunction:
         """Every call the generated code did not finish: the first of an owner that
         the slow path must place, a bypass, and every call while caching is off or
         debug mode is on."""
-        if Switches.disabled:
-            return self.bypass(a)
         debugging = Switches.mode != "off"
-        if key is UNKNOWN:
+        if Switches.disabled:  # caching off: every call a bypass, unobserved
+            key, debugging = BYPASS, False
+        elif key is UNKNOWN:
             key = self.key_of(a)
-        if key is BYPASS:
+        if key is BYPASS:  # computed, uncached (a `BYPASS` key, only=, caching off)
             if debugging:
                 _debug.bypassed(self, a)
-            return self.bypass(a)
+            self.counts.bypasses += 1
+            return self.run(a)
         owner = a[self.owner_index]
         store = self.place_of(owner, key, debugging)
         deps = self.deps_of(a, owner)
@@ -419,18 +420,6 @@ class CachedFunction:
             raise _debug.detect("use-after-close", self, key, str(exc)) from None
         except OwnerError as exc:
             raise self.owner_error(exc) from None
-
-    def bypass(self, a: Args) -> object:
-        """A call left out of the cache (a `BYPASS` key, only=, or caching off)."""
-        self.counts.bypasses += 1
-        return self.run(a)
-
-
-def _attributes(owner: object) -> list[str]:
-    try:
-        return [n for n in dir(owner) if not n.startswith("__")]
-    except Exception:
-        return []
 
 
 def _did_you_mean(name: str, choices: Sequence[str], where: str) -> str:

@@ -117,14 +117,11 @@ def _fields(x: object) -> dict[str, object] | None:
         names = [f.name for f in dataclasses.fields(x) if f.compare]
     elif hasattr(cls, "__attrs_attrs__"):
         names = [a.name for a in cls.__attrs_attrs__ if a.eq]
-    elif cls.__eq__ is object.__eq__ and _plain_object(x):
+    elif cls.__eq__ is object.__eq__ and isinstance(getattr(x, "__dict__", None), dict):
+        # a class's __dict__ is a mappingproxy; a function or module is not data
+        if callable(x) or isinstance(x, types.ModuleType):
+            return None
         names = list(vars(x))
     else:
         return None
     return {n: getattr(x, n, _MISSING) for n in names if n != "_stepcache"}
-
-
-def _plain_object(x: object) -> bool:
-    """An instance with a ``__dict__`` that is data: not a class, module or function."""
-    data = not callable(x) and not isinstance(x, types.ModuleType)
-    return data and isinstance(getattr(x, "__dict__", None), dict)

@@ -58,10 +58,9 @@ def mark_class(owner: object) -> None:
     """Give ``owner``'s class the placeholder `NO_STORE` (unless it has the
     attribute), so that its instances' calls read it instead of raising: an owner
     whose first call only read a scope's store."""
-    cls = type(owner)
-    if not isinstance(owner, torch.Tensor) and not hasattr(cls, ATTR):
+    if not isinstance(owner, torch.Tensor) and not hasattr(type(owner), ATTR):
         with contextlib.suppress(Exception):  # a builtin type may refuse
-            setattr(cls, ATTR, NO_STORE)
+            setattr(type(owner), ATTR, NO_STORE)
 
 
 def _no_room(owner: object) -> OwnerError:

@@ -35,17 +35,16 @@ class Scope:
     # Opened and closed once per metadata build, between long stretches of the
     # engine's own code: kept to a few attribute writes. Its store is made at its
     # first miss; until then its table is the placeholder's, which finds nothing.
-    __slots__ = ("_entered", "_joined", "_store", "open", "outer", "table")
+    __slots__ = ("_joined", "_store", "open", "outer", "table")
 
     def __init__(self) -> None:
         self._store: StepCache | None = None
         #: whether the scope is open (a closed one is never reopened)
         self.open = False
-        self._entered = False
         #: the scope it was opened in, or `NO_STORE`
         self.outer: Scope | NoStore = NO_STORE
         #: (weak reference to each joined owner, the store it had, or ``None``)
-        self._joined: list[tuple[weakref.ref[object], StepCache | None]] | None = None
+        self._joined: tuple[tuple[weakref.ref[object], StepCache | None], ...] = ()
         #: what the first calls of owners without a store read (`innermost`);
         #: ``None`` while it is nested or closed: those calls take the slow path
         self.table: dict[int, Slot] | None = NO_STORE.table
@@ -65,42 +64,39 @@ class Scope:
         return self._store
 
     def remember(self, owner: object, before: StepCache | None) -> None:
-        """Keep the store ``owner`` had (``before``) as it joins the scope."""
-        if self._joined is None:
-            self._joined = []
-        self._joined.append((weakref.ref(owner), before))
+        """Keep the store ``owner`` had (``before``) as it joins the scope (a new
+        tuple: its close reads the one it finds)."""
+        self._joined += ((weakref.ref(owner), before),)
 
     def __enter__(self) -> Scope:
-        if self._entered:
+        if self.open or self.table is None:  # open, or closed (entered before)
             raise StepCacheError("a scope is entered once (make a new scope())")
-        self._entered = self.open = True
-        if innermost() is not NO_STORE:
-            self.outer = current()
-            if self.outer is not NO_STORE:
-                self.table = None  # nested: the slow path joins owners to it
+        self.open = True
+        if innermost() is not NO_STORE and (outer := active_scope()) is not None:
+            self.outer = outer
+            self.table = None  # nested: the slow path joins owners to it
         _INNERMOST.set(self)
         return self
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
-        inner = innermost()
         # not open here: closed, never entered, or another thread's
-        if inner is not self and not open_here(self):
+        if innermost() is not self and not open_here(self):
             raise StepCacheError(
                 "a scope is closed in the thread that opened it, innermost first"
             )
-        while inner is not self:  # an inner one left open: closed with it
+        # an inner one left open: closed with it
+        while (inner := innermost()) is not self:
             inner.__exit__(None, None, None)  # type: ignore[union-attr]
-            inner = innermost()
         _INNERMOST.set(self.outer)
         self.open = False
         self.table = None
         store, self._store = self._store, None  # no cycle left to the collector
         if store is None:
             return
-        for ref, before in reversed(self._joined or ()):
+        for ref, before in reversed(self._joined):
             if (owner := ref()) is not None and held(owner) is store:
                 write(owner, before)  # or takes its store away (it had none)
-        self._joined = None
+        self._joined = ()
         store.clear()
 
 
@@ -111,16 +107,6 @@ _INNERMOST: ContextVar[Scope | NoStore] = ContextVar(
     "stepcache.innermost", default=NO_STORE
 )
 innermost = _INNERMOST.get
-
-
-def current() -> Scope | NoStore:
-    """This context's innermost scope that is still open, or `NO_STORE`. A context
-    copied while a scope was open (an asyncio task made inside it) still names it
-    after it closed; the scopes it is nested in may be open."""
-    inner = innermost()
-    while isinstance(inner, Scope) and not inner.open:
-        inner = inner.outer
-    return inner
 
 
 def open_here(scope: Scope) -> bool:
@@ -199,7 +185,11 @@ def active_scope() -> Scope | None:
         >>> stepcache.active_scope() is None
         True
     """
-    inner = current()
+    # A context copied while a scope was open (an asyncio task made inside it) still
+    # names it after it closed; the scopes it is nested in may be open.
+    inner = innermost()
+    while isinstance(inner, Scope) and not inner.open:
+        inner = inner.outer
     return inner if isinstance(inner, Scope) else None
 
 
@@ -229,17 +219,15 @@ def cache_of(owner: object) -> StepCache:
             "the owner is None: a step-cached function's owner parameter (its first, "
             "or the one named by owner=) must be the step's metadata object"
         )
-    inner = current()
-    own = held(owner)
+    inner, own = active_scope(), held(owner)
     if own is not None and own.belongs_to(owner):  # its own, or one it joined
-        if own.scope is not None:
-            if own.scope.open:
-                return own  # joined (an owner of an enclosing scope stays in it)
-        elif own.closed:
+        if own.scope is None and own.closed:
             raise closed_error(owner)
-        elif not isinstance(inner, Scope):
+        # joined to a scope still open (an owner of an enclosing scope stays in it),
+        # or its own while no scope is open here
+        if own.scope.open if own.scope is not None else inner is None:
             return own
-    if isinstance(inner, Scope):  # a scope is open here: join the innermost
+    if inner is not None:  # a scope is open here: join the innermost
         return attach(owner, inner.store)
     fresh = StepCache(owner)
     write(owner, fresh)

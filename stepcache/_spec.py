@@ -327,14 +327,10 @@ def of_args(expect: Spec | None) -> Spec | None:
     >>> of_args(TensorSpec(device=Arg("buf"), dtype=torch.int32, ndim=1))
     TensorSpec(device=Arg('buf'))
     """
-    if isinstance(expect, tuple):
-        parts = tuple(map(_of_args, expect))
+    if isinstance(expect, tuple):  # each spec's part (a spec gives a spec or None)
+        parts = tuple(cast("TensorSpec | None", of_args(s)) for s in expect)
         return parts if any(parts) else None
-    return _of_args(expect)
-
-
-def _of_args(spec: TensorSpec | None) -> TensorSpec | None:
-    if spec is None or not any(type(r) is Arg for r in spec.refs()):
+    if expect is None or not any(type(r) is Arg for r in expect.refs()):
         return None
 
     def arg(x: object) -> Arg | None:  # an Arg as it is; other items unchecked
@@ -343,8 +339,8 @@ def _of_args(spec: TensorSpec | None) -> TensorSpec | None:
     def dims(d: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
         return tuple(map(arg, d)) if d and any(map(arg, d)) else None
 
-    shape, least = dims(spec.shape), dims(spec.min_shape)
-    return TensorSpec(arg(spec.device), arg(spec.dtype), None, shape, least)
+    shape, least = dims(expect.shape), dims(expect.min_shape)
+    return TensorSpec(arg(expect.device), arg(expect.dtype), None, shape, least)
 
 
 def check(expect: Spec, value: object, scope: Refs) -> None:

@@ -235,9 +235,8 @@ class StepCache:
     def _count(self, fid: int, n: int) -> None:
         counts = getattr(self, "_counts", None)
         if counts is None:
-            self._counts = {fid: n}
-        else:
-            counts[fid] = counts.get(fid, 0) + n
+            counts = self._counts = {}
+        counts[fid] = counts.get(fid, 0) + n
 
     def keys(self, fid: int) -> list[object]:
         """The keys of a keyed function's entries."""

@@ -69,12 +69,11 @@ def _unpatch(patch: _Patch) -> None:
     """Put the class's own ``__getattribute__`` back (under ``_lock``), unless other
     code replaced the recording one meanwhile: that one is left as it was set."""
     del _patched[patch.cls]
-    if patch.cls.__dict__.get("__getattribute__") is not patch.wrapper:
-        return
-    if patch.own is not None:
-        setattr(patch.cls, "__getattribute__", patch.own)  # noqa: B010
-    else:
-        delattr(patch.cls, "__getattribute__")  # noqa: B010
+    if patch.cls.__dict__.get("__getattribute__") is patch.wrapper:
+        if patch.own is not None:
+            setattr(patch.cls, "__getattribute__", patch.own)  # noqa: B010
+        else:
+            delattr(patch.cls, "__getattribute__")  # noqa: B010
 
 
 def unrecorded(obj: object, name: str) -> Any:

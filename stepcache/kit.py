@@ -14,11 +14,4 @@ from stepcache._codegen import defaults, method, passed, signature
 from stepcache._kinds import place
 from stepcache._watch import unrecorded
 
-__all__ = [
-    "defaults",
-    "method",
-    "passed",
-    "place",
-    "signature",
-    "unrecorded",
-]
+__all__ = ["defaults", "method", "passed", "place", "signature", "unrecorded"]
