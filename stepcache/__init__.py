@@ -17,9 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from stepcache._bypass import BYPASS
-from stepcache._codegen import generated_source
 from stepcache._debug import DebugReport, Detection, clear_debug_report, debug_report
-from stepcache._decorator import step_cached
+from stepcache._decorator import generated_source, step_cached
 from stepcache._diff import first_difference
 from stepcache._errors import CacheValidationError, StaleCacheError, StepCacheError
 from stepcache._guard import GuardedTensor

@@ -9,7 +9,7 @@ switch that flips swaps the wrapper's code (`Compiled.use`), so no call tests a
 switch. The values the code reads are its globals (``_sc_`` names, which no
 parameter may have): a closure's cells would be copied into each frame. Its source is
 kept in `linecache` under ``<stepcache generated NAME #ID>``, for tracebacks, pdb and
-`inspect.getsource`; `generated_source` returns it.
+`inspect.getsource`; `stepcache.generated_source` returns it.
 """
 
 from __future__ import annotations
@@ -279,35 +279,3 @@ class Compiled:
     def use(self, variant: str) -> None:
         """Run the code of ``variant``, one of `VARIANTS`."""
         self.wrapper.__code__ = self._codes[variant]
-
-
-def generated_source(fn: Callable[..., Any]) -> str:
-    """Return the source stepcache generated for a decorated function's call.
-
-    It is production's code: a hit, and a miss that stores a new entry; every other
-    call goes to the slow path. While caching is off or debug mode is on, every call
-    goes to the slow path.
-
-    Raises:
-        StepCacheError: ``fn`` is not a step-cached function.
-
-    Examples:
-        >>> import stepcache
-        >>> class Meta:
-        ...     n = 2
-        ...     @stepcache.step_cached(depends_on=("n",))
-        ...     def rows(self):
-        ...         return list(range(self.n))
-        >>> print(stepcache.generated_source(Meta.rows).splitlines()[0])
-        def rows(self):
-    """
-    from stepcache._decorator import CachedFunction
-    from stepcache._errors import StepCacheError
-
-    cached = getattr(fn, "__stepcache__", None)
-    if not isinstance(cached, CachedFunction):
-        raise StepCacheError(
-            f"generated_source() takes a step_cached function (got {fn!r}). Fix: pass "
-            "the function or method that @stepcache.step_cached decorated."
-        )
-    return cached.compiled.source

@@ -392,9 +392,9 @@ def _recompute(fn: Cached, a: Args, entry: Entry) -> str | None:
 
 def _fix(fn: Cached, info: _Info | None) -> str:
     """The fix a key-too-coarse message suggests: the inputs nothing declares."""
-    declared = {*fn.dep_names, *fn.key_names, fn.owner_name}
-    params = () if fn.key_fn else fn.names  # a key function's inputs are unknown
-    found = [f"parameter '{n}'" for n in params if n not in declared]
+    # the parameters neither the key (a key function's inputs are unknown) nor
+    # depends_on names: those ignore= names (`CachedFunction._problems`)
+    found = [f"parameter '{n}'" for n in fn.names if n in fn.ignored and not fn.key_fn]
     found += [f"owner attribute '{n}'" for n in sorted(info.watched if info else ())]
     if found:
         return (
@@ -506,7 +506,7 @@ def compute(
     """Compute a miss's value, checked before and after, and recording what it
     reads; what the entry's ``info`` keeps for later hits."""
     canonical = _canonical(key)
-    for cached in store.keys(fn.fid) if fn.keyed else ():
+    for cached in list(store.table.get(fn.fid) or ()) if fn.keyed else ():  # type: ignore[arg-type]
         if cached != key and _canonical(cached) == canonical:
             raise detect("device-alias", fn, key, cached=cached)
     owner, skip = a[fn.owner_index], {*fn.dep_names, "_stepcache"}

@@ -12,7 +12,7 @@ import linecache
 import types
 import weakref
 from collections.abc import Callable, Container, Hashable, Iterator, Mapping, Sequence
-from typing import Final, ParamSpec, TypeVar
+from typing import Any, Final, ParamSpec, TypeVar
 
 from stepcache import _debug, _registry
 from stepcache._bypass import BYPASS
@@ -24,7 +24,7 @@ from stepcache._errors import (
     StaleCacheError,
     StepCacheError,
 )
-from stepcache._kinds import Print, fingerprint, fingerprints
+from stepcache._kinds import Print, fingerprint
 from stepcache._owners import held, mark_class
 from stepcache._scope import Scope, cache_of, innermost
 from stepcache._spec import Arg, Spec, TensorSpec, check, of_args
@@ -283,8 +283,8 @@ class CachedFunction:
             return a[self.index[self.key_names[0]]]
         return tuple([a[self.index[n]] for n in self.key_names]) or NO_KEY
 
-    def deps_of(self, a: Args, owner: object) -> Args:
-        """The call's dependencies, in `depends_on` order."""
+    def deps_of(self, a: Args, owner: object, store: StepCache) -> Args:
+        """The call's dependencies, in `depends_on` order, for an entry of ``store``."""
         names, pos = self.dep_names, self.index  # a parameter, else the owner's
         try:
             deps = tuple(a[pos[d]] if d in pos else getattr(owner, d) for d in names)
@@ -302,23 +302,20 @@ class CachedFunction:
             ) from None
         if not self._deps_checked:  # the first call: what kinds the dependencies are
             for i, x in enumerate(deps):
-                self._check_kind(i, x)
+                self.fingerprint(i, x, store)  # refuses a method
             self._deps_checked = True
         return deps
 
-    def _check_kind(self, i: int, x: object) -> None:
+    def fingerprint(self, i: int, x: object, store: StepCache) -> Print:
+        """The fingerprint of dependency ``i``, ``x``, for an entry of ``store``, as
+        the generated miss takes it where ``x`` is not a tensor with a version
+        counter; a method is refused."""
         if isinstance(x, types.MethodType | types.BuiltinMethodType):
             raise self.error(
                 f"depends_on names {self.dep_names[i]!r}, a method: a bound method is "
                 "a new object on every access, so the entry would never be reused",
                 "name the attributes the method reads instead",
             )
-
-    def fingerprint(self, i: int, x: object, store: StepCache) -> Print:
-        """The fingerprint of dependency ``i``, ``x``, for an entry of ``store``, as
-        the generated miss takes it where ``x`` is not a tensor with a version
-        counter."""
-        self._check_kind(i, x)
         return fingerprint(x, scoped=store.scope is not None)
 
     def violation(self, value: object, a: Args, spec: Expect = None) -> str | None:
@@ -361,10 +358,11 @@ class CachedFunction:
             return self.run(a)
         owner = a[self.owner_index]
         store = self.place_of(owner, key, debugging)
-        deps = self.deps_of(a, owner)
-        try:
-            found = store.lookup(self.fid, key)
-        except TypeError as exc:  # the lookup hashes every key
+        deps = self.deps_of(a, owner, store)
+        try:  # a keyed function's slot is {key: entry}; its key is hashed, found or not
+            slot: Any = store.table.get(self.fid)
+            found: Entry | None = slot if key is NO_KEY else (slot or {}).get(key)
+        except TypeError as exc:
             named = f"parameter {self.key_names[0]!r}" if self.key_names else ""
             raise self.error(
                 f"the key {key!r} is unhashable ({exc})",
@@ -385,7 +383,9 @@ class CachedFunction:
             self.counts.hits += 1
             return value
         # a miss: compute, validate and store the value (in place of `found`, stale)
-        fps = fingerprints(deps, scoped=store.scope is not None)
+        fps: list[object] = []  # flat, as an entry keeps them: o0, v0, o1, v1, ...
+        for x in deps:
+            fps += fingerprint(x, store.scope is not None)
         if debugging:
             value, info = _debug.compute(self, a, key, store, deps)
         else:
@@ -394,7 +394,7 @@ class CachedFunction:
             self.validate(value, a, key)
         args = tuple([a[self.index[n]] for n in self.arg_refs]) or None
         try:
-            entry = Entry(value, owner, fps, self.guard, info, args)
+            entry = Entry(value, owner, tuple(fps), self.guard, info, args)
         except OwnerError as exc:
             raise self.owner_error(exc) from None
         if store.put(self.fid, key, entry, found):
@@ -427,6 +427,35 @@ def _did_you_mean(name: str, choices: Sequence[str], where: str) -> str:
     if close := difflib.get_close_matches(name, list(choices), n=3, cutoff=0.6):
         return f"did you mean {' or '.join(repr(c) for c in close)}? Name it in {where}"
     return f"name one of {', '.join(map(repr, choices))} in {where}"
+
+
+def generated_source(fn: Callable[..., Any]) -> str:
+    """Return the source stepcache generated for a decorated function's call.
+
+    It is production's code: a hit, and a miss that stores a new entry; every other
+    call goes to the slow path. While caching is off or debug mode is on, every call
+    goes to the slow path.
+
+    Raises:
+        StepCacheError: ``fn`` is not a step-cached function.
+
+    Examples:
+        >>> import stepcache
+        >>> class Meta:
+        ...     n = 2
+        ...     @stepcache.step_cached(depends_on=("n",))
+        ...     def rows(self):
+        ...         return list(range(self.n))
+        >>> print(stepcache.generated_source(Meta.rows).splitlines()[0])
+        def rows(self):
+    """
+    cached = getattr(fn, "__stepcache__", None)
+    if not isinstance(cached, CachedFunction):
+        raise StepCacheError(
+            f"generated_source() takes a step_cached function (got {fn!r}). Fix: pass "
+            "the function or method that @stepcache.step_cached decorated."
+        )
+    return cached.compiled.source
 
 
 def step_cached(

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from stepcache._errors import OwnerError
-from stepcache._kinds import Place, matches, tag, version
+from stepcache._kinds import Place, match, tag, version
 
 _Tensor = torch.Tensor
 
@@ -123,8 +123,10 @@ class Entry:
     def serves(self, owner: object, xs: Sequence[object]) -> bool:
         """Whether this entry serves a call on ``owner`` whose dependencies are ``xs``:
         the rule the generated hit inlines."""
-        # no dependencies: an entry bound to the owner that computed it
-        ok = matches(xs, self.deps) if xs else self.owner() is owner
+        # each input against its fingerprint (``deps``: o0, v0, o1, v1, ...); no
+        # dependencies: an entry bound to the owner that computed it
+        d = self.deps
+        ok = all(map(match, xs, d[::2], d[1::2])) if xs else self.owner() is owner
         return ok and (self.guard is None or version(self.guard) == self.gtag)
 
     def owner(self) -> object:

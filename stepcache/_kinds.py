@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Final
 
@@ -26,8 +26,6 @@ Place = tuple[int, torch.Size, tuple[int, ...], torch.dtype, torch.device]
 #: a fingerprint ``(o, v)``: what was stored, and a version counter (an ``int``) or
 #: its `Kind` (typed ``object``: only `match` reads it, by its class)
 Print = tuple[object, object]
-#: an entry's fingerprints, flat: ``o0, v0, o1, v1, ...``
-Prints = tuple[object, ...]
 #: a value with its class, as `_typed` keeps it (a tuple's items each typed in turn)
 Typed = tuple[type, object]
 #: what `snapshot` takes of a tuple, list, dict or set: its class and its items, typed
@@ -196,17 +194,3 @@ def inference_fingerprint(t: torch.Tensor, scoped: bool) -> Print:
         except RuntimeError:  # sparse or nested: no place, its identity
             pass
     return t, ID
-
-
-def fingerprints(deps: Sequence[object], scoped: bool = False) -> Prints:
-    """The fingerprints of ``deps``, flat (``o0, v0, o1, v1, ...``), as an entry
-    keeps them."""
-    flat: list[object] = []
-    for x in deps:
-        flat += fingerprint(x, scoped)
-    return tuple(flat)
-
-
-def matches(xs: Sequence[object], deps: Prints) -> bool:
-    """Whether every input of ``xs`` matches its fingerprint in ``deps`` (flat)."""
-    return all(match(x, deps[2 * i], deps[2 * i + 1]) for i, x in enumerate(xs))

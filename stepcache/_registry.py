@@ -25,11 +25,10 @@ class Counts:
 
     __slots__ = ("bypasses", "hits", "invalidations", "misses")
 
-    def __init__(self) -> None:
-        self.reset()
-
     def reset(self) -> None:
         self.hits = self.misses = self.bypasses = self.invalidations = 0
+
+    __init__ = reset  # a new function's counts start at zero
 
 
 def all_functions() -> list[CachedFunction]:
