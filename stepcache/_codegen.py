@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import linecache
 import types
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,20 +28,17 @@ from stepcache._bypass import BYPASS
 from stepcache._entry import Entry
 from stepcache._kinds import QUICK, VAL, VALUE_CLASSES, inference_fingerprint, match
 from stepcache._scope import innermost, miss_store
-from stepcache._spec import Arg, Attr, quick
+from stepcache._spec import quick
 from stepcache._store import NO_KEY, NO_STORE, StepCache
 
 if TYPE_CHECKING:
     from stepcache._decorator import CachedFunction
 
-_P = inspect.Parameter
-_EMPTY = _P.empty
-#: how a parameter of each kind is passed on (to the function, or its key function)
-_PASS: dict[object, str] = {
-    _P.VAR_POSITIONAL: "*{}",
-    _P.VAR_KEYWORD: "**{}",
-    _P.KEYWORD_ONLY: "{0}={0}",
-}
+_EMPTY = inspect.Parameter.empty
+#: how a parameter of each kind is passed on (to the function, or its key function),
+#: by its `inspect.Parameter.kind`, whose order is documented: positional-only,
+#: positional-or-keyword, ``*args``, keyword-only, ``**kwargs``
+_PASS: tuple[str, ...] = ("{}", "{}", "*{}", "{0}={0}", "**{}")
 
 
 class _Default(str):
@@ -68,7 +66,7 @@ def defaults(params: Sequence[inspect.Parameter]) -> dict[str, object]:
 
 def passed(params: Sequence[inspect.Parameter]) -> str:
     """The arguments of a call that passes each of ``params`` on, by its name."""
-    return ", ".join(_PASS.get(p.kind, "{}").format(p.name) for p in params)
+    return ", ".join(_PASS[p.kind].format(p.name) for p in params)
 
 
 def _code(label: str, text: str) -> types.CodeType:
@@ -106,9 +104,6 @@ def source(
         while base in fn.index:
             base += "_"
         return base
-
-    def ref(r: Arg | Attr) -> str:  # how it reads a reference of `expect`
-        return r.name if type(r) is Arg else f"{owner}.{r.name}"
 
     def unchanged(x: str, o: str, v: str) -> str:  # still the object o, or `match`es
         return f"({QUICK.format(x=x, o=o, v=v)} or _sc_match({x}, {o}, {v}))"
@@ -162,7 +157,7 @@ def source(
         # its plain case inline): other objects are checked; a value they fail is the
         # slow path's to report
         same = " and ".join(f"{n} is {e}.args[{i}]" for i, n in enumerate(fn.arg_refs))
-        plain = quick(fn.of_args, f"{e}.value", ref, values)
+        plain = quick(fn.of_args, f"{e}.value", owner, values)
         fits = f"({same} or {plain} or _sc_args_ok({e}.value, {packed}))"
         if variant == "debug":
             tests.append(fits)
@@ -207,7 +202,7 @@ def source(
     out += [f"{r} = _sc_fn({passed(fn.params)})"]
     if fn.expect is not None:  # its plain case inline; the full check says why
         ok = local("ok")
-        out += ["try:", f"    {ok} = {quick(fn.expect, r, ref, values)}"]
+        out += ["try:", f"    {ok} = {quick(fn.expect, r, owner, values)}"]
         out += ["except _sc_Exception:", f"    {ok} = False"]
         out += [f"if not {ok}:", f"    _sc_validate({r}, {packed}, {key})"]
     extra = ", True" if fn.guard else ""  # Entry's guard, then its info and args
@@ -266,6 +261,8 @@ class Compiled:
         # its name is a global of its namespace: none of the values it reads
         name = name if name.isidentifier() and not name.startswith("_sc_") else "call"
         self.label = f"<stepcache generated {fn.name} #{fn.fid}>"
+        # a factory's functions come and go: their source goes with them
+        weakref.finalize(self, linecache.cache.pop, self.label, None).atexit = False
         names = _globals(fn)
         sources = [source(fn, name, v, names) for v in VARIANTS]
         self.source = sources[0]

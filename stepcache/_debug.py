@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     #: what `_deep` records of a dependency, read back by position: ``(snapshot,)``,
     #: ``(tag,)`` or ``(shape, dtype, address, contents)``
     _State: TypeAlias = tuple[Any, ...]
-    #: a dependency as `_record` keeps it: (name, object, view, address, state); the
+    #: a dependency as `compute` records it: (name, object, view, address, state); the
     #: object is a tensor, a numpy array, a list, dict or set (a tensor where
     #: ``address`` is set)
     _Dep: TypeAlias = tuple[str, Any, _View | None, int | None, _State]
@@ -244,7 +244,7 @@ def detect(
 class _Info:
     """What debug mode records of an entry when it is stored (``Entry.info``)."""
 
-    deps: list[_Dep]  # its tensor and array dependencies: `_record`
+    deps: list[_Dep]  # its tensor and array dependencies, as `compute` records them
     versions: list[_Versioned]  # each tensor of the value: `_versioned`
     watched: dict[str, fp.Print]  # fingerprints of undeclared owner attributes
     #: (position in the call, fingerprint) of each ignored argument
@@ -284,20 +284,6 @@ def _deep(x: object, view: _View | None) -> _State:
     return x.shape, x.dtype, address, None if view is None else view.tobytes()
 
 
-def _record(names: Sequence[str], deps: Args) -> list[_Dep]:
-    """(name, object, view, address, `_deep` state) of each tensor, numpy array, list,
-    dict or set dependency, once per object: what a write behind the cache changes
-    (a scalar cannot change)."""
-    found: dict[int, _Dep] = {}
-    for name, x in zip(names, deps, strict=True):
-        if x.__class__ is not tuple and id(x) not in found:
-            before = _deep(x, view := _view(x))
-            address = before[2] if len(before) == 4 else None
-            if before != (None,):  # not a scalar, nor an object kept by identity
-                found[id(x)] = (name, x, view, address, before)
-    return list(found.values())
-
-
 def _check_deps(kind: str, fn: Cached, key: object, records: Iterable[_Dep]) -> None:
     """Raise ``kind`` for the first recorded dependency no longer in its state (at
     its address with its contents: not read further)."""
@@ -330,8 +316,7 @@ def _tag(t: torch.Tensor) -> _Tag:
     (written in place without a trace) its contents, where `_view` reads them."""
     if not t.is_inference():
         return fp.version(t)
-    view = _view(t)
-    return fp.tag(t), None if view is None else view.tobytes()
+    return fp.tag(t), None if (view := _view(t)) is None else view.tobytes()
 
 
 def _versioned(t: torch.Tensor) -> _Versioned:
@@ -367,8 +352,7 @@ def _recheck(
     ignored argument: each ``(name, value, fingerprint)`` of ``inputs``) no longer
     matches its fingerprint, compute again: raise ``kind`` if the value differs; each
     input's fingerprint, taken again where it changed (``None``: none changed)."""
-    changed = [n for n, x, (o, v) in inputs if not fp.match(x, o, v)]
-    if not changed:
+    if not (changed := [n for n, x, (o, v) in inputs if not fp.match(x, o, v)]):
         return None
     if diff := _recompute(fn, a, entry):
         names = ", ".join(f"'{n}'" for n in changed)
@@ -510,13 +494,21 @@ def compute(
         if cached != key and _canonical(cached) == canonical:
             raise detect("device-alias", fn, key, cached=cached)
     owner, skip = a[fn.owner_index], {*fn.dep_names, "_stepcache"}
-    recorded = _record(fn.dep_names, deps)
+    # (name, object, view, address, `_deep` state) of each tensor, numpy array, list,
+    # dict or set dependency, once per object: what a write behind the cache changes
+    records: dict[int, _Dep] = {}
+    for name, x in zip(fn.dep_names, deps, strict=True):
+        if x.__class__ is not tuple and id(x) not in records:
+            before = _deep(x, view := _view(x))
+            address = before[2] if len(before) == 4 else None
+            if before != (None,):  # not a scalar, nor an object kept by identity
+                records[id(x)] = (name, x, view, address, before)
     value, reads = _reading(owner, lambda: fn.run(a))
     if fn.key_fn is not None and fn.dep_names:
         key_reads = _reading(owner, lambda: fn.key_of(a))[1]
         if names := data_read(owner, key_reads, skip):
             raise detect("key-reads-undeclared", fn, key, names=names)
-    _check_deps("builder-mutates-dependency", fn, key, recorded)
+    _check_deps("builder-mutates-dependency", fn, key, records.values())
     read = data_read(owner, reads, skip)
     watched = {name: fp.fingerprint(getattr(owner, name)) for name in read}
     ignored = tuple((fn.index[n], *fp.fingerprint(a[fn.index[n]])) for n in fn.ignored)
@@ -524,7 +516,7 @@ def compute(
     refs = fn.refs_of(owner) if fn.expect is not None else ()
     # a hit matches tensors and arrays by identity: they are checked on hits; a list
     # or dict is matched by its contents in every mode
-    kept = [dep for dep in recorded if isinstance(dep[1], (torch.Tensor, np.ndarray))]
+    kept = [d for d in records.values() if isinstance(d[1], (torch.Tensor, np.ndarray))]
     quiet = store.scope is None and not (kept or versions or watched or ignored or refs)
     # nothing handed out yet
     return value, _Info(kept, versions, watched, ignored, refs, quiet, {})
@@ -548,6 +540,5 @@ def hand_out(fn: Cached, key: object, entry: Entry, store: StepCache) -> object:
             _check_tag(fn, key, view, info.versions[i][1])
 
         handed = guarded(entry.value, lambda t: functools.partial(guard, index[id(t)]))
-        info.handed[id(store)] = ref, handed
-    info.last = ref, handed
+    info.last = info.handed[id(store)] = ref, handed
     return handed

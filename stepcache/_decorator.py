@@ -8,9 +8,7 @@ import difflib
 import functools
 import inspect
 import keyword
-import linecache
 import types
-import weakref
 from collections.abc import Callable, Container, Hashable, Iterator, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
@@ -94,15 +92,16 @@ class CachedFunction:
         names: Sequence[str] = () if key is None or callable(key) else key
         names = (names,) if isinstance(names, str) else names
         self.dep_names, self.ignored = _names(depends_on), _names(ignore)
+        specs = expect if isinstance(expect, tuple) else (expect,)
+        # what `expect` reads (an item that is no spec is refused below)
+        refs = [r for s in specs if isinstance(s, TensorSpec) for r in s.refs()]
+        #: the parameters `expect` reads (`Arg`): a hit checks the cached value against
+        #: the caller's, as the value was checked against the computing call's
+        self.arg_refs = tuple(dict.fromkeys(r.name for r in refs if type(r) is Arg))
         for what, fix in self._problems(key, names, plain, only):
             raise self.error(what, fix)  # the first problem
         self.owner_index = self.index[self.owner_name]
         self.key_names: tuple[str, ...] = tuple(names)
-        specs = expect if isinstance(expect, tuple) else (expect,)
-        refs = [r for s in specs if s is not None for r in s.refs()]
-        #: the parameters `expect` reads (`Arg`): a hit checks the cached value against
-        #: the caller's, as the value was checked against the computing call's
-        self.arg_refs = tuple(dict.fromkeys(r.name for r in refs if type(r) is Arg))
         self.of_args: Spec | None = of_args(expect) if self.arg_refs else None
         loose = sorted({r.name for r in refs if type(r) is not Arg} - {*self.dep_names})
         #: the owner attributes only `expect` reads (debug mode checks them again)
@@ -121,16 +120,13 @@ class CachedFunction:
         with _registry.lock:  # what a switch flipped meanwhile finds it
             _registry.by_id[self.fid] = self
             self.compiled.use(Switches.variant())
-        # a factory's functions come and go: their sources go with them
-        forget = weakref.finalize(self, linecache.cache.pop, self.compiled.label, None)
-        forget.atexit = False
 
     # -- errors -------------------------------------------------------------------------
     def where(self, key: object = NO_KEY) -> str:
         """How messages name this function (and the entry's key, when it has one)."""
-        if self.keyed and key is not NO_KEY and key is not UNKNOWN:
-            return f"step_cached function '{self.name}' (key={key!r})"
-        return f"step_cached function '{self.name}'"
+        # (`call` resolves an `UNKNOWN` key before any message names it)
+        shown = f" (key={key!r})" if self.keyed and key is not NO_KEY else ""
+        return f"step_cached function '{self.name}'{shown}"
 
     def error(self, what: str, fix: str, key: object = NO_KEY) -> StepCacheError:
         """The error of a misuse: what is wrong, and the fix."""
@@ -210,9 +206,8 @@ class CachedFunction:
                 f"expect must be a TensorSpec or a tuple of them (got {self.expect!r})",
                 "pass expect=stepcache.TensorSpec(...)",
             )
-        for ref in (r for s in specs if s is not None for r in s.refs()):
-            if isinstance(ref, Arg):
-                yield from unknown("expect refers to Arg({!r})", ref.name, "Arg()")
+        for n in self.arg_refs:
+            yield from unknown("expect refers to Arg({!r})", n, "Arg()")
         if not isinstance(self.guard, bool):
             yield (
                 f"guard_result must be True or False (got {self.guard!r})",
@@ -374,14 +369,13 @@ class CachedFunction:
         if found is not None and found.serves(owner, deps):  # a hit
             if debugging:
                 return _debug.hit(self, a, key, found, store)
-            value = found.value
-            if self.arg_refs and (wrong := self.violation(value, a)) is not None:
+            if self.arg_refs and (wrong := self.violation(found.value, a)):
                 raise CacheValidationError(
                     f"{self.where(key)}: on a hit, the cached value does not meet "
                     f"expect for this call's arguments{wrong}"
                 )
             self.counts.hits += 1
-            return value
+            return found.value
         # a miss: compute, validate and store the value (in place of `found`, stale)
         fps: list[object] = []  # flat, as an entry keeps them: o0, v0, o1, v1, ...
         for x in deps:

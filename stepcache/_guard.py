@@ -65,8 +65,7 @@ class GuardedTensor(torch.Tensor):
 
     def stepcache_check(self) -> None:
         """Raise unless this view's cache is open and its storage unwritten since."""
-        guard = self.__dict__.get("_sc_guard")
-        if guard is not None:
+        if (guard := self.__dict__.get("_sc_guard")) is not None:
             guard(self)
 
     # a copy, a deep copy or a pickle is of the plain tensor, once the guard passed: a

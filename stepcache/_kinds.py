@@ -4,7 +4,8 @@ fingerprinted when the value is stored, and how a later input is tested against 
 fingerprint.
 
 A fingerprint is a pair ``(o, v)``. ``v`` names the kind: a tensor's version counter
-(an ``int``), or one of the `Kind` objects of `KINDS`, whose `Kind.test` decides.
+(an ``int``), or one of the `Kind` objects of the table below (`ID`, `VAL`,
+`PLACED`, `TUPLE`, `SNAP`), whose `Kind.test` decides.
 Every reader of the rule derives from this module: the generated hit inlines `QUICK`
 (the same object, with the same version counter where it has one) and calls `match`
 where it fails; the slow path and debug mode call `match`. docs/concepts.md
@@ -116,12 +117,11 @@ def unsnapshot(snap: Snapshot) -> object:
     {'a': (1, 2.0)}
     """
 
-    # (class, value), a tuple's items typed in turn: the value read as its class says
-    def plain(typed: tuple[type, Any]) -> object:
-        cls, v = typed
-        return cls(map(plain, v)) if cls in _VALUE_TUPLES else v
+    # a value with its class (a tuple's items typed in turn), read as its class says
+    def plain(cls: type, v: Any) -> object:
+        return cls(plain(*i) for i in v) if cls in _VALUE_TUPLES else v
 
-    return snap[0](plain(snap[1]))
+    return snap[0](plain(*snap[1]))
 
 
 # The table. A tensor with a version counter has no row: its ``v`` is the counter.
@@ -135,7 +135,6 @@ PLACED: Final = Kind("PLACED", lambda x, o: x is o[0] and place(x) == o[1])
 TUPLE: Final = Kind("TUPLE", lambda x, o: x is o[0] or snapshot(x) == o[1])
 #: a list, dict or set of scalars: ``o`` is its snapshot when it was stored
 SNAP: Final = Kind("SNAP", lambda x, o: snapshot(x) == o)
-KINDS: Final = (ID, VAL, PLACED, TUPLE, SNAP)
 
 #: `match`'s first test as source text, which the generated hit inlines for each
 #: dependency (``{x}``, ``{o}``, ``{v}``: names): exact for a tensor with a version
@@ -180,17 +179,14 @@ def fingerprint(x: object, scoped: bool = False) -> Print:
         return inference_fingerprint(x, scoped) if x.is_inference() else (x, version(x))
     if isinstance(x, _SCALARS):
         return x, VAL
-    snap = snapshot(x)
-    if snap is None:
+    if (snap := snapshot(x)) is None:
         return x, ID
     return ((x, snap), TUPLE) if cls in _VALUE_TUPLES else (snap, SNAP)
 
 
 def inference_fingerprint(t: torch.Tensor, scoped: bool) -> Print:
     """`fingerprint` of an inference tensor (the generated miss calls it)."""
-    if not scoped:
-        try:
-            return (t, place(t)), PLACED
-        except RuntimeError:  # sparse or nested: no place, its identity
-            pass
-    return t, ID
+    try:
+        return (t, ID) if scoped else ((t, place(t)), PLACED)
+    except RuntimeError:  # sparse or nested: no place, its identity
+        return t, ID

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeGuard, TypeVar, cast
 
@@ -60,8 +60,6 @@ Dim = int | None | Arg | Attr
 #: name, and the owner
 Refs = tuple[tuple[object, ...], Mapping[str, int], object]
 Spec: TypeAlias = "TensorSpec | tuple[TensorSpec | None, ...]"
-#: how generated code reads a reference (`quick`)
-RefText = Callable[[Arg | Attr], str]
 _REFS = {Arg: "argument", Attr: "owner attribute"}  # as the messages name them
 #: what references usually resolve to: answered without torch's slow isinstance()
 _PLAIN = frozenset({int, torch.device, torch.dtype, str})
@@ -363,10 +361,11 @@ def check(expect: Spec, value: object, scope: Refs) -> None:
 # same device object, the same dtype, exact sizes), and every other case goes to
 # `check`, which alone raises (the slow path calls it alone). The expression may
 # raise: "not sure" too.
-def quick(expect: Spec, value: str, ref: RefText, names: dict[str, object]) -> str:
-    """An expression true only where ``value`` (an expression) meets ``expect``;
-    ``ref`` gives the expression of a reference (an `Arg` or an `Attr`). The values
-    it names are added to ``names`` (``_sc_q_`` names: globals of the code it joins)."""
+def quick(expect: Spec, value: str, owner: str, names: dict[str, object]) -> str:
+    """An expression true only where ``value`` (an expression) meets ``expect``, in
+    code where each parameter is a local and ``owner`` names the owner's (an `Arg`
+    reads its parameter, an `Attr` the owner's attribute). The values it names are
+    added to ``names`` (``_sc_q_`` names: globals of the code it joins)."""
     names.update(_sc_q_Tensor=torch.Tensor, _sc_q_int=int, _sc_q_tuple=tuple)
 
     def const(x: object) -> str:
@@ -379,7 +378,7 @@ def quick(expect: Spec, value: str, ref: RefText, names: dict[str, object]) -> s
         for a reference that holds a ``cls`` (a tensor: its ``attr``): other values
         (a tensor for a size: its first dim, None, ...) go to the full check."""
         if isinstance(item, Arg | Attr):
-            r = ref(item)
+            r = item.name if type(item) is Arg else f"{owner}.{item.name}"
             return f"{r}.__class__ is {cls} and {left} {op} {r}{attr}"
         return f"{left} {op} {item if isinstance(item, int) else const(item)}"
 

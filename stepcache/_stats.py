@@ -84,17 +84,14 @@ class StatsTable(Mapping[str, FunctionStats]):
 
     def to_dict(self) -> dict[str, dict[str, int]]:
         """Plain data, for JSON."""
-        return {
-            r.name: {k: v for k, v in dataclasses.asdict(r).items() if k != "name"}
-            for r in self.rows
-        }
+        # each row's counts, by its name (popped: the key is read first)
+        return {d.pop("name"): d for d in map(dataclasses.asdict, self.rows)}
 
     def __str__(self) -> str:
         if not self.rows:
             return "stepcache: no decorated function has been called"
-        lines: list[tuple[str, ...]] = [_COLUMNS]
-        for name, *counts, size in map(dataclasses.astuple, self.rows):
-            lines.append((name, *map(str, counts), _human(size)))
+        rows = map(dataclasses.astuple, self.rows)
+        lines = [_COLUMNS, *((n, *map(str, c), _human(s)) for n, *c, s in rows)]
         widths = [max(map(len, column)) for column in zip(*lines, strict=True)]
         lines.insert(1, tuple("-" * w for w in widths))
         # the names left-aligned, the numbers right-aligned

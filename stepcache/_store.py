@@ -225,8 +225,7 @@ class StepCache:
         return invalidation
 
     def _count(self, fid: int, n: int) -> None:
-        counts = getattr(self, "_counts", None)
-        if counts is None:
+        if (counts := getattr(self, "_counts", None)) is None:
             counts = self._counts = {}
         counts[fid] = counts.get(fid, 0) + n
 

@@ -51,8 +51,7 @@ def _patch(cls: type) -> _Patch | None:
     watchers: dict[int, list[set[str]]] = {}
 
     def recording(obj: object, name: str) -> object:
-        sets = watchers.get(id(obj))
-        if sets is not None and not name.startswith("__"):
+        if (sets := watchers.get(id(obj))) is not None and not name.startswith("__"):
             for names in sets:
                 names.add(name)
         return original(obj, name)
@@ -125,5 +124,5 @@ def watch(obj: object) -> Watch | None:
 def data_read(owner: object, names: set[str], skip: set[str]) -> list[str]:
     """Of ``names`` (read from ``owner``), the data attributes it has, not in
     ``skip``, sorted: what a value computed from ``owner`` may depend on."""
-    found = (n for n in names - skip if hasattr(owner, n))
-    return sorted(n for n in found if not callable(getattr(owner, n, None)))
+    # a missing attribute reads as a callable (``callable`` itself): left out
+    return sorted(n for n in names - skip if not callable(getattr(owner, n, callable)))
