@@ -23,7 +23,7 @@ import torch
 
 from stepcache import _kinds as fp
 from stepcache._bypass import BYPASS
-from stepcache._diff import describe, first_difference
+from stepcache._diff import MISSING, describe, first_difference
 from stepcache._entry import Entry, tensors, walk
 from stepcache._errors import CacheValidationError, StaleCacheError
 from stepcache._guard import guarded
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
     _Versioned: TypeAlias = tuple[torch.Tensor, _Tag, int | None]
 
 _MAX_REPORT = 10_000
-_UNSET = object()  # an owner attribute deleted since it was read
 #: CPU tensors and numpy arrays up to this many elements have their contents compared
 DEEP_CONTENT_LIMIT = 4096
 #: the integer dtype of each size, to read a tensor's bits through numpy
@@ -456,7 +455,8 @@ def hit(
             recheck = recheck or (address is not None and t.data_ptr() != address)
         if info.watched:
             owner = a[fn.owner_index]
-            now = [(n, getattr(owner, n, _UNSET), f) for n, f in info.watched.items()]
+            # MISSING: an owner attribute deleted since it was read
+            now = [(n, getattr(owner, n, MISSING), f) for n, f in info.watched.items()]
             if prints := _recheck("undeclared-input", fn, a, key, entry, now):
                 info.watched = prints
         # an ignored argument that is another object (a buffer on another device)

@@ -128,9 +128,9 @@ class CachedFunction:
         shown = f" (key={key!r})" if self.keyed and key is not NO_KEY else ""
         return f"step_cached function '{self.name}'{shown}"
 
-    def error(self, what: str, fix: str, key: object = NO_KEY) -> StepCacheError:
+    def error(self, what: str, fix: str) -> StepCacheError:
         """The error of a misuse: what is wrong, and the fix."""
-        return StepCacheError(f"{self.where(key)}: {what}. Fix: {fix}.")
+        return StepCacheError(f"{self.where()}: {what}. Fix: {fix}.")
 
     def _problems(
         self, key: KeyArg, names: Sequence[str], plain: list[str], only: Only | None

@@ -13,7 +13,7 @@ import torch
 
 from stepcache._kinds import plain_torch, strided, version
 
-_MISSING = object()
+MISSING = object()  # what `getattr` gives for an attribute an object lacks
 
 
 def describe(x: object) -> str:
@@ -102,9 +102,9 @@ def first_difference(
         if isinstance(expected, np.ndarray):
             nan = expected.dtype.kind in "fc"  # equal_nan raises for other dtypes
             return None if np.array_equal(expected, got, equal_nan=nan) else mismatch
-        if isinstance(expected, float) and expected != expected:
-            return None if actual != actual else mismatch  # NaN equals NaN, as above
-        return None if bool(expected == actual) else mismatch
+        # NaN equals NaN, as above
+        nans = isinstance(expected, float) and expected != expected and actual != actual
+        return None if nans or bool(expected == actual) else mismatch
     except Exception:  # an == that does not give a bool
         return None if expected is actual else mismatch
 
@@ -124,4 +124,4 @@ def _fields(x: object) -> dict[str, object] | None:
         names = list(vars(x))
     else:
         return None
-    return {n: getattr(x, n, _MISSING) for n in names if n != "_stepcache"}
+    return {n: getattr(x, n, MISSING) for n in names if n != "_stepcache"}
