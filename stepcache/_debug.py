@@ -490,7 +490,7 @@ def compute(
     """Compute a miss's value, checked before and after, and recording what it
     reads; what the entry's ``info`` keeps for later hits."""
     canonical = _canonical(key)
-    for cached in list(store.table.get(fn.fid) or ()) if fn.keyed else ():  # type: ignore[arg-type]
+    for cached in store.keys(fn.fid) if fn.keyed else ():
         if cached != key and _canonical(cached) == canonical:
             raise detect("device-alias", fn, key, cached=cached)
     owner, skip = a[fn.owner_index], {*fn.dep_names, "_stepcache"}
@@ -540,5 +540,6 @@ def hand_out(fn: Cached, key: object, entry: Entry, store: StepCache) -> object:
             _check_tag(fn, key, view, info.versions[i][1])
 
         handed = guarded(entry.value, lambda t: functools.partial(guard, index[id(t)]))
-    info.last = info.handed[id(store)] = ref, handed
+        info.handed[id(store)] = ref, handed
+    info.last = ref, handed
     return handed

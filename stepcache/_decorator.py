@@ -109,7 +109,6 @@ class CachedFunction:
             [getattr(o, n, None) for n in loose]
         )
         self.only: dict[str, Container[object]] = dict(only or {})
-        self._deps_checked = False
         #: the user's function called with a call's arguments: the one place it runs
         self.run: Callable[[Args], object] = functools.partial(self._bound_call, fn)
         if all(p.kind < p.VAR_POSITIONAL for p in self.params):
@@ -278,8 +277,8 @@ class CachedFunction:
             return a[self.index[self.key_names[0]]]
         return tuple([a[self.index[n]] for n in self.key_names]) or NO_KEY
 
-    def deps_of(self, a: Args, owner: object, store: StepCache) -> Args:
-        """The call's dependencies, in `depends_on` order, for an entry of ``store``."""
+    def deps_of(self, a: Args, owner: object) -> Args:
+        """The call's dependencies, in `depends_on` order."""
         names, pos = self.dep_names, self.index  # a parameter, else the owner's
         try:
             deps = tuple(a[pos[d]] if d in pos else getattr(owner, d) for d in names)
@@ -295,16 +294,12 @@ class CachedFunction:
                 f"{type(owner).__qualname__} does not have",
                 _did_you_mean(missing, have, "depends_on"),
             ) from None
-        if not self._deps_checked:  # the first call: what kinds the dependencies are
-            for i, x in enumerate(deps):
-                self.fingerprint(i, x, store)  # refuses a method
-            self._deps_checked = True
         return deps
 
     def fingerprint(self, i: int, x: object, store: StepCache) -> Print:
         """The fingerprint of dependency ``i``, ``x``, for an entry of ``store``, as
         the generated miss takes it where ``x`` is not a tensor with a version
-        counter; a method is refused."""
+        counter; a method is refused (a new object on every access: never reused)."""
         if isinstance(x, types.MethodType | types.BuiltinMethodType):
             raise self.error(
                 f"depends_on names {self.dep_names[i]!r}, a method: a bound method is "
@@ -353,11 +348,10 @@ class CachedFunction:
             return self.run(a)
         owner = a[self.owner_index]
         store = self.place_of(owner, key, debugging)
-        deps = self.deps_of(a, owner, store)
-        try:  # a keyed function's slot is {key: entry}; its key is hashed, found or not
-            slot: Any = store.table.get(self.fid)
-            found: Entry | None = slot if key is NO_KEY else (slot or {}).get(key)
-        except TypeError as exc:
+        deps = self.deps_of(a, owner)
+        try:
+            found = store.lookup(self.fid, key)
+        except TypeError as exc:  # the lookup hashes every key
             named = f"parameter {self.key_names[0]!r}" if self.key_names else ""
             raise self.error(
                 f"the key {key!r} is unhashable ({exc})",
@@ -377,9 +371,11 @@ class CachedFunction:
             self.counts.hits += 1
             return found.value
         # a miss: compute, validate and store the value (in place of `found`, stale)
-        fps: list[object] = []  # flat, as an entry keeps them: o0, v0, o1, v1, ...
-        for x in deps:
-            fps += fingerprint(x, store.scope is not None)
+        # flat, as an entry keeps them (o0, v0, o1, v1, ...), each taken as the
+        # generated miss takes those it does not inline
+        fps: list[object] = []
+        for i, x in enumerate(deps):
+            fps += self.fingerprint(i, x, store)
         if debugging:
             value, info = _debug.compute(self, a, key, store, deps)
         else:

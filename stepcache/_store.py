@@ -202,6 +202,14 @@ class StepCache:
         """Count ``owner`` (``ref``: a weak reference to it) among this store's."""
         self._members = {**(getattr(self, "_members", None) or {}), id(owner): ref}
 
+    def lookup(self, fid: int, key: object) -> Entry | None:
+        """The entry of function ``fid`` and ``key`` (`NO_KEY`: it is not keyed), or
+        ``None``; an unhashable key raises `TypeError`, whether or not the function
+        has entries."""
+        if key is NO_KEY:
+            return self.table.get(fid)  # type: ignore[return-value]
+        return self.table.get(fid, {}).get(key)  # type: ignore[union-attr]
+
     def put(self, fid: int, key: object, entry: Entry, stale: Entry | None) -> bool:
         """Store ``entry`` (``key``: `NO_KEY` for an unkeyed function) in place of
         ``stale``, the entry found that no longer served (or ``None``), and count its
@@ -228,6 +236,10 @@ class StepCache:
         if (counts := getattr(self, "_counts", None)) is None:
             counts = self._counts = {}
         counts[fid] = counts.get(fid, 0) + n
+
+    def keys(self, fid: int) -> list[object]:
+        """The keys of a keyed function's entries."""
+        return list(self.table.get(fid) or ())  # type: ignore[arg-type]
 
     def entries(self) -> Iterator[tuple[int, Entry]]:
         """Yield (function id, entry) pairs of the live entries."""

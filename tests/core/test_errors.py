@@ -219,3 +219,25 @@ def test_an_unhashable_key_named_by_parameter_gets_a_parameter_s_fix() -> None:
     assert "parameter 'lens'" in text and "key function" not in text
     with pytest.raises(StepCacheError, match="from the key function"):
         Meta().keyed([1])
+
+
+@pytest.mark.parametrize("mode", ["production", "checks"])
+def test_a_dependency_that_becomes_a_method_is_refused_on_every_path(mode: str) -> None:
+    # the slow path (every call in checks mode) refuses a method as the generated
+    # miss does, on whichever miss meets it, not only on the function's first call
+    class Meta:
+        source: object = 1
+
+        def other(self) -> int:
+            return 2
+
+        @step_cached(depends_on=("source",), name="errors.becomes_method")
+        def total(self) -> object:
+            return self.source
+
+    with stepcache.debug(mode if mode != "production" else "off"):
+        assert Meta().total() == 1
+        late = Meta()
+        late.source = late.other
+        with pytest.raises(StepCacheError, match="a method"):
+            late.total()
